@@ -1,0 +1,45 @@
+"""Errors a user can hit.
+
+Every error that bad input can cause is an ``OptError`` subclass whose message says what was
+wrong, where (file, node name, op type) and what to do.  The CLI maps them to exit code 2 and
+prints the message as one line; anything else is an internal error (exit code 1).
+"""
+
+from __future__ import annotations
+
+
+class OptError(Exception):
+    """Base class of every error caused by the user's input or environment."""
+
+    exit_code = 2
+
+
+class ModelError(OptError):
+    """The input model is unreadable, invalid or unsupported."""
+
+
+class UsageError(OptError):
+    """A flag or argument has a bad value."""
+
+
+class NbFormatError(OptError):
+    """A `.nb` file is malformed, truncated, corrupted or of an unsupported version."""
+
+
+class InputError(OptError):
+    """Inputs given to ``Predictor.run`` do not match the model's inputs."""
+
+
+class TargetError(OptError):
+    """A target is unknown or cannot be used on this machine."""
+
+
+def where(node_name: str | None = None, op_type: str | None = None, file: str | None = None) -> str:
+    """Format the 'where' part of a message: ``file, node 'conv1' (Conv)``."""
+    parts = []
+    if file:
+        parts.append(str(file))
+    if node_name is not None or op_type is not None:
+        label = f"node '{node_name}'" if node_name else "unnamed node"
+        parts.append(f"{label} ({op_type})" if op_type else label)
+    return ", ".join(parts)

@@ -1,0 +1,111 @@
+"""Activation functions: the stand-alone ops and the fused epilogue shared by Conv, Gemm,
+FullyConnected and friends.
+
+A fused epilogue is three attributes on the fused node: ``activation`` (a name from
+``ACTIVATIONS``), ``activation_alpha`` and ``activation_beta`` (floats whose meaning depends on
+the activation, as in the ONNX op it came from).  GPU kernels will receive the same triple as a
+define, so the names here are part of the `.nb` format.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from optcli.ops.registry import kernel
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    # Split by sign so exp never overflows, and stay in the input's dtype.
+    out = np.empty_like(x)
+    pos = x >= 0
+    out[pos] = 1.0 / (1.0 + np.exp(-x[pos]))
+    ex = np.exp(x[~pos])
+    out[~pos] = ex / (1.0 + ex)
+    return out
+
+
+def _hard_sigmoid(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
+    return np.clip(x * x.dtype.type(alpha) + x.dtype.type(beta), 0, 1).astype(x.dtype, copy=False)
+
+
+def apply_activation(y: np.ndarray, name: str | None, alpha: float = 0.0, beta: float = 0.0) -> np.ndarray:
+    """Apply a fused epilogue in place where possible and return the result."""
+    if not name:
+        return y
+    if name == "relu":
+        return np.maximum(y, 0, out=y)
+    if name == "clip":
+        return np.clip(y, alpha, beta, out=y)
+    if name == "leaky_relu":
+        return np.where(y >= 0, y, y * y.dtype.type(alpha))
+    if name == "sigmoid":
+        return _sigmoid(y)
+    if name == "tanh":
+        return np.tanh(y, out=y)
+    if name == "hard_sigmoid":
+        return _hard_sigmoid(y, alpha, beta)
+    if name == "hard_swish":
+        return y * _hard_sigmoid(y, 1.0 / 6.0, 0.5)
+    if name == "swish":
+        return y * _sigmoid(y)
+    raise ValueError(f"unknown fused activation '{name}'")
+
+
+ACTIVATIONS = ("relu", "clip", "leaky_relu", "sigmoid", "tanh", "hard_sigmoid", "hard_swish", "swish")
+
+
+def epilogue(attrs: dict) -> tuple[str | None, float, float]:
+    """The (name, alpha, beta) epilogue recorded on a fused node, or (None, 0, 0)."""
+    return attrs.get("activation"), float(attrs.get("activation_alpha", 0.0)), float(attrs.get("activation_beta", 0.0))
+
+
+@kernel("Relu")
+def relu(inputs, attrs):
+    return [np.maximum(inputs[0], 0).astype(inputs[0].dtype, copy=False)]
+
+
+@kernel("Sigmoid")
+def sigmoid(inputs, attrs):
+    return [_sigmoid(np.asarray(inputs[0]))]
+
+
+@kernel("Tanh")
+def tanh(inputs, attrs):
+    return [np.tanh(inputs[0])]
+
+
+@kernel("LeakyRelu")
+def leaky_relu(inputs, attrs):
+    x = inputs[0]
+    return [np.where(x >= 0, x, x * x.dtype.type(attrs.get("alpha", 0.01)))]
+
+
+@kernel("HardSigmoid")
+def hard_sigmoid(inputs, attrs):
+    return [_hard_sigmoid(inputs[0], attrs.get("alpha", 0.2), attrs.get("beta", 0.5))]
+
+
+@kernel("HardSwish")
+def hard_swish(inputs, attrs):
+    x = inputs[0]
+    return [x * _hard_sigmoid(x, 1.0 / 6.0, 0.5)]
+
+
+@kernel("Clip")
+def clip(inputs, attrs):
+    x = inputs[0]
+    # Opset < 11 carries min/max as attributes, later opsets as optional inputs.
+    lo = inputs[1] if len(inputs) > 1 and inputs[1] is not None else attrs.get("min")
+    hi = inputs[2] if len(inputs) > 2 and inputs[2] is not None else attrs.get("max")
+    out = x
+    if lo is not None:
+        out = np.maximum(out, np.asarray(lo, dtype=x.dtype))
+    if hi is not None:
+        out = np.minimum(out, np.asarray(hi, dtype=x.dtype))
+    return [np.array(out, dtype=x.dtype, copy=out is x)]
+
+
+@kernel("PRelu")
+def prelu(inputs, attrs):
+    x, slope = inputs
+    return [np.where(x >= 0, x, x * slope).astype(x.dtype, copy=False)]

@@ -1,0 +1,84 @@
+"""Registry of numpy kernels: the reference implementation of every op and the `arm` target's kernels.
+
+A kernel is a plain function ``fn(inputs, attrs) -> list[np.ndarray]``: ``inputs`` holds one
+numpy array per node input (None for an absent optional input), ``attrs`` the node's attributes
+as Python values (ints, floats, strings, lists, numpy arrays for tensor attributes).
+
+An op may have several variants (``Conv``: 1x1, depthwise, im2col).  Each variant says when it
+applies (a predicate on the node and the graph, so on static attributes and constant inputs)
+and a priority; kernel selection records the chosen variant's id in the plan, and the runtime
+looks the function up by that id.  The `.nb` never carries code, only these ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+KernelFn = Callable[[list[np.ndarray | None], dict[str, Any]], list[np.ndarray]]
+AppliesFn = Callable[[Any, Any], bool]  # (Node, Graph) -> bool
+
+
+@dataclass(frozen=True)
+class Kernel:
+    op_type: str
+    domain: str
+    variant: str
+    fn: KernelFn
+    applies: AppliesFn | None = None
+    priority: int = 0
+    doc: str = ""
+
+    @property
+    def id(self) -> str:
+        return kernel_id(self.op_type, self.domain, self.variant)
+
+
+def kernel_id(op_type: str, domain: str, variant: str) -> str:
+    return f"{domain or 'onnx'}.{op_type}.{variant}"
+
+
+_KERNELS: dict[tuple[str, str], list[Kernel]] = {}
+_BY_ID: dict[str, Kernel] = {}
+
+
+def kernel(
+    op_type: str | list[str],
+    domain: str = "",
+    variant: str = "default",
+    applies: AppliesFn | None = None,
+    priority: int = 0,
+) -> Callable[[KernelFn], KernelFn]:
+    """Register ``fn`` as a numpy kernel (decorator).  ``op_type`` may list several ops."""
+
+    def register(fn: KernelFn) -> KernelFn:
+        for op in [op_type] if isinstance(op_type, str) else op_type:
+            k = Kernel(op, domain, variant, fn, applies, priority, (fn.__doc__ or "").strip())
+            if k.id in _BY_ID:
+                raise RuntimeError(f"kernel {k.id} registered twice")
+            _KERNELS.setdefault((domain, op), []).append(k)
+            _BY_ID[k.id] = k
+        return fn
+
+    return register
+
+
+def kernels_for(op_type: str, domain: str = "") -> list[Kernel]:
+    """Variants registered for an op, highest priority first."""
+    return sorted(_KERNELS.get((domain, op_type), []), key=lambda k: -k.priority)
+
+
+def get_kernel(kid: str) -> Kernel | None:
+    return _BY_ID.get(kid)
+
+
+def registered_ops() -> list[tuple[str, str]]:
+    """(domain, op_type) pairs that have at least one native kernel, sorted."""
+    return sorted(_KERNELS)
+
+
+def all_kernels() -> list[Kernel]:
+    return sorted(_BY_ID.values(), key=lambda k: k.id)

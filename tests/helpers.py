@@ -1,0 +1,62 @@
+"""Shared test helpers: build one-node ONNX models, run onnxruntime and our kernels, compare."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+from optcli.ops import kernels_for
+from optcli.tolerance import max_error, within
+
+OPSET = 17
+
+
+def single_node_model(
+    op_type: str,
+    inputs: dict[str, np.ndarray],
+    n_outputs: int = 1,
+    attrs: dict | None = None,
+    initializers: dict[str, np.ndarray] | None = None,
+    opset: int = OPSET,
+    input_names: list[str] | None = None,
+) -> onnx.ModelProto:
+    """A model with one node.  ``inputs`` become graph inputs, ``initializers`` constants.
+
+    ``input_names`` gives the node's input order (use "" for an absent optional input);
+    by default graph inputs then initializers, in dict order.
+    """
+    initializers = initializers or {}
+    names = input_names if input_names is not None else list(inputs) + list(initializers)
+    outs = [f"y{i}" for i in range(n_outputs)]
+    node = helper.make_node(op_type, names, outs, **(attrs or {}))
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in inputs.items()],
+        [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in outs],
+        [numpy_helper.from_array(v, k) for k, v in initializers.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def run_variants(op_type: str, inputs: list, attrs: dict, domain: str = "") -> dict[str, list[np.ndarray]]:
+    """Run every registered variant of an op directly (ignores ``applies``)."""
+    return {k.variant: k.fn([None if x is None else np.asarray(x) for x in inputs], dict(attrs))
+            for k in kernels_for(op_type, domain)}
+
+
+def assert_close(actual, expected, precision: str = "fp32", what: str = "") -> None:
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != expected {expected.shape}"
+    if not within(actual, expected, precision):
+        err, scale = max_error(actual, expected)
+        raise AssertionError(f"{what}: max abs error {err:.3g} > {precision} budget on scale {scale:.3g}")
