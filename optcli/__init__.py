@@ -1,2 +1,37 @@
-"""optcli: ahead-of-time ONNX optimizer and GPU runtime."""
+"""optcli: an ahead-of-time ONNX model optimizer and GPU runtime.
+
+    import optcli
+    result = optcli.optimize(model_file="model.onnx", valid_targets="opencl,arm")
+    predictor = optcli.load(result.data)           # or optcli.load("model.nb")
+    outputs = predictor.run({"input": x})
+"""
+
 __version__ = "0.1.0"
+
+from optcli.errors import OptError  # noqa: E402
+
+
+def optimize(*args, **kwargs):
+    """Optimize an ONNX model; see ``optcli.compiler.compile_model`` for the arguments."""
+    from optcli.compiler import compile_model
+
+    return compile_model(*args, **kwargs)
+
+
+def load(*args, **kwargs):
+    """Load a `.nb` file (path or bytes) into a Predictor; see ``optcli.runtime.load.load``."""
+    from optcli.runtime.load import load as _load
+
+    return _load(*args, **kwargs)
+
+
+def __getattr__(name):
+    # The Paddle Lite facade, imported lazily so `import optcli` stays light.
+    if name in ("MobileConfig", "create_paddle_predictor", "PaddlePredictor"):
+        from optcli.runtime import paddle_api
+
+        return getattr(paddle_api, name)
+    raise AttributeError(f"module 'optcli' has no attribute '{name}'")
+
+
+__all__ = ["OptError", "optimize", "load", "MobileConfig", "create_paddle_predictor", "__version__"]

@@ -1,1 +1,239 @@
-"""Placeholder: being written."""
+"""Conv and ConvTranspose: numpy kernels that are both the reference and the `arm` CPU kernels.
+
+Three Conv variants, because no single formulation is fast for every layer of a mobile net:
+
+* ``1x1`` (pointwise, stride 1, unpadded, one group) is a single GEMM, ``W[M, C] @ X[C, H*W]``;
+* ``depthwise`` (one input channel per group) has almost no reuse, so a GEMM would be a pile of
+  matrix-vector products: instead it accumulates ``kh*kw`` scaled, strided views of the padded
+  input, channel block by channel block so the accumulator stays in cache;
+* ``im2col`` handles everything else: one strided view of the padded input gathered into a
+  ``[C*kh*kw, OH*OW]`` column matrix per image, then one (grouped) BLAS matmul.
+
+Every variant falls back to ``im2col`` when called on a node it does not fit, so a plan that
+recorded a variant can never compute a wrong answer.  All of them finish with the fused
+epilogue: optional bias, then ``apply_activation``.  ConvTranspose is the adjoint: a GEMM to
+columns, then a col2im scatter-add over kernel taps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from optcli.ops.activation import apply_activation, epilogue
+from optcli.ops.registry import kernel
+from optcli.ops.spatial import compute_dtype, conv_transpose_geometry, pad_input, window
+
+_BLOCK_BYTES = 1 << 19  # accumulator size the depthwise kernel aims for (fits a typical L2)
+
+
+# --------------------------------------------------------------------------- applies predicates
+def _weight_shape(node: Any, graph: Any) -> tuple[int, ...] | None:
+    name = node.input(1)
+    w = graph.const(name)
+    shape = tuple(w.shape) if w is not None else graph.shape_of(name)
+    if shape is None or len(shape) < 3 or not all(isinstance(d, int) for d in shape):
+        return None
+    return tuple(shape)
+
+
+def _is_pointwise(attrs: dict[str, Any], wshape: tuple[int, ...]) -> bool:
+    ks = attrs.get("kernel_shape") or wshape[2:]
+    strides = attrs.get("strides") or []
+    pads = attrs.get("pads") or []
+    return (
+        int(attrs.get("group", 1)) == 1
+        and all(int(k) == 1 for k in ks)
+        and all(int(s) == 1 for s in strides)
+        and all(int(p) == 0 for p in pads)
+    )
+
+
+def _is_depthwise(attrs: dict[str, Any], wshape: tuple[int, ...]) -> bool:
+    group = int(attrs.get("group", 1))
+    return group > 1 and wshape[1] == 1 and wshape[0] % group == 0
+
+
+def applies_1x1(node: Any, graph: Any) -> bool:
+    shape = _weight_shape(node, graph)
+    return shape is not None and _is_pointwise(node.attrs, shape)
+
+
+def applies_depthwise(node: Any, graph: Any) -> bool:
+    shape = _weight_shape(node, graph)
+    return shape is not None and _is_depthwise(node.attrs, shape)
+
+
+# --------------------------------------------------------------------------------- shared parts
+def _finish(y: np.ndarray, bias: np.ndarray | None, attrs: dict[str, Any], dtype: np.dtype) -> list[np.ndarray]:
+    """Bias along the channel axis, then the fused activation, then back to the input dtype."""
+    if bias is not None:
+        y += bias.astype(y.dtype, copy=False).reshape((1, -1) + (1,) * (y.ndim - 2))
+    y = apply_activation(y, *epilogue(attrs))
+    return [y.astype(dtype, copy=False)]
+
+
+def _bias(inputs: list[np.ndarray | None]) -> np.ndarray | None:
+    return inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+
+
+# ----------------------------------------------------------------------------------- variants
+@kernel("Conv", variant="im2col", priority=0)
+def conv_im2col(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """Generic convolution: gather columns with one strided view, then a grouped BLAS matmul."""
+    x, w = inputs[0], inputs[1]
+    ct = compute_dtype(x.dtype)
+    n, c = x.shape[:2]
+    m, cg = w.shape[:2]
+    group = int(attrs.get("group", 1))
+    win = window(attrs, x.shape[2:], attrs.get("kernel_shape") or w.shape[2:])
+    xp = pad_input(x.astype(ct, copy=False), win)
+    ksize = int(np.prod(win.kernel))
+    osize = int(np.prod(win.out))
+    # View [N, C, *K, *O] of the padded input: tap k of output o reads xp[o*s + k*d].
+    sp = xp.strides[2:]
+    view = as_strided(
+        xp,
+        shape=(n, c) + win.kernel + win.out,
+        strides=xp.strides[:2] + tuple(d * s for d, s in zip(win.dilations, sp))
+        + tuple(st * s for st, s in zip(win.strides, sp)),
+        writeable=False,
+    )
+    wg = w.astype(ct, copy=False).reshape(group, m // group, cg * ksize)
+    y = np.empty((n, group, m // group, osize), dtype=ct)
+    for b in range(n):  # one image at a time bounds the column buffer
+        cols = view[b].reshape(group, cg * ksize, osize)
+        np.matmul(wg, cols, out=y[b])
+    return _finish(y.reshape((n, m) + win.out), _bias(inputs), attrs, x.dtype)
+
+
+@kernel("Conv", variant="1x1", applies=applies_1x1, priority=20)
+def conv_1x1(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """Pointwise convolution (1x1 kernel, stride 1, no padding, one group): a single GEMM."""
+    x, w = inputs[0], inputs[1]
+    if x.ndim < 3 or not _is_pointwise(attrs, w.shape):
+        return conv_im2col(inputs, attrs)
+    ct = compute_dtype(x.dtype)
+    n, c = x.shape[:2]
+    m = w.shape[0]
+    xr = x.astype(ct, copy=False).reshape(n, c, -1)
+    wr = w.astype(ct, copy=False).reshape(m, c)
+    y = np.matmul(wr, xr[0])[None] if n == 1 else np.matmul(wr, xr)
+    return _finish(y.reshape((n, m) + x.shape[2:]), _bias(inputs), attrs, x.dtype)
+
+
+def _phases(x: np.ndarray, begin: tuple[int, ...], padded: list[int], strides: tuple[int, ...],
+            keys: set[tuple[int, ...]]) -> tuple[dict[tuple[int, ...], np.ndarray], list[int]]:
+    """Zero-padded input split by stride phase, each flattened to [N, C, Q].
+
+    Phase ``a`` holds padded positions ``a + r*s``; with unit strides there is a single phase,
+    the padded input itself.  One extra leading-axis row lets every tap read a contiguous run
+    of ``O0 * prod(Q[1:])`` elements (see ``conv_depthwise``).
+    """
+    q = [-(-p // s) for p, s in zip(padded, strides)]
+    spatial = x.shape[2:]
+    out = {}
+    for key in keys:
+        buf = np.zeros(x.shape[:2] + (q[0] + 1,) + tuple(q[1:]), dtype=x.dtype)
+        dst, src = [], []
+        for a, s, b, n, qq in zip(key, strides, begin, spatial, q):
+            lo = max(0, -(-(b - a) // s))  # first r with a + r*s - b >= 0
+            hi = min(qq, (b - a + n - 1) // s + 1)
+            dst.append(slice(lo, max(lo, hi)))
+            src.append(slice(a + lo * s - b, a + (hi - 1) * s - b + 1 if hi > lo else 0, s))
+        buf[(slice(None), slice(None)) + tuple(dst)] = x[(slice(None), slice(None)) + tuple(src)]
+        out[key] = buf.reshape(x.shape[0], x.shape[1], -1)
+    return out, q
+
+
+@kernel("Conv", variant="depthwise", applies=applies_depthwise, priority=10)
+def conv_depthwise(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """Depthwise convolution: sum of kh*kw scaled shifted copies, without any im2col buffer.
+
+    The padded input is split by stride phase so that every tap, for every output position,
+    reads one contiguous run of the flattened phase (output rows are computed "wide", with
+    ``Q[-1]`` columns, and cropped at the end).  Each tap is then one multiply and one add over
+    contiguous memory, done a cache-sized block of channels at a time.
+    """
+    x, w = inputs[0], inputs[1]
+    group = int(attrs.get("group", 1))
+    if x.ndim < 3 or not _is_depthwise(attrs, w.shape) or x.shape[1] != group:
+        return conv_im2col(inputs, attrs)
+    ct = compute_dtype(x.dtype)
+    n, c = x.shape[:2]
+    mult = w.shape[0] // c
+    win = window(attrs, x.shape[2:], attrs.get("kernel_shape") or w.shape[2:])
+    xc = x.astype(ct, copy=False)
+    begin = win.pad_begin
+    if any(p < 0 for p in win.pad_begin + win.pad_end):  # negative pads crop: materialise them
+        xc, begin = pad_input(xc, win), (0,) * len(begin)
+    padded = [i + b + e for i, b, e in zip(x.shape[2:], win.pad_begin, win.pad_end)]
+    s, d = win.strides, win.dilations
+    taps = list(win.taps())
+    keys = [tuple((t * dd) % ss for t, dd, ss in zip(tap, d, s)) for tap in taps]
+    phases, q = _phases(xc, begin, padded, s, set(keys))
+    row = [int(np.prod(q[k + 1:])) for k in range(len(q))]
+    offsets = [sum(((t * dd) // ss) * r for t, dd, ss, r in zip(tap, d, s, row)) for tap in taps]
+    length = win.out[0] * row[0]
+    # Weights as [C, mult, taps]; output as [N, C, mult, L] (channel c*mult + j, as ONNX orders them).
+    wr = w.astype(ct, copy=False).reshape(c, mult, len(taps), 1)
+    y = np.empty((n, c, mult, length), dtype=ct)
+    block = max(1, min(c, _BLOCK_BYTES // max(1, mult * length * ct.itemsize)))
+    tmp = np.empty((block, mult, length), dtype=ct)
+    for b in range(n):
+        for c0 in range(0, c, block):
+            c1 = min(c, c0 + block)
+            yb, tb = y[b, c0:c1], tmp[: c1 - c0]
+            for i, (key, off) in enumerate(zip(keys, offsets)):
+                src = phases[key][b, c0:c1, None, off:off + length]
+                if i == 0:
+                    np.multiply(src, wr[c0:c1, :, i], out=yb)
+                else:
+                    np.multiply(src, wr[c0:c1, :, i], out=tb)
+                    yb += tb
+    # Epilogue on the wide rows, then crop them: [N, C*mult, O0, Q1, ...] -> [N, C*mult, *O].
+    y = _finish(y.reshape((n, c * mult, win.out[0]) + tuple(q[1:])), _bias(inputs), attrs, ct)[0]
+    y = y[(slice(None), slice(None), slice(None)) + tuple(slice(0, o) for o in win.out[1:])]
+    return [np.ascontiguousarray(y, dtype=x.dtype)]
+
+
+# ------------------------------------------------------------------------------ ConvTranspose
+@kernel("ConvTranspose", variant="col2im")
+def conv_transpose(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """Transposed convolution: ``W^T @ X`` to columns, then scatter-add the kernel taps."""
+    x, w = inputs[0], inputs[1]
+    ct = compute_dtype(x.dtype)
+    n, c = x.shape[:2]
+    spatial = x.shape[2:]
+    nsp = len(spatial)
+    group = int(attrs.get("group", 1))
+    cg, mg = c // group, w.shape[1]
+    kshape = tuple(int(k) for k in (attrs.get("kernel_shape") or w.shape[2:]))
+    strides, dil, begin, _end, out = conv_transpose_geometry(attrs, spatial, kshape)
+    ksize = int(np.prod(kshape))
+    isize = int(np.prod(spatial))
+    # cols[n, g, (mg, *K), S] = W_g^T @ X_g
+    wg = w.astype(ct, copy=False).reshape(group, cg, mg * ksize).transpose(0, 2, 1)
+    xg = x.astype(ct, copy=False).reshape(n, group, cg, isize)
+    cols = np.matmul(wg[None], xg).reshape((n, group * mg) + kshape + tuple(spatial))
+    # Full (unpadded, unclipped) output: tap k of input i lands at i*s + k*d.
+    full = [s * (i - 1) + (k - 1) * d + 1 for s, i, k, d in zip(strides, spatial, kshape, dil)]
+    buf = np.zeros((n, group * mg) + tuple(full), dtype=ct)
+    for tap in np.ndindex(*kshape):
+        dst = tuple(slice(t * d, t * d + s * (i - 1) + 1, s) for t, d, s, i in zip(tap, dil, strides, spatial))
+        buf[(slice(None), slice(None)) + dst] += cols[(slice(None), slice(None)) + tap]
+    # Output position o reads buf[o + pad_begin]; anything outside buf (output_padding,
+    # negative pads) is zero.
+    y = np.zeros((n, group * mg) + tuple(out), dtype=ct)
+    src, dst = [], []
+    for b, o, f in zip(begin, out, full):
+        lo, hi = max(0, -b), min(o, f - b)
+        if hi <= lo:
+            return _finish(y, _bias(inputs), attrs, x.dtype)
+        dst.append(slice(lo, hi))
+        src.append(slice(lo + b, hi + b))
+    assert len(src) == nsp
+    y[(slice(None), slice(None)) + tuple(dst)] = buf[(slice(None), slice(None)) + tuple(src)]
+    return _finish(y, _bias(inputs), attrs, x.dtype)

@@ -1,1 +1,149 @@
-"""Placeholder: being written."""
+"""Normalisation and softmax kernels, plus the fused ``ChannelAffine`` op.
+
+Inference-time BatchNormalization is a per-channel affine map, so it is computed as one
+multiply-add with folded ``scale / sqrt(var + eps)`` and ``B - mean * that`` rather than the
+textbook four passes; a stand-alone BatchNormalization that cannot be folded into a Conv
+becomes ``ChannelAffine`` (domain ``optcli``: inputs ``X, scale, shift`` with 1-D ``[C]``
+scale and shift applied along axis 1, then the fused activation epilogue).
+
+Reductions accumulate in float32 for float16 inputs (LayerNormalization's ``stash_type``).
+
+Softmax and LogSoftmax changed meaning at opset 13: before, the input was coerced to 2-D at
+``axis`` (default 1) and normalised over everything from ``axis`` on; from 13 on, over the
+single ``axis`` (default -1).  The runtime passes the model's default-domain opset as the
+``_opset`` attribute; without it the opset-13 semantics apply.
+
+Output counts: LayerNormalization returns ``[Y, Mean, InvStdDev]`` and BatchNormalization in
+training mode ``[Y, running_mean, running_var]`` (both cheap by-products); a runtime binds as
+many as the node has outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from optcli.ir import OPTCLI_DOMAIN
+from optcli.ops.activation import apply_activation, epilogue
+from optcli.ops.registry import kernel
+from optcli.ops.spatial import compute_dtype
+
+
+def _channel_shape(x: np.ndarray, p: np.ndarray) -> tuple[int, ...]:
+    """Shape that broadcasts a per-channel parameter (axis 1) over ``x``."""
+    if p.ndim <= 1:
+        return (1, -1) + (1,) * (x.ndim - 2)
+    return (1,) + p.shape  # pre-opset-7 BatchNormalization with spatial=0: [C, *spatial]
+
+
+@kernel("BatchNormalization")
+def batch_normalization(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """``(X - mean) / sqrt(var + eps) * scale + B`` as one folded per-channel multiply-add."""
+    x, scale, bias, mean, var = inputs[:5]
+    ct = compute_dtype(x.dtype)
+    eps = float(attrs.get("epsilon", 1e-5))
+    xc = x.astype(ct, copy=False)
+    extra: list[np.ndarray] = []
+    if int(attrs.get("training_mode", 0)):
+        axes = (0,) + tuple(range(2, x.ndim))
+        bmean = xc.mean(axis=axes)
+        bvar = xc.var(axis=axes)
+        mom = float(attrs.get("momentum", 0.9))
+        extra = [
+            (mean * mom + bmean * (1 - mom)).astype(mean.dtype),
+            (var * mom + bvar * (1 - mom)).astype(var.dtype),
+        ]
+        mean, var = bmean, bvar
+    a = scale.astype(ct) / np.sqrt(var.astype(ct) + ct.type(eps))
+    b = bias.astype(ct) - mean.astype(ct) * a
+    shape = _channel_shape(x, scale)
+    y = xc * a.reshape(shape)
+    y += b.reshape(shape)
+    return [y.astype(x.dtype, copy=False)] + extra
+
+
+@kernel("ChannelAffine", domain=OPTCLI_DOMAIN)
+def channel_affine(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """``X * scale[c] + shift[c]`` along axis 1, then the fused activation epilogue."""
+    x, scale, shift = inputs[0], inputs[1], inputs[2]
+    ct = compute_dtype(x.dtype)
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    y = x.astype(ct, copy=False) * scale.astype(ct, copy=False).reshape(shape)
+    if shift is not None:
+        y += shift.astype(ct, copy=False).reshape(shape)
+    y = apply_activation(y, *epilogue(attrs))
+    return [y.astype(x.dtype, copy=False)]
+
+
+@kernel("LayerNormalization")
+def layer_normalization(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """Normalise over axes ``[axis, rank)``; returns ``[Y, Mean, InvStdDev]``."""
+    x, scale = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    axis = int(attrs.get("axis", -1))
+    axis = axis + x.ndim if axis < 0 else axis
+    eps = float(attrs.get("epsilon", 1e-5))
+    stash = np.float32 if int(attrs.get("stash_type", 1)) == 1 and x.dtype != np.float64 else x.dtype
+    ct = np.dtype(stash)
+    rows = int(np.prod(x.shape[:axis], dtype=np.int64))
+    xr = x.astype(ct, copy=False).reshape(rows, -1)
+    mean = xr.mean(axis=1, keepdims=True)
+    d = xr - mean
+    var = np.einsum("ij,ij->i", d, d)[:, None] / ct.type(xr.shape[1])
+    inv = ct.type(1.0) / np.sqrt(var + ct.type(eps))
+    d *= inv
+    y = d.reshape(x.shape)
+    y *= scale.astype(ct, copy=False)
+    if bias is not None:
+        y += bias.astype(ct, copy=False)
+    stat_shape = x.shape[:axis] + (1,) * (x.ndim - axis)
+    return [y.astype(x.dtype, copy=False), mean.reshape(stat_shape), inv.reshape(stat_shape)]
+
+
+@kernel("InstanceNormalization")
+def instance_normalization(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """Per-(image, channel) normalisation over the spatial axes, then per-channel scale and B."""
+    x, scale, bias = inputs[0], inputs[1], inputs[2]
+    ct = compute_dtype(x.dtype)
+    eps = float(attrs.get("epsilon", 1e-5))
+    n, c = x.shape[:2]
+    xr = x.astype(ct, copy=False).reshape(n, c, -1)
+    mean = xr.mean(axis=2, keepdims=True)
+    d = xr - mean
+    var = np.einsum("ncs,ncs->nc", d, d)[:, :, None] / ct.type(xr.shape[2])
+    a = scale.astype(ct).reshape(1, c, 1) / np.sqrt(var + ct.type(eps))
+    d *= a
+    d += bias.astype(ct).reshape(1, c, 1)
+    return [d.reshape(x.shape).astype(x.dtype, copy=False)]
+
+
+def _softmax_view(x: np.ndarray, attrs: dict[str, Any]) -> tuple[np.ndarray, int]:
+    """The array to normalise and the axis, per the node's opset semantics."""
+    if int(attrs.get("_opset", 13)) >= 13:
+        return x, int(attrs.get("axis", -1))
+    axis = int(attrs.get("axis", 1))
+    axis = axis + x.ndim if axis < 0 else axis
+    rows = int(np.prod(x.shape[:axis], dtype=np.int64))
+    return x.reshape(rows, -1), 1
+
+
+@kernel("Softmax")
+def softmax(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """``exp(x - max) / sum`` along the axis (opset < 13: over the 2-D coerced input)."""
+    x = inputs[0]
+    v, axis = _softmax_view(x.astype(compute_dtype(x.dtype), copy=False), attrs)
+    e = v - v.max(axis=axis, keepdims=True)
+    np.exp(e, out=e)
+    e /= e.sum(axis=axis, keepdims=True)
+    return [e.reshape(x.shape).astype(x.dtype, copy=False)]
+
+
+@kernel("LogSoftmax")
+def log_softmax(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """``x - max - log(sum(exp(x - max)))`` along the axis (opset < 13: 2-D coerced)."""
+    x = inputs[0]
+    v, axis = _softmax_view(x.astype(compute_dtype(x.dtype), copy=False), attrs)
+    d = v - v.max(axis=axis, keepdims=True)
+    d -= np.log(np.exp(d).sum(axis=axis, keepdims=True))
+    return [d.reshape(x.shape).astype(x.dtype, copy=False)]

@@ -1,1 +1,107 @@
-"""Placeholder: being written."""
+"""Pooling kernels (MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool) for 1-D/2-D/3-D inputs.
+
+A pool is a reduction over ``prod(kernel_shape)`` strided views of the padded input, so each
+kernel tap is one vectorised ``maximum`` or ``add`` over the whole output; there is no window
+buffer.  Geometry (pads, auto_pad, dilations, ceil_mode) comes from ``optcli.ops.spatial`` so
+that it matches Conv exactly.
+
+AveragePool divides by a per-position window count that is the outer product of per-axis
+counts: with ``count_include_pad`` the declared padding counts, but window parts that only
+exist because of ``ceil_mode`` never do (onnxruntime's and PyTorch's convention).
+
+MaxPool's optional second output (Indices) is not produced: the kernel returns only ``Y``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from optcli.ops.registry import kernel
+from optcli.ops.spatial import Window, compute_dtype, pad_input, window
+
+
+def _window(x: np.ndarray, attrs: dict[str, Any]) -> Window:
+    if x.ndim < 3:
+        raise ValueError(f"pooling needs an input of rank >= 3, got shape {x.shape}")
+    return window(attrs, x.shape[2:], attrs["kernel_shape"], ceil_mode=bool(attrs.get("ceil_mode", 0)))
+
+
+def _lowest(dtype: np.dtype) -> Any:
+    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+
+
+@kernel("MaxPool")
+def max_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """Max over the kernel taps of a -inf padded input (returns Y only, never Indices)."""
+    x = inputs[0]
+    win = _window(x, attrs)
+    xp = pad_input(x, win, _lowest(x.dtype))
+    head = (slice(None), slice(None))
+    y: np.ndarray | None = None
+    for tap in win.taps():
+        v = xp[head + win.tap_slices(tap)]
+        if y is None:
+            y = v.copy()
+        else:
+            np.maximum(y, v, out=y)
+    assert y is not None
+    return [y]
+
+
+def _counts(win: Window, spatial: tuple[int, ...], include_pad: bool) -> np.ndarray:
+    """Number of counted input positions in each output window, shaped to broadcast over Y."""
+    total: np.ndarray | None = None
+    n = len(spatial)
+    for axis, (size, k, s, d, b, e, o) in enumerate(zip(
+        spatial, win.kernel, win.strides, win.dilations, win.pad_begin, win.declared_end, win.out
+    )):
+        # Position (in unpadded coordinates) of tap t of output j.
+        pos = np.arange(o)[:, None] * s + np.arange(k)[None, :] * d - b
+        ok = (pos >= -b) & (pos < size + e) if include_pad else (pos >= 0) & (pos < size)
+        cnt = ok.sum(axis=1).astype(np.float64).reshape((o,) + (1,) * (n - axis - 1))
+        total = cnt if total is None else total * cnt
+    assert total is not None
+    return total
+
+
+@kernel("AveragePool")
+def average_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """Sum over the kernel taps of a zero-padded input, divided by the per-window count."""
+    x = inputs[0]
+    win = _window(x, attrs)
+    ct = compute_dtype(x.dtype)
+    xp = pad_input(x.astype(ct, copy=False), win, 0.0)
+    head = (slice(None), slice(None))
+    y: np.ndarray | None = None
+    for tap in win.taps():
+        v = xp[head + win.tap_slices(tap)]
+        if y is None:
+            y = v.copy()
+        else:
+            y += v
+    assert y is not None
+    counts = _counts(win, x.shape[2:], bool(attrs.get("count_include_pad", 0)))
+    if np.all(counts == counts.flat[0]):
+        y *= ct.type(1.0 / counts.flat[0])
+    else:
+        y /= counts.astype(ct)
+    return [y.astype(x.dtype, copy=False)]
+
+
+@kernel("GlobalAveragePool")
+def global_average_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """Mean over every spatial axis, keeping them as size-1 dims."""
+    x = inputs[0]
+    axes = tuple(range(2, x.ndim))
+    y = x.reshape(x.shape[:2] + (-1,)).mean(axis=-1, dtype=compute_dtype(x.dtype))
+    return [y.reshape(x.shape[:2] + (1,) * len(axes)).astype(x.dtype, copy=False)]
+
+
+@kernel("GlobalMaxPool")
+def global_max_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """Max over every spatial axis, keeping them as size-1 dims."""
+    x = inputs[0]
+    y = x.reshape(x.shape[:2] + (-1,)).max(axis=-1)
+    return [y.reshape(x.shape[:2] + (1,) * (x.ndim - 2))]

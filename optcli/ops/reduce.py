@@ -1,1 +1,124 @@
-"""Placeholder: being written."""
+"""Reductions: ReduceSum/Mean/Max/Min/Prod/L1/L2/LogSum/LogSumExp/SumSquare.
+
+One helper resolves what the ops share and what moved across ONNX versions: the reduced axes
+come from the ``axes`` attribute (ReduceSum before opset 13, the others before 18) or from the
+second input (later), an empty/absent list means "all axes" unless ``noop_with_empty_axes`` asks
+for the identity, and ``keepdims`` keeps the reduced axes as size 1.
+
+Results keep the input dtype.  float16 accumulates in float32 and integers in float64 where the
+op involves division or transcendental functions, as onnxruntime does.  Reducing an empty set
+gives the identity of the reduction, as the spec says: 0 for sums, 1 for products, -inf (or
+the dtype's minimum) for ReduceMax, +inf (or maximum) for ReduceMin, -inf for the log-sums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from optcli.ops.registry import kernel
+
+Inputs = list[np.ndarray | None]
+Attrs = dict[str, Any]
+
+
+def reduce_axes(x: np.ndarray, inputs: Inputs, attrs: Attrs) -> tuple[int, ...] | None:
+    """The reduced axes (normalised, sorted), or None when the op is the identity (noop)."""
+    axes_in = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
+    if axes_in is not None:
+        axes = [int(a) for a in np.asarray(axes_in).reshape(-1)]
+    else:
+        axes = [int(a) for a in attrs.get("axes") or []]
+    if not axes:
+        return None if attrs.get("noop_with_empty_axes", 0) else tuple(range(x.ndim))
+    return tuple(sorted(a + x.ndim if a < 0 else a for a in axes))
+
+
+def _acc_dtype(x: np.ndarray, integer_as_float: bool) -> np.dtype:
+    if x.dtype == np.float16:
+        return np.dtype(np.float32)
+    if integer_as_float and x.dtype.kind in "iub":
+        return np.dtype(np.float64)
+    return x.dtype
+
+
+def _reduction(compute: Callable[[np.ndarray, tuple[int, ...]], np.ndarray], integer_as_float: bool = False):
+    """Build a kernel from ``compute(x_in_acc_dtype, axes)`` (called with keepdims semantics)."""
+
+    def run(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+        x = np.asarray(inputs[0])
+        axes = reduce_axes(x, inputs, attrs)
+        if axes is None:
+            return [x.copy()]
+        xa = x.astype(_acc_dtype(x, integer_as_float), copy=False)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            y = np.asarray(compute(xa, axes))
+        if not attrs.get("keepdims", 1):
+            y = y.reshape([d for i, d in enumerate(y.shape) if i not in axes])
+        if integer_as_float and x.dtype.kind in "iu":
+            y = np.trunc(y)
+        return [y.astype(x.dtype, copy=False)]
+
+    return run
+
+
+def _min_value(dt: np.dtype):
+    if dt.kind == "f":
+        return -np.inf
+    if dt.kind == "b":
+        return False
+    return np.iinfo(dt).min
+
+
+def _max_value(dt: np.dtype):
+    if dt.kind == "f":
+        return np.inf
+    if dt.kind == "b":
+        return True
+    return np.iinfo(dt).max
+
+
+def _sum(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    return np.sum(x, axis=axes, keepdims=True, dtype=x.dtype)
+
+
+def _mean(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    n = int(np.prod([x.shape[a] for a in axes]))
+    return _sum(x, axes) / x.dtype.type(n) if n else np.full(_kept_shape(x, axes), np.nan, x.dtype)
+
+
+def _kept_shape(x: np.ndarray, axes: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+
+
+def _max(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    return np.max(x, axis=axes, keepdims=True, initial=_min_value(x.dtype))
+
+
+def _min(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    return np.min(x, axis=axes, keepdims=True, initial=_max_value(x.dtype))
+
+
+def _log_sum_exp(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    m = np.max(x, axis=axes, keepdims=True, initial=-np.inf)
+    shift = np.where(np.isfinite(m), m, 0).astype(x.dtype)
+    return np.log(np.sum(np.exp(x - shift), axis=axes, keepdims=True, dtype=x.dtype)) + shift
+
+
+_REDUCTIONS: dict[str, tuple[Callable, bool]] = {
+    "ReduceSum": (_sum, False),
+    "ReduceMean": (_mean, True),
+    "ReduceMax": (_max, False),
+    "ReduceMin": (_min, False),
+    "ReduceProd": (lambda x, a: np.prod(x, axis=a, keepdims=True, dtype=x.dtype), False),
+    "ReduceL1": (lambda x, a: _sum(np.abs(x), a), False),
+    "ReduceL2": (lambda x, a: np.sqrt(_sum(x * x, a)), True),
+    "ReduceSumSquare": (lambda x, a: _sum(x * x, a), False),
+    "ReduceLogSum": (lambda x, a: np.log(_sum(x, a)), True),
+    "ReduceLogSumExp": (_log_sum_exp, True),
+}
+
+for _op, (_fn, _int_float) in _REDUCTIONS.items():
+    kernel(_op)(_reduction(_fn, _int_float))

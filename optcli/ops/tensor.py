@@ -1,1 +1,448 @@
-"""Placeholder: being written."""
+"""Tensor ops: shape manipulation, indexing, gather/scatter, casts and constants.
+
+These are both the reference and the host-CPU (`arm`) target's kernels.  Shape-only ops
+(Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Slice, Split, Identity) return numpy views of
+their input whenever the layout allows, so they cost nothing at run time; no kernel writes into
+an input (inputs may be read-only memory-mapped weights).
+
+Attributes that ONNX moved to inputs over the versions (Slice, Split, Squeeze, Unsqueeze, Pad,
+TopK's ``k``, Reshape's ``shape``) are read from whichever form the node carries, so the same
+kernel serves every opset from 7 on.  Split cannot see how many outputs its node has; when
+neither ``split`` nor ``num_outputs`` is given it reads ``_n_outputs`` from the attrs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from optcli.ops.registry import kernel
+
+Inputs = list[np.ndarray | None]
+Attrs = dict[str, Any]
+
+
+def _opt(inputs: Inputs, i: int) -> np.ndarray | None:
+    """Optional input ``i`` (None when absent or not given)."""
+    return inputs[i] if len(inputs) > i and inputs[i] is not None else None
+
+
+def _ints(v: Any) -> list[int]:
+    return [int(a) for a in np.asarray(v).reshape(-1)]
+
+
+def _axis(a: int, rank: int) -> int:
+    return a + rank if a < 0 else a
+
+
+def _from_attr_or_input(inputs: Inputs, i: int, attrs: Attrs, name: str) -> list[int] | None:
+    v = _opt(inputs, i)
+    if v is not None:
+        return _ints(v)
+    if name in attrs and attrs[name] is not None:
+        return _ints(attrs[name])
+    return None
+
+
+# ----------------------------------------------------------------------------- shape ops (views)
+
+@kernel("Identity")
+def identity(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    return [inputs[0]]
+
+
+@kernel("Reshape")
+def reshape(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    """0 copies the input dim unless ``allowzero``; -1 is inferred.  A view when possible."""
+    x = np.asarray(inputs[0])
+    shape = _from_attr_or_input(inputs, 1, attrs, "shape") or []
+    if not attrs.get("allowzero", 0):
+        shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
+    return [x.reshape(shape)]
+
+
+@kernel("Flatten")
+def flatten(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    x = np.asarray(inputs[0])
+    axis = _axis(int(attrs.get("axis", 1)), x.ndim)
+    return [x.reshape(int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])))]
+
+
+@kernel("Transpose")
+def transpose(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    x = np.asarray(inputs[0])
+    perm = attrs.get("perm")
+    return [np.transpose(x, None if perm is None else [int(p) for p in perm])]
+
+
+@kernel("Squeeze")
+def squeeze(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    x = np.asarray(inputs[0])
+    axes = _from_attr_or_input(inputs, 1, attrs, "axes")
+    if axes is None:
+        return [np.squeeze(x)]
+    return [np.squeeze(x, axis=tuple(_axis(a, x.ndim) for a in axes))]
+
+
+@kernel("Unsqueeze")
+def unsqueeze(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    x = np.asarray(inputs[0])
+    axes = _from_attr_or_input(inputs, 1, attrs, "axes") or []
+    rank = x.ndim + len(axes)
+    shape = list(x.shape)
+    for a in sorted(_axis(a, rank) for a in axes):
+        shape.insert(a, 1)
+    return [x.reshape(shape)]
+
+
+@kernel("Slice")
+def slice_(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    """starts/ends/axes as attributes (opset < 10) or inputs; negative steps clamp as ONNX says."""
+    x = np.asarray(inputs[0])
+    if attrs.get("_opset", 13) < 10 or _opt(inputs, 1) is None:
+        starts, ends = _ints(attrs["starts"]), _ints(attrs["ends"])
+        axes = _ints(attrs["axes"]) if "axes" in attrs else list(range(len(starts)))
+        steps = [1] * len(starts)
+    else:
+        starts, ends = _ints(inputs[1]), _ints(inputs[2])
+        axes = _ints(inputs[3]) if _opt(inputs, 3) is not None else list(range(len(starts)))
+        steps = _ints(inputs[4]) if _opt(inputs, 4) is not None else [1] * len(starts)
+    index: list[slice] = [slice(None)] * x.ndim
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a = _axis(a, x.ndim)
+        dim = x.shape[a]
+        s = s + dim if s < 0 else s
+        e = e + dim if e < 0 else e
+        if st > 0:
+            s, e = min(max(s, 0), dim), min(max(e, 0), dim)
+            index[a] = slice(s, e, st)
+        else:
+            s, e = min(max(s, 0), dim - 1), min(max(e, -1), dim - 1)
+            index[a] = slice(s, None if e < 0 else e, st)
+    return [x[tuple(index)]]
+
+
+@kernel("Split")
+def split(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    x = np.asarray(inputs[0])
+    axis = _axis(int(attrs.get("axis", 0)), x.ndim)
+    dim = x.shape[axis]
+    sizes = _from_attr_or_input(inputs, 1, attrs, "split")
+    if sizes is None:
+        n = attrs.get("num_outputs") or attrs.get("_n_outputs")
+        if not n:
+            raise ValueError("Split without 'split' or 'num_outputs' needs '_n_outputs' in attrs")
+        n = int(n)
+        chunk = -(-dim // n)
+        sizes = [chunk] * (n - 1) + [dim - chunk * (n - 1)]
+        if attrs.get("num_outputs") is None and dim % n:
+            raise ValueError(f"Split: dim {dim} not divisible into {n} equal outputs")
+    offsets = np.cumsum(sizes)[:-1]
+    return list(np.split(x, offsets, axis=axis))
+
+
+@kernel("Concat")
+def concat(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    xs = [np.asarray(v) for v in inputs if v is not None]
+    return [np.concatenate(xs, axis=_axis(int(attrs["axis"]), xs[0].ndim))]
+
+
+@kernel("Shape")
+def shape(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    s = np.shape(inputs[0])
+    start = int(attrs.get("start", 0))
+    end = attrs.get("end")
+    return [np.array(s[start:None if end is None else int(end)], dtype=np.int64)]
+
+
+@kernel("Size")
+def size(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    return [np.array(np.size(inputs[0]), dtype=np.int64)]
+
+
+@kernel("DepthToSpace")
+def depth_to_space(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    x = np.asarray(inputs[0])
+    bs = int(attrs["blocksize"])
+    b, c, h, w = x.shape
+    if attrs.get("mode", "DCR") == "CRD":
+        t = x.reshape(b, c // (bs * bs), bs, bs, h, w).transpose(0, 1, 4, 2, 5, 3)
+    else:
+        t = x.reshape(b, bs, bs, c // (bs * bs), h, w).transpose(0, 3, 4, 1, 5, 2)
+    return [t.reshape(b, c // (bs * bs), h * bs, w * bs)]
+
+
+@kernel("SpaceToDepth")
+def space_to_depth(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    x = np.asarray(inputs[0])
+    bs = int(attrs["blocksize"])
+    b, c, h, w = x.shape
+    t = x.reshape(b, c, h // bs, bs, w // bs, bs)
+    t = t.transpose(0, 1, 3, 5, 2, 4) if attrs.get("mode", "DCR") == "CRD" else t.transpose(0, 3, 5, 1, 2, 4)
+    return [t.reshape(b, c * bs * bs, h // bs, w // bs)]
+
+
+# ----------------------------------------------------------------------------- copies
+
+@kernel("Expand")
+def expand(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    x = np.asarray(inputs[0])
+    out_shape = np.broadcast_shapes(x.shape, tuple(_ints(inputs[1])))
+    return [np.array(np.broadcast_to(x, out_shape))]
+
+
+@kernel("Tile")
+def tile(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    return [np.tile(inputs[0], _ints(inputs[1]))]
+
+
+@kernel("Pad")
+def pad(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    """pads attr (< 11) or input, optional ``axes`` input (18); negative pads crop first."""
+    x = np.asarray(inputs[0])
+    mode = attrs.get("mode", "constant")
+    if _opt(inputs, 1) is not None:
+        pads = _ints(inputs[1])
+        cv = _opt(inputs, 2)
+        value = cv.reshape(-1)[0] if cv is not None and cv.size else 0
+    else:
+        pads = _ints(attrs.get("pads", attrs.get("paddings", [])))
+        value = attrs.get("value", 0.0)
+    axes_in = _opt(inputs, 3)
+    axes = [_axis(a, x.ndim) for a in _ints(axes_in)] if axes_in is not None else list(range(x.ndim))
+    n = len(axes)
+    widths = [[0, 0] for _ in range(x.ndim)]
+    for i, a in enumerate(axes):
+        widths[a] = [pads[i], pads[i + n]]
+    crop = tuple(slice(max(-b, 0), x.shape[a] - max(-e, 0)) for a, (b, e) in enumerate(widths))
+    x = x[crop]
+    widths = [(max(b, 0), max(e, 0)) for b, e in widths]
+    if not any(b or e for b, e in widths):
+        return [x.copy()]
+    if mode == "constant":
+        return [np.pad(x, widths, mode="constant", constant_values=np.asarray(value).astype(x.dtype))]
+    return [np.pad(x, widths, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode])]
+
+
+# ----------------------------------------------------------------------------- casts, constants
+
+def _np_dtype(to: int) -> np.dtype:
+    if to == TensorProto.STRING:
+        return np.dtype(object)
+    return np.dtype(helper.tensor_dtype_to_np_dtype(to))
+
+
+_FLOAT8_MAX = {
+    "float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0, "float8_e5m2": 57344.0, "float8_e5m2fnuz": 57344.0,
+}
+
+
+def _cast(x: np.ndarray, dtype: np.dtype, saturate: bool = True) -> np.ndarray:
+    if dtype == np.dtype(object):
+        if x.dtype == object:
+            return x.copy()
+        if x.dtype.kind == "f":
+            return np.vectorize(lambda v: repr(float(v)) if np.isfinite(v) else str(v).upper(),
+                                otypes=[object])(x) if x.size else x.astype(object)
+        return x.astype(str).astype(object)
+    if x.dtype == object:
+        return np.array([float(v) if dtype.kind == "f" else v for v in x.reshape(-1)],
+                        dtype=np.float64 if dtype.kind == "f" else None).astype(dtype).reshape(x.shape)
+    fmax = _FLOAT8_MAX.get(dtype.name)
+    if fmax is not None and saturate and x.dtype.kind in "fV":
+        # Saturating float8 casts clamp out-of-range values and infinities to the largest finite.
+        x = np.clip(x.astype(np.float32), -fmax, fmax)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return x.astype(dtype)
+
+
+@kernel("Cast")
+def cast(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    return [_cast(np.asarray(inputs[0]), _np_dtype(int(attrs["to"])), bool(attrs.get("saturate", 1)))]
+
+
+@kernel("CastLike")
+def cast_like(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    return [_cast(np.asarray(inputs[0]), np.asarray(inputs[1]).dtype, bool(attrs.get("saturate", 1)))]
+
+
+@kernel("Constant")
+def constant(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    if "value" in attrs:
+        return [np.asarray(attrs["value"])]
+    if "value_float" in attrs:
+        return [np.array(attrs["value_float"], dtype=np.float32)]
+    if "value_floats" in attrs:
+        return [np.array(attrs["value_floats"], dtype=np.float32)]
+    if "value_int" in attrs:
+        return [np.array(attrs["value_int"], dtype=np.int64)]
+    if "value_ints" in attrs:
+        return [np.array(attrs["value_ints"], dtype=np.int64)]
+    if "value_string" in attrs:
+        return [np.array(attrs["value_string"], dtype=object)]
+    if "value_strings" in attrs:
+        return [np.array(attrs["value_strings"], dtype=object)]
+    raise ValueError("Constant: no supported value attribute (sparse_value is not supported)")
+
+
+@kernel("ConstantOfShape")
+def constant_of_shape(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    value = attrs.get("value")
+    v = np.zeros(1, dtype=np.float32) if value is None else np.asarray(value).reshape(-1)
+    return [np.full(tuple(_ints(inputs[0])), v[0], dtype=v.dtype)]
+
+
+@kernel("Range")
+def range_(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    start, limit, delta = (np.asarray(v).reshape(()) for v in inputs[:3])
+    dtype = start.dtype
+    n = max(int(np.ceil((float(limit) - float(start)) / float(delta))), 0)
+    if dtype.kind in "iu":
+        return [(int(start) + np.arange(n, dtype=np.int64) * int(delta)).astype(dtype)]
+    return [(start + np.arange(n, dtype=dtype) * delta).astype(dtype, copy=False)]
+
+
+@kernel("Trilu")
+def trilu(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    x = np.asarray(inputs[0])
+    kk = _opt(inputs, 1)
+    k = int(np.asarray(kk).reshape(-1)[0]) if kk is not None else 0
+    return [np.triu(x, k) if attrs.get("upper", 1) else np.tril(x, k)]
+
+
+# ----------------------------------------------------------------------------- indexing
+
+@kernel("Gather")
+def gather(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    x = np.asarray(inputs[0])
+    return [np.take(x, np.asarray(inputs[1]).astype(np.int64, copy=False), axis=int(attrs.get("axis", 0)))]
+
+
+def _norm_index(idx: np.ndarray, dim: int | np.ndarray) -> np.ndarray:
+    idx = np.asarray(idx).astype(np.int64, copy=False)
+    return np.where(idx < 0, idx + dim, idx)
+
+
+@kernel("GatherElements")
+def gather_elements(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    x = np.asarray(inputs[0])
+    axis = _axis(int(attrs.get("axis", 0)), x.ndim)
+    return [np.take_along_axis(x, _norm_index(inputs[1], x.shape[axis]), axis=axis)]
+
+
+@kernel("GatherND")
+def gather_nd(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    data, idx = np.asarray(inputs[0]), np.asarray(inputs[1]).astype(np.int64, copy=False)
+    b = int(attrs.get("batch_dims", 0))
+    k = idx.shape[-1]
+    nb = int(np.prod(data.shape[:b]))
+    d = data.reshape((nb,) + data.shape[b:])
+    i = idx.reshape((nb,) + idx.shape[b:])
+    batch = np.arange(nb).reshape((nb,) + (1,) * (i.ndim - 2))
+    out = d[(batch,) + tuple(i[..., j] for j in range(k))]
+    return [out.reshape(idx.shape[:-1] + data.shape[b + k:])]
+
+
+_REDUCE_AT = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def _scatter(out: np.ndarray, index: tuple, updates: np.ndarray, reduction: str) -> np.ndarray:
+    if reduction in ("", "none"):
+        out[index] = updates
+    else:
+        _REDUCE_AT[reduction].at(out, index, updates)
+    return out
+
+
+@kernel(["ScatterElements", "Scatter"])
+def scatter_elements(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    data, updates = np.asarray(inputs[0]), np.asarray(inputs[2])
+    axis = _axis(int(attrs.get("axis", 0)), data.ndim)
+    idx = _norm_index(inputs[1], data.shape[axis])
+    index = list(np.indices(idx.shape, sparse=True))
+    index[axis] = idx
+    return [_scatter(data.copy(), tuple(index), updates, attrs.get("reduction", "none"))]
+
+
+@kernel("ScatterND")
+def scatter_nd(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    data, idx, updates = np.asarray(inputs[0]), np.asarray(inputs[1]), np.asarray(inputs[2])
+    index = tuple(idx[..., j].astype(np.int64, copy=False) for j in range(idx.shape[-1]))
+    return [_scatter(data.copy(), index, updates, attrs.get("reduction", "none"))]
+
+
+def _sort_order(x: np.ndarray, axis: int, descending: bool) -> np.ndarray:
+    """Stable argsort along ``axis``; ties keep the lower index first in both directions."""
+    if not descending:
+        return np.argsort(x, axis=axis, kind="stable")
+    n = x.shape[axis]
+    rev = np.argsort(np.flip(x, axis=axis), axis=axis, kind="stable")
+    return (n - 1) - np.flip(rev, axis=axis)
+
+
+@kernel("TopK")
+def topk(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    x = np.asarray(inputs[0])
+    k = int(np.asarray(inputs[1]).reshape(-1)[0]) if _opt(inputs, 1) is not None else int(attrs["k"])
+    axis = _axis(int(attrs.get("axis", -1)), x.ndim)
+    order = _sort_order(x, axis, bool(attrs.get("largest", 1)))
+    idx = np.take(order, np.arange(k), axis=axis)
+    return [np.take_along_axis(x, idx, axis=axis), idx.astype(np.int64)]
+
+
+def _arg(x: np.ndarray, attrs: Attrs, fn) -> np.ndarray:
+    axis = _axis(int(attrs.get("axis", 0)), x.ndim)
+    if attrs.get("select_last_index", 0):
+        out = (x.shape[axis] - 1) - fn(np.flip(x, axis=axis), axis=axis)
+    else:
+        out = fn(x, axis=axis)
+    out = np.asarray(out, dtype=np.int64)
+    return np.expand_dims(out, axis) if attrs.get("keepdims", 1) else out
+
+
+@kernel("ArgMax")
+def argmax(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    return [_arg(np.asarray(inputs[0]), attrs, np.argmax)]
+
+
+@kernel("ArgMin")
+def argmin(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    return [_arg(np.asarray(inputs[0]), attrs, np.argmin)]
+
+
+@kernel("NonZero")
+def nonzero(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    x = np.atleast_1d(np.asarray(inputs[0]))
+    return [np.array(np.nonzero(x), dtype=np.int64).reshape(x.ndim, -1)]
+
+
+@kernel("OneHot")
+def one_hot(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    indices, depth, values = (np.asarray(v) for v in inputs[:3])
+    depth = int(depth.reshape(-1)[0])
+    idx = _norm_index(indices.astype(np.int64) if indices.dtype.kind == "f" else indices, depth)
+    axis = _axis(int(attrs.get("axis", -1)), idx.ndim + 1)
+    shape = [1] * (idx.ndim + 1)
+    shape[axis] = depth
+    hot = np.expand_dims(idx, axis) == np.arange(depth).reshape(shape)
+    off, on = values.reshape(-1)[0], values.reshape(-1)[1]
+    return [np.where(hot, on, off).astype(values.dtype, copy=False)]
+
+
+@kernel("CumSum")
+def cumsum(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    x = np.asarray(inputs[0])
+    axis = _axis(int(np.asarray(inputs[1]).reshape(-1)[0]), x.ndim)
+    rev = attrs.get("reverse", 0)
+    t = np.flip(x, axis=axis) if rev else x
+    out = np.cumsum(t, axis=axis, dtype=x.dtype)
+    if attrs.get("exclusive", 0):
+        shifted = np.zeros_like(out)
+        src = [slice(None)] * x.ndim
+        dst = [slice(None)] * x.ndim
+        src[axis], dst[axis] = slice(0, -1), slice(1, None)
+        shifted[tuple(dst)] = out[tuple(src)]
+        out = shifted
+    return [np.flip(out, axis=axis).copy() if rev else out]

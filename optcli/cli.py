@@ -1,0 +1,204 @@
+"""Command line: `opt` (Paddle Lite compatible flags) and `optcli` (subcommands).
+
+Exit codes: 0 success, 2 user error (one line: what, where, what to do), 1 internal error.
+The `.nb` and the report are written atomically: on any failure nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import click
+
+from optcli import __version__
+from optcli.errors import OptError, UsageError
+from optcli.nb.layout import FORMAT_VERSION
+
+BOOL_FLAG = {"is_flag": False, "flag_value": "true", "default": "false", "type": click.BOOL}
+
+
+def _interactive() -> bool:
+    return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+def _progress(quiet: bool):
+    if quiet or not _interactive():
+        return None
+
+    def show(record: dict) -> None:
+        click.echo(f"\r\033[Kpass {record['name']}: {record['nodes_after']} nodes", nl=False, err=True)
+
+    return show
+
+
+def _load_placement_config(path: str | None) -> dict[str, str]:
+    if not path:
+        return {}
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise UsageError(f"--placement_config: cannot read {p}: {exc.strerror}") from None
+    try:
+        if p.suffix.lower() in (".yaml", ".yml"):
+            import yaml  # optional: only for YAML placement files
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except ImportError:
+        raise UsageError("--placement_config: YAML needs PyYAML (pip install pyyaml); or use JSON") from None
+    except Exception as exc:
+        raise UsageError(f"--placement_config: {p} does not parse: {exc}") from None
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise UsageError(f"--placement_config: {p} must map node names or op types to a target name")
+    from optcli.targets import get_target
+
+    return {k: get_target(v).name for k, v in data.items()}
+
+
+def _split_passes(values: tuple[str, ...]) -> set[str]:
+    return {p.strip() for v in values for p in v.replace(" ", ",").split(",") if p.strip()}
+
+
+@click.command(name="opt", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--model_dir", metavar="DIR", help="Directory holding the model: model.onnx or a single .onnx "
+              "file, plus its external data files.")
+@click.option("--model_file", metavar="FILE", help="The .onnx model file.")
+@click.option("--valid_targets", default="arm", show_default=True, metavar="LIST",
+              help="Targets in priority order, commas or spaces: opencl, metal, arm (host, x86 and cpu also "
+                   "mean the host CPU, which is always added last so every op can run).")
+@click.option("--optimize_out", metavar="NAME", help="Output path; '.nb' is appended when missing.")
+@click.option("--optimize_out_type", default="naive_buffer", show_default=True,
+              type=click.Choice(["naive_buffer"]), help="Output format (only naive_buffer, the .nb file).")
+@click.option("--input_shapes", metavar="SPEC", help='Pin dynamic input dims: "x:1,3,224,224;y:1,10". Dims '
+              "not pinned stay dynamic and the runtime accepts any size that fits.")
+@click.option("--disable_pass", multiple=True, metavar="NAME[,NAME]", help="Skip a pass (repeatable); "
+              "see --print_passes for names.")
+@click.option("--placement_config", metavar="FILE", help="JSON or YAML mapping node names or op types to "
+              "a target, overriding automatic placement.")
+@click.option("--report", "report_path", metavar="FILE.json", help="Write a machine-readable report: passes "
+              "and what each changed, nodes before/after, placement and kernel per step, sizes, warnings.")
+@click.option("--print_supported_ops", help="Print the op x target table of native kernels and exit.",
+              **BOOL_FLAG)
+@click.option("--print_all_ops", help="Print every op known (ONNX standard and fused) with how each target "
+              "runs it, and exit.", **BOOL_FLAG)
+@click.option("--print_model_ops", help="Print the model's ops against the chosen targets: where each runs "
+              "and which use the generic fallback.", **BOOL_FLAG)
+@click.option("--display_kernels", help="Print the kernel chosen for every step.", **BOOL_FLAG)
+@click.option("--print_passes", help="Print the pass pipeline in order and exit.", **BOOL_FLAG)
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
+@click.version_option(__version__, "--version", message=f"opt (optcli) %(version)s, .nb format v{FORMAT_VERSION}")
+def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out_type, input_shapes,
+                disable_pass, placement_config, report_path, print_supported_ops, print_all_ops,
+                print_model_ops, display_kernels, print_passes, quiet):
+    """Optimize an ONNX model for the given targets and write one compact NAME.nb file.
+
+    \b
+    Examples:
+      opt --model_file=mobilenet.onnx --valid_targets=arm --optimize_out=mobilenet
+      opt --model_dir=./model --valid_targets=opencl,arm --optimize_out=out/model --report=report.json
+      opt --print_supported_ops
+    """
+    from optcli import tables
+
+    if print_passes:
+        click.echo(tables.passes_table())
+        return
+    if print_supported_ops or print_all_ops:
+        from optcli.targets import parse_targets
+
+        targets = parse_targets(valid_targets)
+        click.echo(tables.all_ops_table(targets) if print_all_ops else tables.supported_ops_table(targets))
+        return
+    if not model_dir and not model_file:
+        raise UsageError("no model given; use --model_file=FILE or --model_dir=DIR (see opt --help)")
+    if not optimize_out and not (print_model_ops or display_kernels):
+        raise UsageError("no output given; use --optimize_out=NAME to write NAME.nb")
+
+    from optcli.compiler import compile_model
+    from optcli.nb.writer import write_atomic
+
+    show = _progress(quiet)
+    result = compile_model(model_file=model_file, model_dir=model_dir, valid_targets=valid_targets,
+                           input_shapes=input_shapes, disabled_passes=_split_passes(disable_pass),
+                           placement_overrides=_load_placement_config(placement_config), progress=show)
+    if show:
+        click.echo("\r\033[K", nl=False, err=True)
+    if not quiet:
+        for w in result.warnings:
+            click.echo(f"opt: warning: {w}", err=True)
+    if print_model_ops:
+        click.echo(tables.model_ops_table(result.report))
+    if display_kernels:
+        click.echo(tables.kernels_table(result.report))
+    out = None
+    if optimize_out:
+        out = Path(optimize_out if optimize_out.endswith(".nb") else optimize_out + ".nb")
+        if out.is_dir():
+            raise UsageError(f"--optimize_out: {out} is a directory; give a file name")
+    if out:
+        write_atomic(result.data, out)
+    if report_path:
+        report = {**result.report, "output": str(out) if out else None}
+        try:
+            write_atomic((json.dumps(report, indent=2) + "\n").encode(), report_path)
+        except OSError as exc:
+            if out:
+                out.unlink(missing_ok=True)  # all or nothing: no .nb without its report
+            raise UsageError(f"--report: cannot write {report_path}: {exc.strerror}") from None
+    if out:
+        if not quiet:
+            r = result.report
+            mem = r["memory"]
+            peak = (f"; peak activations {mem['peak_activation_bytes'] / 1e6:.2f} MB (naive "
+                    f"{mem['naive_activation_bytes'] / 1e6:.2f} MB)" if mem["peak_activation_bytes"] else "")
+            click.echo(f"wrote {out} ({len(result.data) / 1e6:.2f} MB): {r['nodes_before']} nodes -> "
+                       f"{r['nodes_after']} steps on {', '.join(r['targets'])}{peak}", err=True)
+
+
+def _run_cli(command: click.Command, prog: str) -> None:
+    """Run a click command with our exit-code contract."""
+    try:
+        command.main(prog_name=prog, standalone_mode=False)
+    except OptError as exc:
+        click.echo(f"{prog}: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo(f"{prog}: aborted", err=True)
+        sys.exit(1)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # internal error: say so, keep the traceback for OPTCLI_DEBUG=1
+        if os.environ.get("OPTCLI_DEBUG"):
+            traceback.print_exc()
+        click.echo(f"{prog}: internal error: {type(exc).__name__}: {exc} (set OPTCLI_DEBUG=1 for the "
+                   "traceback and please report it)", err=True)
+        sys.exit(1)
+    sys.exit(0)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", message=f"optcli %(version)s, .nb format v{FORMAT_VERSION}")
+def optcli_group():
+    """optcli: ahead-of-time ONNX optimizer and runtime.  `optcli opt --help` for the optimizer."""
+
+
+optcli_group.add_command(opt_command, name="opt")
+
+
+def opt_main() -> None:
+    _run_cli(opt_command, "opt")
+
+
+def optcli_main() -> None:
+    _run_cli(optcli_group, "optcli")

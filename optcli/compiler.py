@@ -1,0 +1,100 @@
+"""The optimize job end to end: read the model, run the pass pipeline, lower, serialize, report.
+
+Used by the `opt` command and by Python callers (``optcli.optimize``).  Nothing here writes a
+file; the CLI writes the bytes atomically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from optcli import __version__
+from optcli.frontend.onnx_reader import read_model
+from optcli.frontend.shapes import parse_input_shapes
+from optcli.ir import Graph
+from optcli.nb.layout import FORMAT_VERSION
+from optcli.nb.writer import to_bytes
+from optcli.passes import pipeline
+from optcli.passes.base import PassContext
+from optcli.plan import Plan, lower
+from optcli.targets import TARGETS, parse_targets
+
+
+@dataclass
+class CompileResult:
+    plan: Plan
+    data: bytes
+    report: dict
+    warnings: list[str] = field(default_factory=list)
+
+
+def compile_model(
+    model_file: str | Path | None = None,
+    model_dir: str | Path | None = None,
+    model: onnx.ModelProto | None = None,
+    valid_targets: str | list[str] | None = "arm",
+    input_shapes: str | dict[str, list[int]] | None = None,
+    disabled_passes: tuple[str, ...] | set[str] = (),
+    placement_overrides: dict[str, str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> CompileResult:
+    targets = parse_targets(valid_targets)
+    shapes = parse_input_shapes(input_shapes) if isinstance(input_shapes, str) or input_shapes is None \
+        else dict(input_shapes)
+    graph = read_model(str(model_file) if model_file else None, str(model_dir) if model_dir else None,
+                       shapes, model=model)
+    before = graph.op_counts()
+    nodes_before = len(graph.nodes)
+    ctx = PassContext(targets=targets, options={"placement_overrides": dict(placement_overrides or {})})
+    records = pipeline.optimize(graph, ctx, set(disabled_passes), progress=progress)
+    plan = lower(graph, [t.name for t in targets], ctx.options.get("memory"))
+    data = to_bytes(plan)
+    report = build_report(graph, plan, ctx, records, before, nodes_before, data)
+    return CompileResult(plan, data, report, list(ctx.warnings))
+
+
+def build_report(graph: Graph, plan: Plan, ctx: PassContext, records: list[dict], ops_before: dict,
+                 nodes_before: int, data: bytes) -> dict:
+    placement = ctx.options.get("placement", {})
+    steps = []
+    fallback_ops: dict[str, int] = {}
+    for i, s in enumerate(plan.steps):
+        fallback = TARGETS[s.target].uses_fallback(s.kernel)
+        if fallback:
+            fallback_ops[s.op_type] = fallback_ops.get(s.op_type, 0) + 1
+        steps.append({"index": i, "name": s.name, "op": s.op_type, "domain": s.domain, "target": s.target,
+                      "kernel": s.kernel, "fallback": fallback,
+                      "reason": placement.get(s.name, {}).get("reason", "")})
+    weights_bytes = sum(int(w.nbytes) for w in plan.weights.values())
+    mem = plan.memory
+    return {
+        "tool_version": __version__,
+        "format_version": FORMAT_VERSION,
+        "source": graph.metadata.get("source", ""),
+        "targets": plan.targets,
+        "inputs": [{"name": v.name, "dtype": v.dtype, "shape": list(v.shape or [])} for v in plan.inputs],
+        "outputs": [{"name": v.name, "dtype": v.dtype, "shape": list(v.shape or [])} for v in plan.outputs],
+        "nodes_before": nodes_before,
+        "nodes_after": len(plan.steps),
+        "ops_before": ops_before,
+        "ops_after": graph.op_counts(),
+        "passes": records,
+        "steps": steps,
+        "fallback_ops": dict(sorted(fallback_ops.items())),
+        "memory": {"peak_activation_bytes": mem.arena_bytes, "naive_activation_bytes": mem.naive_bytes,
+                   "dynamic": mem.arena_bytes is None},
+        "sizes": {"file_bytes": len(data), "weights_bytes": weights_bytes,
+                  "weights_by_dtype": _by_dtype(plan)},
+        "warnings": list(ctx.warnings),
+    }
+
+
+def _by_dtype(plan: Plan) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for w in plan.weights.values():
+        out[w.dtype.name] = out.get(w.dtype.name, 0) + int(w.nbytes)
+    return dict(sorted(out.items()))

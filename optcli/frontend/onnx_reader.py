@@ -1,0 +1,194 @@
+"""Read an ONNX model (a file, or a directory with external data) into the IR.
+
+Every way a model can be bad is turned into a ``ModelError`` that names the file and, where
+there is one, the node: unreadable protobuf, external data that escapes the model directory,
+opsets outside the range we support, graphs the ONNX checker rejects.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import external_data_helper, helper, numpy_helper
+
+from optcli.errors import ModelError
+from optcli.frontend.shapes import apply_input_shapes, infer_shapes
+from optcli.ir import Graph, Node, Value
+from optcli.ops import kernels_for
+
+MIN_OPSET = 7
+MAX_OPSET = onnx.defs.onnx_opset_version()
+
+
+def find_model_file(model_file: str | None, model_dir: str | None) -> Path:
+    """Resolve ``--model_file`` / ``--model_dir`` to the ``.onnx`` file to read."""
+    if bool(model_file) == bool(model_dir):
+        raise ModelError("give exactly one of --model_file=FILE or --model_dir=DIR")
+    if model_file:
+        path = Path(model_file)
+        if not path.is_file():
+            raise ModelError(f"{path}: no such model file; check --model_file")
+        return path
+    folder = Path(model_dir)
+    if not folder.is_dir():
+        raise ModelError(f"{folder}: no such directory; check --model_dir")
+    if (folder / "model.onnx").is_file():
+        return folder / "model.onnx"
+    found = sorted(p for p in folder.glob("*.onnx") if p.is_file())
+    if len(found) != 1:
+        what = "no .onnx file" if not found else f"{len(found)} .onnx files ({', '.join(p.name for p in found)})"
+        raise ModelError(f"{folder}: holds {what}; put exactly one there or name it model.onnx")
+    return found[0]
+
+
+def load_onnx(path: Path) -> onnx.ModelProto:
+    """Parse the protobuf and load external data, refusing paths outside the model's folder."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf raises DecodeError, but truncation shows up variously
+        raise ModelError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {exc}); "
+                         "check that the file is complete and really ONNX") from None
+    if not model.HasField("graph"):
+        raise ModelError(f"{path}: the file holds no graph; is it really an ONNX model?")
+    _check_external_data(model, path)
+    if any(external_data_helper.uses_external_data(t) for t in external_data_helper._get_all_tensors(model)):
+        try:
+            external_data_helper.load_external_data_for_model(model, str(path.parent))
+        except Exception as exc:
+            raise ModelError(f"{path}: cannot read external data ({exc})") from None
+    return model
+
+
+def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
+    base = path.parent.resolve()
+    for tensor in external_data_helper._get_all_tensors(model):
+        if not external_data_helper.uses_external_data(tensor):
+            continue
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        target = (base / location).resolve()
+        if os.path.isabs(location) or not target.is_relative_to(base):
+            raise ModelError(f"{path}: tensor '{tensor.name}' points at external data '{location}' outside "
+                             "the model directory; refusing to read it")
+        if not target.is_file():
+            raise ModelError(f"{path}: tensor '{tensor.name}' needs external data file '{location}', which is "
+                             "missing; copy it beside the model")
+        end = int(info.get("offset", 0) or 0) + int(info.get("length", 0) or 0)
+        if end > target.stat().st_size:
+            raise ModelError(f"{path}: tensor '{tensor.name}' reads past the end of '{location}'; "
+                             "the external data file is truncated")
+
+
+def check_opsets(model: onnx.ModelProto, path: Path) -> dict[str, int]:
+    opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in model.opset_import}
+    version = opsets.get("")
+    if version is None:
+        raise ModelError(f"{path}: the model imports no default ONNX opset; re-export it with opset "
+                         f"{MIN_OPSET}..{MAX_OPSET}")
+    if not MIN_OPSET <= version <= MAX_OPSET:
+        raise ModelError(f"{path}: opset {version} is outside the supported range {MIN_OPSET}..{MAX_OPSET}; "
+                         "convert it with onnx.version_converter")
+    return opsets
+
+
+def read_model(
+    model_file: str | None = None,
+    model_dir: str | None = None,
+    input_shapes: dict[str, list[int]] | None = None,
+    model: onnx.ModelProto | None = None,
+) -> Graph:
+    """Read, validate, pin input shapes, infer shapes and convert to the IR."""
+    path = Path("<memory>") if model is not None else find_model_file(model_file, model_dir)
+    if model is None:
+        model = load_onnx(path)
+    else:
+        model = _copy(model)  # pinning shapes edits the proto: never the caller's
+    opsets = check_opsets(model, path)
+    if model.functions:
+        model = onnx.inliner.inline_local_functions(model)
+    apply_input_shapes(model, input_shapes or {}, path)
+    # Inference first: it fills in output types exporters leave out, which the checker demands.
+    model = infer_shapes(model, path)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
+        raise ModelError(f"{path}: the ONNX checker rejects the model: {first}") from None
+    graph = to_ir(model, opsets)
+    graph.metadata["source"] = path.name
+    graph.toposort()
+    return graph
+
+
+def to_ir(model: onnx.ModelProto, opsets: dict[str, int]) -> Graph:
+    g = model.graph
+    initializers = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    for sparse in g.sparse_initializer:
+        initializers[sparse.values.name] = _dense(sparse)
+    values = {vi.name: _value(vi) for vi in [*g.input, *g.value_info, *g.output]}
+    inputs = [values[vi.name] for vi in g.input if vi.name not in initializers]
+    outputs = [values[vi.name] for vi in g.output]
+    nodes, used = [], set()
+    for i, proto in enumerate(g.node):
+        nodes.append(_node(proto, i, used))
+    meta = {p.key: p.value for p in model.metadata_props}
+    return Graph(g.name or "model", nodes, inputs, outputs, initializers, values, opsets, meta)
+
+
+def _dense(sparse: onnx.SparseTensorProto) -> np.ndarray:
+    values = numpy_helper.to_array(sparse.values)
+    idx = numpy_helper.to_array(sparse.indices)
+    dense = np.zeros(int(np.prod(sparse.dims)), dtype=values.dtype)
+    if idx.ndim == 2:
+        idx = np.ravel_multi_index(idx.T, tuple(sparse.dims))
+    dense[idx] = values
+    return dense.reshape(tuple(sparse.dims))
+
+
+def _value(vi: onnx.ValueInfoProto) -> Value:
+    t = vi.type.tensor_type
+    dtype = "float32"
+    if vi.type.HasField("tensor_type") and t.elem_type:
+        try:
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)).name
+        except Exception:
+            dtype = "unknown"
+    shape = None
+    if t.HasField("shape"):
+        shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim)
+    return Value(vi.name, dtype, shape)
+
+
+def _node(proto: onnx.NodeProto, index: int, used: set[str]) -> Node:
+    name = proto.name or f"{proto.op_type}_{index}"
+    while name in used:
+        name = f"{name}_{index}"
+    used.add(name)
+    attrs, opaque = {}, False
+    for a in proto.attribute:
+        value = helper.get_attribute_value(a)
+        if isinstance(value, onnx.TensorProto):
+            value = numpy_helper.to_array(value)
+        elif isinstance(value, bytes):
+            value = value.decode("utf-8", errors="replace")
+        elif isinstance(value, list) and value and isinstance(value[0], bytes):
+            value = [v.decode("utf-8", errors="replace") for v in value]
+        elif isinstance(value, list) and value and isinstance(value[0], onnx.TensorProto):
+            value = [numpy_helper.to_array(v) for v in value]
+        elif not isinstance(value, (int, float, str, list)):
+            opaque = True  # subgraphs, sparse tensors, type protos: only the reference reads them
+            continue
+        attrs[a.name] = value
+    domain = "" if proto.domain == "ai.onnx" else proto.domain
+    keep_proto = opaque or not kernels_for(proto.op_type, domain)
+    return Node(proto.op_type, list(proto.input), list(proto.output), attrs, name, domain,
+                proto=proto.SerializeToString(deterministic=True) if keep_proto else None)
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    clone = onnx.ModelProto()
+    clone.CopyFrom(model)
+    return clone

@@ -1,0 +1,120 @@
+"""The order passes run in, in one place, top to bottom.
+
+Cleanup first (so fusions see constant weights and no stray Identity/Dropout between the nodes
+they match), then fusions, ordered so each one feeds the next: activation patterns become single
+nodes before conv fusion looks for them; pads and BNs go into convs before the bias/activation
+epilogue is attached; dense layers become FullyConnected before they get their epilogue.
+Cleanup again at the end removes what the fusions left behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from types import ModuleType
+from typing import Any
+
+from optcli.errors import UsageError
+from optcli.ir import Graph
+from optcli.passes import (
+    batchnorm_to_affine,
+    eliminate_identity,
+    fold_constants,
+    fold_pad_into_conv,
+    fold_shape_chains,
+    fuse_activation_patterns,
+    fuse_conv_bias_activation,
+    fuse_conv_bn,
+    fuse_matmul_add,
+    place_nodes,
+    plan_memory,
+    remove_dead_nodes,
+    select_kernels,
+)
+
+PASSES: list[ModuleType] = [
+    # cleanup
+    fold_constants,
+    eliminate_identity,
+    remove_dead_nodes,
+    # fusion
+    fuse_activation_patterns,
+    fold_pad_into_conv,
+    fuse_conv_bn,
+    batchnorm_to_affine,
+    fuse_matmul_add,
+    fuse_conv_bias_activation,
+    fold_shape_chains,
+    # cleanup again
+    fold_constants,
+    eliminate_identity,
+    remove_dead_nodes,
+    # placement and lowering preparation (required: the plan needs them)
+    place_nodes,
+    select_kernels,
+    plan_memory,
+]
+
+REQUIRED = {place_nodes.NAME, select_kernels.NAME, plan_memory.NAME}
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+def pass_names(passes: Iterable[ModuleType] = PASSES) -> list[str]:
+    """Distinct pass names in pipeline order."""
+    return list(dict.fromkeys(p.NAME for p in passes))
+
+
+def describe_passes(passes: Iterable[ModuleType] = PASSES) -> list[tuple[str, str]]:
+    """(name, description) of each distinct pass, in pipeline order (for ``--print_passes``)."""
+    seen: dict[str, str] = {}
+    for p in passes:
+        seen.setdefault(p.NAME, p.DESCRIPTION)
+    return list(seen.items())
+
+
+def check_disabled(disabled: Iterable[str], passes: Iterable[ModuleType] = PASSES) -> None:
+    """Raise UsageError when ``disabled`` names a pass that does not exist."""
+    valid = pass_names(passes)
+    unknown = sorted(set(disabled) - set(valid))
+    if unknown:
+        raise UsageError(
+            f"unknown pass name(s) {', '.join(repr(u) for u in unknown)} in --disable_pass; "
+            f"valid names: {', '.join(v for v in valid if v not in REQUIRED)}"
+        )
+    required = sorted(set(disabled) & REQUIRED)
+    if required:
+        raise UsageError(f"pass {', '.join(required)} cannot be disabled: every plan needs it")
+
+
+def optimize(
+    graph: Graph,
+    ctx: Any,
+    disabled: Iterable[str] = frozenset(),
+    progress: Progress | None = None,
+    passes: list[ModuleType] | None = None,
+) -> list[dict[str, Any]]:
+    """Run the pipeline on ``graph`` in place, skipping passes named in ``disabled``.
+
+    Returns one record per pass run, in order: ``{"name", "changed", "nodes_before",
+    "nodes_after"}`` where ``changed`` is the pass's own counts.  ``progress``, when given, is
+    called with each record as soon as its pass finishes.
+    """
+    passes = PASSES if passes is None else passes
+    disabled = set(disabled)
+    check_disabled(disabled, passes)
+    records: list[dict[str, Any]] = []
+    for p in passes:
+        if p.NAME in disabled:
+            continue
+        before = len(graph.nodes)
+        changed = p.run(graph, ctx) or {}
+        record = {
+            "name": p.NAME,
+            "changed": dict(changed),
+            "nodes_before": before,
+            "nodes_after": len(graph.nodes),
+        }
+        records.append(record)
+        if progress is not None:
+            progress(record)
+    return records

@@ -1,0 +1,31 @@
+"""Run one IR node on numpy inputs: the native kernel when there is one, else the fallback.
+
+Used by constant folding at optimize time and by tests; the CPU backend uses the same lookup
+through the kernel id recorded in the plan.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from optcli.ir import Node
+from optcli.ops import get_kernel, kernels_for
+from optcli.runtime.reference import run_reference
+
+
+def kernel_attrs(node: Node, opsets: dict[str, int]) -> dict:
+    """The attrs a kernel receives: the node's plus ``_opset`` (default domain version)."""
+    return {**node.attrs, "_opset": int(opsets.get("", 0) or 0)}
+
+
+def evaluate_node(node: Node, inputs: list[np.ndarray | None], opsets: dict[str, int]) -> list[np.ndarray]:
+    kern = get_kernel(node.kernel) if node.kernel else None
+    if kern is None and node.proto is None:
+        # Without a graph we cannot test `applies`; the unconditional variants always fit.
+        generic = [k for k in kernels_for(node.op_type, node.domain) if k.applies is None]
+        kern = generic[0] if generic else None
+    if kern is not None:
+        return kern.fn(list(inputs), kernel_attrs(node, opsets))
+    if node.proto is None:
+        raise NotImplementedError(f"no kernel for {node.describe()} and no ONNX proto to fall back on")
+    return run_reference(node.proto, opsets, list(inputs))

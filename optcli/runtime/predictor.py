@@ -1,0 +1,156 @@
+"""Predictor: a loaded `.nb` ready to run.
+
+``optcli.load`` builds one; ``run`` checks the inputs (names, dtypes, ranks, fixed dims, and that
+a symbolic dim has one size across all inputs), executes the plan and returns the outputs.
+Plans with dynamic dims are re-planned per new input shape (memory offsets from the observed
+sizes) and the result cached, so a repeated shape costs nothing extra.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from optcli.errors import InputError, UsageError
+from optcli.ir import Value
+from optcli.passes.plan_memory import MemoryPlan, plan_offsets
+from optcli.plan import Plan
+from optcli.runtime.cpu import CpuExecutor
+from optcli.targets import get_target
+
+PRECISIONS = ("fp32",)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple
+    dtype: str
+
+    @classmethod
+    def of(cls, v: Value) -> TensorInfo:
+        return cls(v.name, tuple(v.shape) if v.shape is not None else (), v.dtype)
+
+
+class Predictor:
+    def __init__(self, plan: Plan, header: dict, source: str, targets=None, precision: str | None = None,
+                 threads: int | None = None):
+        self.plan, self.header, self.source = plan, header, source
+        if precision is not None and precision not in PRECISIONS:
+            raise UsageError(f"precision '{precision}' is not available for this plan's targets "
+                             f"({', '.join(plan.targets)}); use one of: {', '.join(PRECISIONS)}")
+        self.precision = precision or "fp32"
+        wanted = [get_target(t).name for t in (targets or plan.targets)]
+        self.targets = [t for t in plan.targets if t in wanted] or ["arm"]
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise UsageError(f"threads must be a positive whole number, got {threads!r}")
+        self.threads = threads
+        self._executor = CpuExecutor(plan)
+        self._lock = threading.Lock()  # one run at a time: kernels share nothing, but BLAS limits do
+        self._shape_plans: dict[tuple, MemoryPlan] = {}
+        self._limiter = _thread_limiter(threads)
+
+    # ----------------------------------------------------------------- describing
+    @property
+    def inputs(self) -> list[TensorInfo]:
+        return [TensorInfo.of(v) for v in self.plan.inputs]
+
+    @property
+    def outputs(self) -> list[TensorInfo]:
+        return [TensorInfo.of(v) for v in self.plan.outputs]
+
+    def memory_plan(self, shapes: dict[str, tuple] | None = None) -> MemoryPlan | None:
+        """The memory plan for static plans, or the one cached for these input shapes."""
+        if self.plan.memory.arena_bytes is not None:
+            return self.plan.memory
+        if shapes is None:
+            return None
+        return self._shape_plans.get(tuple(tuple(shapes[v.name]) for v in self.plan.inputs))
+
+    # -------------------------------------------------------------------- running
+    def run(self, feeds) -> dict[str, np.ndarray]:
+        arrays = self._check_inputs(feeds)
+        key = tuple(arrays[v.name].shape for v in self.plan.inputs)
+        record = {} if self.plan.memory.arena_bytes is None and key not in self._shape_plans else None
+        with self._lock, self._limiter():
+            outputs = self._executor.run(arrays, record)
+        if record is not None:
+            self._replan(key, arrays, record)
+        return {k: v if v.flags.writeable and v.base is None else np.array(v) for k, v in outputs.items()}
+
+    def _replan(self, key: tuple, feeds: dict[str, np.ndarray], sizes: dict[str, int]) -> None:
+        mem = self.plan.memory
+        sizes = {**{k: a.nbytes for k, a in feeds.items()}, **sizes}
+        sizes = {k: s for k, s in sizes.items() if k in mem.lifetimes}
+        offsets, arena = plan_offsets({k: mem.lifetimes[k] for k in sizes}, sizes)
+        self._shape_plans[key] = MemoryPlan(mem.lifetimes, mem.free_after, offsets, sizes, arena,
+                                            sum(sizes.values()))
+
+    def _check_inputs(self, feeds) -> dict[str, np.ndarray]:
+        specs = self.plan.inputs
+        if isinstance(feeds, np.ndarray):
+            feeds = [feeds]
+        if isinstance(feeds, (list, tuple)):
+            if len(feeds) != len(specs):
+                raise InputError(f"run() got {len(feeds)} inputs, the model takes {len(specs)}: "
+                                 f"{', '.join(v.name for v in specs)}")
+            feeds = {v.name: x for v, x in zip(specs, feeds)}
+        if not isinstance(feeds, dict):
+            raise InputError(f"run() takes a dict {{name: array}} or a list in input order, "
+                             f"got {type(feeds).__name__}")
+        names = [v.name for v in specs]
+        unknown = [k for k in feeds if k not in names]
+        missing = [k for k in names if k not in feeds]
+        if unknown or missing:
+            raise InputError(f"input names do not match the model: "
+                             f"{'unknown ' + ', '.join(map(repr, unknown)) if unknown else ''}"
+                             f"{'; ' if unknown and missing else ''}"
+                             f"{'missing ' + ', '.join(map(repr, missing)) if missing else ''}; "
+                             f"the model's inputs are: {', '.join(names)}")
+        bound: dict[str, tuple[int, str]] = {}
+        result = {}
+        for spec in specs:
+            x = feeds[spec.name]
+            if not isinstance(x, np.ndarray):
+                x = np.asarray(x)
+            if spec.dtype != "unknown" and x.dtype != np.dtype(spec.dtype):
+                raise InputError(f"input '{spec.name}' has dtype {x.dtype}, the model expects {spec.dtype}; "
+                                 f"convert it with .astype(np.{spec.dtype})")
+            if spec.shape is not None:
+                self._check_shape(spec, x.shape, bound)
+            result[spec.name] = x
+        return result
+
+    @staticmethod
+    def _check_shape(spec: Value, shape: tuple, bound: dict[str, tuple[int, str]]) -> None:
+        if len(shape) != len(spec.shape):
+            raise InputError(f"input '{spec.name}' has shape {list(shape)} (rank {len(shape)}), the model "
+                             f"expects rank {len(spec.shape)}: {_show(spec.shape)}")
+        for i, (want, got) in enumerate(zip(spec.shape, shape)):
+            if isinstance(want, int) and want != got:
+                raise InputError(f"input '{spec.name}' has shape {list(shape)}, the model expects "
+                                 f"{_show(spec.shape)} (dim {i} must be {want})")
+            if isinstance(want, str):
+                if want in bound and bound[want][0] != got:
+                    size, other = bound[want]
+                    raise InputError(f"input '{spec.name}' dim {i} ('{want}') is {got}, but '{want}' is "
+                                     f"{size} in input '{other}'; dims with one name must agree")
+                bound.setdefault(want, (got, spec.name))
+
+
+def _show(shape) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def _thread_limiter(threads: int | None):
+    """A context manager factory bounding BLAS/OpenMP threads during a run."""
+    import contextlib
+
+    if threads is None:
+        return contextlib.nullcontext
+    from threadpoolctl import ThreadpoolController
+
+    controller = ThreadpoolController()
+    return lambda: controller.limit(limits=threads)

@@ -1,0 +1,37 @@
+"""What a target is: a name, its aliases, and what it can run.
+
+Passes and placement ask these questions instead of testing a target's name, so adding a
+backend touches only its own files under ``targets/`` and ``runtime/``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from optcli.ir import Graph, Node
+from optcli.ops.activation import ACTIVATIONS
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    aliases: tuple[str, ...] = ()
+    device: str = "cpu"  # "cpu" or "gpu": where its tensors live
+    description: str = ""
+    fused_activations: frozenset[str] = field(default_factory=lambda: frozenset(ACTIVATIONS))
+
+    def can_run(self, node: Node, graph: Graph) -> tuple[bool, str]:  # pragma: no cover - abstract
+        """Whether this target has a kernel for the node, and why (for the report)."""
+        raise NotImplementedError
+
+    def select_kernel(self, node: Node, graph: Graph) -> str:  # pragma: no cover - abstract
+        """The id of the best kernel variant for a node this target can run."""
+        raise NotImplementedError
+
+    def uses_fallback(self, kernel_id: str) -> bool:
+        """Whether a kernel id is the generic reference fallback (slow, named in reports)."""
+        return False
+
+    def supported_ops(self) -> list[tuple[str, str]]:  # pragma: no cover - abstract
+        """(domain, op_type) pairs this target has kernels for."""
+        raise NotImplementedError
