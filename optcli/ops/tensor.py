@@ -329,7 +329,11 @@ def _norm_index(idx: np.ndarray, dim: int | np.ndarray) -> np.ndarray:
 def gather_elements(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     x = np.asarray(inputs[0])
     axis = _axis(int(attrs.get("axis", 0)), x.ndim)
-    return [np.take_along_axis(x, _norm_index(inputs[1], x.shape[axis]), axis=axis)]
+    idx = _norm_index(inputs[1], x.shape[axis])
+    # Not take_along_axis: ONNX lets the indices be smaller than the data on the other axes too.
+    index = list(np.indices(idx.shape, sparse=True))
+    index[axis] = idx
+    return [x[tuple(index)]]
 
 
 @kernel("GatherND")

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from optcli.ir import Graph, Node
-from optcli.passes.util import drop_values, opset, remove_nodes, scalar_const, sole_consumer
+from optcli.passes.util import drop_values, opset, remove_nodes, scalar_const, sole_consumer, sync_proto
 
 NAME = "fold_pad_into_conv"
 DESCRIPTION = "merge a constant zero Pad on spatial axes into the following Conv/AveragePool/MaxPool pads"
@@ -95,6 +95,7 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
         ]
         reader.attrs.pop("auto_pad", None)
         reader.inputs[0] = pad.inputs[0]
+        sync_proto(reader)
         remove_nodes(graph, pad)
         drop_values(graph, pad.outputs[0])
         folded += 1

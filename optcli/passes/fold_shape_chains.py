@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from optcli.ir import Dim, Graph, Node
-from optcli.passes.util import drop_values, remove_nodes, replace_node, sole_consumer
+from optcli.passes.util import drop_values, remove_nodes, replace_node, sole_consumer, sync_proto
 
 NAME = "fold_shape_chains"
-DESCRIPTION = "compose Transposes, size-1-moving Transpose -> Reshape, Reshape/Flatten/Squeeze chains -> one Reshape"
+DESCRIPTION = "compose Transposes; size-1-only Transpose -> Reshape; reshape-like chains -> one Reshape"
 
 RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 
@@ -72,6 +72,7 @@ def _merge_transposes(graph: Graph, t2: Node, t1: Node) -> bool:
     drop_values(graph, t1.outputs[0])
     t2.inputs[0] = x
     t2.attrs["perm"] = [p1[j] for j in p2]
+    sync_proto(t2)
     if t2.attrs["perm"] == list(range(len(p1))):
         out = t2.outputs[0]
         if graph.bypass(t2, x):

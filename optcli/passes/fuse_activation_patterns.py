@@ -118,7 +118,9 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
         m = _Matcher(graph)
         removed: set[int] = set()
         for node in list(graph.nodes):
-            if id(node) in removed or node.op_type not in ("Mul", "Div") or node.domain not in ("", "ai.onnx"):
+            if node.op_type not in ("Mul", "Div") or node.domain not in ("", "ai.onnx"):
+                continue
+            if id(node) in removed:
                 continue
             found, kind = m.swish(node), "swish"
             if found is None:

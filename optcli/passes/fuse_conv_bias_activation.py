@@ -28,6 +28,7 @@ from optcli.passes.util import (
     remove_nodes,
     scalar_const,
     sole_consumer,
+    sync_proto,
 )
 
 NAME = "fuse_conv_bias_activation"
@@ -82,6 +83,7 @@ def _fold_bias(graph: Graph, node: Node, add: Node) -> bool:
     while len(node.inputs) <= bias_index:
         node.inputs.append("")
     node.inputs[bias_index] = name
+    sync_proto(node)
     return True
 
 
@@ -135,6 +137,8 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
         epilogue = _epilogue(graph, reader)
         if epilogue is None or not activation_allowed(ctx, epilogue[0]):
             continue
+        if node.proto is not None:
+            continue  # runs through the ONNX reference, which knows no fused epilogue
         node.attrs.update(zip(("activation", "activation_alpha", "activation_beta"), epilogue))
         _absorb(graph, node, reader)
         counts["activation"] += 1

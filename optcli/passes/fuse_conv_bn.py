@@ -16,7 +16,15 @@ from typing import Any
 import numpy as np
 
 from optcli.ir import Graph, Node
-from optcli.passes.util import drop_values, has_epilogue, is_float, is_unused, remove_nodes, sole_consumer
+from optcli.passes.util import (
+    drop_values,
+    has_epilogue,
+    is_float,
+    is_unused,
+    remove_nodes,
+    sole_consumer,
+    sync_proto,
+)
 
 NAME = "fuse_conv_bn"
 DESCRIPTION = "fold BatchNormalization (constant params) into the preceding Conv/ConvTranspose weights"
@@ -68,6 +76,7 @@ def _fold(graph: Graph, conv: Node, bn: Node, scale: np.ndarray, shift: np.ndarr
     conv.inputs = [conv.inputs[0], new_w, new_b]
     drop_values(graph, conv.outputs[0])
     conv.outputs = [bn.outputs[0]]
+    sync_proto(conv)
     remove_nodes(graph, bn)
     return True
 

@@ -1,0 +1,113 @@
+"""Reading ONNX: files, directories, external data, pinned shapes, and clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from optcli.errors import ModelError, UsageError
+from optcli.frontend.onnx_reader import read_model
+from optcli.frontend.shapes import parse_input_shapes
+
+
+def _matmul_model(dynamic: bool = True) -> onnx.ModelProto:
+    w = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(3, 4), "w")
+    node = helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3] if dynamic else [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    return helper.make_model(helper.make_graph([node], "g", [x], [y], [w]),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_pinned_shapes_make_everything_static():
+    g = read_model(model=_matmul_model(), input_shapes={"x": [5, 3]})
+    assert g.inputs[0].shape == (5, 3)
+    assert g.values["y"].shape == (5, 4)
+
+
+def test_unpinned_dims_stay_symbolic_and_caller_model_untouched():
+    model = _matmul_model()
+    read_model(model=model, input_shapes={"x": [5, 3]})
+    g = read_model(model=model)
+    assert g.inputs[0].shape == ("N", 3)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("x:1,a", "whole numbers"), ("x:0,3", "positive"), ("1,3", "NAME:D1"), ("x:1;x:2", "twice"),
+])
+def test_bad_input_shapes_spec(spec, message):
+    with pytest.raises(UsageError, match=message):
+        parse_input_shapes(spec)
+
+
+def test_input_shapes_must_fit_the_model():
+    with pytest.raises(UsageError, match="not an input"):
+        read_model(model=_matmul_model(), input_shapes={"nope": [1, 3]})
+    with pytest.raises(UsageError, match="rank 2"):
+        read_model(model=_matmul_model(), input_shapes={"x": [1, 3, 1]})
+    with pytest.raises(UsageError, match="fixed to 3"):
+        read_model(model=_matmul_model(), input_shapes={"x": [1, 4]})
+
+
+def test_model_dir_with_external_data(tmp_path):
+    model = _matmul_model()
+    onnx.save(model, tmp_path / "model.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+              location="weights.bin", size_threshold=0)
+    g = read_model(model_dir=str(tmp_path))
+    np.testing.assert_array_equal(g.initializers["w"], np.arange(12, dtype=np.float32).reshape(3, 4))
+
+
+def test_model_dir_needs_exactly_one_model(tmp_path):
+    with pytest.raises(ModelError, match="no .onnx file"):
+        read_model(model_dir=str(tmp_path))
+    onnx.save(_matmul_model(), tmp_path / "a.onnx")
+    onnx.save(_matmul_model(), tmp_path / "b.onnx")
+    with pytest.raises(ModelError, match="2 .onnx files"):
+        read_model(model_dir=str(tmp_path))
+
+
+def test_external_data_escaping_the_directory_is_refused(tmp_path):
+    model = _matmul_model()
+    tensor = model.graph.initializer[0]
+    tensor.ClearField("raw_data")
+    tensor.ClearField("float_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "../../etc/passwd"), ("offset", "0"), ("length", "48")):
+        tensor.external_data.add(key=key, value=value)
+    (tmp_path / "m").mkdir()
+    onnx.save(model, tmp_path / "m" / "model.onnx")
+    with pytest.raises(ModelError, match="outside the model directory"):
+        read_model(model_file=str(tmp_path / "m" / "model.onnx"))
+
+
+def test_truncated_protobuf(tmp_path):
+    data = _matmul_model().SerializeToString()
+    (tmp_path / "bad.onnx").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelError, match="bad.onnx"):
+        read_model(model_file=str(tmp_path / "bad.onnx"))
+
+
+def test_opset_out_of_range():
+    model = _matmul_model()
+    model.opset_import[0].version = 5
+    with pytest.raises(ModelError, match="opset 5 is outside"):
+        read_model(model=model)
+
+
+def test_missing_input_is_reported():
+    model = _matmul_model()
+    model.graph.node[0].input[1] = "missing_weight"
+    with pytest.raises(ModelError):
+        read_model(model=model)
+
+
+def test_unnamed_nodes_get_names_and_ops_without_kernel_keep_proto():
+    node = helper.make_node("Einsum", ["x", "x"], ["y"], equation="ij,ij->ij")
+    model = helper.make_model(helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]), opset_imports=[helper.make_opsetid("", 17)])
+    g = read_model(model=model)
+    assert g.nodes[0].name == "Einsum_0"
+    assert g.nodes[0].proto is not None

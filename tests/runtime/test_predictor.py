@@ -1,0 +1,96 @@
+"""Predictor: input checks, list inputs, dynamic shapes, threads, and the Paddle Lite facade."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import optcli
+from optcli.errors import InputError, UsageError
+from optcli.zoo import build, sample_inputs
+from tests.helpers import assert_close
+
+
+@pytest.fixture(scope="module")
+def dynamic():
+    model = build("dynamic_cnn")
+    return model, optcli.load(optcli.optimize(model=model).data)
+
+
+def test_describes_inputs_and_outputs(small_nb):
+    p = optcli.load(small_nb)
+    assert [i.name for i in p.inputs] == ["input"]
+    assert p.inputs[0].shape == (1, 3, 32, 32) and p.inputs[0].dtype == "float32"
+    assert p.outputs[0].name == "output"
+
+
+def test_dict_list_and_array_inputs_agree(small_nb, small_cnn):
+    p = optcli.load(small_nb)
+    x = small_cnn[2]["input"]
+    a = p.run({"input": x})["output"]
+    np.testing.assert_array_equal(a, p.run([x])["output"])
+    np.testing.assert_array_equal(a, p.run(x)["output"])
+
+
+@pytest.mark.parametrize("feeds, message", [
+    ({"image": np.zeros((1, 3, 32, 32), np.float32)}, "unknown 'image'.*missing 'input'"),
+    ({"input": np.zeros((1, 3, 32, 32), np.float64)}, "dtype float64.*astype"),
+    ({"input": np.zeros((1, 3, 32), np.float32)}, "rank 3"),
+    ({"input": np.zeros((1, 3, 32, 31), np.float32)}, "dim 3 must be 32"),
+    ([np.zeros(1), np.zeros(1)], "got 2 inputs"),
+])
+def test_wrong_inputs_are_clear_errors(small_nb, feeds, message):
+    with pytest.raises(InputError, match=message):
+        optcli.load(small_nb).run(feeds)
+
+
+def test_dynamic_dims_accept_any_fitting_shape_and_replan_per_shape(dynamic):
+    model, p = dynamic
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for batch, size in [(1, 32), (3, 20), (1, 32)]:
+        feeds = sample_inputs(model, batch=batch, spatial=size)
+        assert_close(p.run(feeds)["output"], sess.run(None, feeds)[0], what=f"{batch}x{size}")
+    plan32 = p.memory_plan({"input": (1, 3, 32, 32)})
+    plan20 = p.memory_plan({"input": (3, 3, 20, 20)})
+    assert plan32 is not None and plan20 is not None and len(p._shape_plans) == 2
+    assert plan32.arena_bytes <= plan32.naive_bytes
+
+
+def test_symbolic_dims_must_agree_across_inputs():
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Add", ["a", "b"], ["c"])
+    model = helper.make_model(helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 2]) for n in "ab"],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, None)]), opset_imports=[helper.make_opsetid("", 17)])
+    p = optcli.load(optcli.optimize(model=model).data)
+    with pytest.raises(InputError, match="'N' is 2 in input 'a'"):
+        p.run({"a": np.zeros((2, 2), np.float32), "b": np.zeros((3, 2), np.float32)})
+
+
+def test_threads_and_precision_arguments(small_nb, small_cnn):
+    p = optcli.load(small_nb, threads=1)
+    assert p.run(small_cnn[2])["output"].shape == (1, 10)
+    with pytest.raises(UsageError, match="threads"):
+        optcli.load(small_nb, threads=0)
+    with pytest.raises(UsageError, match="precision 'fp8'"):
+        optcli.load(small_nb, precision="fp8")
+
+
+def test_outputs_are_writable_copies(small_nb, small_cnn):
+    out = optcli.load(small_nb).run(small_cnn[2])["output"]
+    out[...] = 0  # must not raise, must not alias weights
+
+
+def test_paddle_lite_facade(small_nb, small_cnn):
+    config = optcli.MobileConfig()
+    config.set_model_from_file(str(small_nb))
+    config.set_threads(1)
+    predictor = optcli.create_paddle_predictor(config)
+    predictor.get_input(0).from_numpy(small_cnn[2]["input"])
+    predictor.run()
+    expected = optcli.load(small_nb).run(small_cnn[2])["output"]
+    np.testing.assert_array_equal(predictor.get_output(0).numpy(), expected)
+    with pytest.raises(UsageError, match="out of range"):
+        predictor.get_input(3)
