@@ -3,7 +3,8 @@
 One helper resolves what the ops share and what moved across ONNX versions: the reduced axes
 come from the ``axes`` attribute (ReduceSum before opset 13, the others before 18) or from the
 second input (later), an empty/absent list means "all axes" unless ``noop_with_empty_axes`` asks
-for the identity, and ``keepdims`` keeps the reduced axes as size 1.
+to reduce over no axis at all (the element-wise part still applies: ReduceSumSquare gives x*x,
+as in onnxruntime and the ONNX reference), and ``keepdims`` keeps the reduced axes as size 1.
 
 Results keep the input dtype.  float16 accumulates in float32 and integers in float64 where the
 op involves division or transcendental functions, as onnxruntime does.  Reducing an empty set
@@ -24,15 +25,15 @@ Inputs = list[np.ndarray | None]
 Attrs = dict[str, Any]
 
 
-def reduce_axes(x: np.ndarray, inputs: Inputs, attrs: Attrs) -> tuple[int, ...] | None:
-    """The reduced axes (normalised, sorted), or None when the op is the identity (noop)."""
+def reduce_axes(x: np.ndarray, inputs: Inputs, attrs: Attrs) -> tuple[int, ...]:
+    """The reduced axes, normalised and sorted; () for ``noop_with_empty_axes`` with no axes."""
     axes_in = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
     if axes_in is not None:
         axes = [int(a) for a in np.asarray(axes_in).reshape(-1)]
     else:
         axes = [int(a) for a in attrs.get("axes") or []]
     if not axes:
-        return None if attrs.get("noop_with_empty_axes", 0) else tuple(range(x.ndim))
+        return () if attrs.get("noop_with_empty_axes", 0) else tuple(range(x.ndim))
     return tuple(sorted(a + x.ndim if a < 0 else a for a in axes))
 
 
@@ -50,8 +51,6 @@ def _reduction(compute: Callable[[np.ndarray, tuple[int, ...]], np.ndarray], int
     def run(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
         x = np.asarray(inputs[0])
         axes = reduce_axes(x, inputs, attrs)
-        if axes is None:
-            return [x.copy()]
         xa = x.astype(_acc_dtype(x, integer_as_float), copy=False)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             y = np.asarray(compute(xa, axes))

@@ -145,7 +145,8 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
                 recorded = graph.values.get(name)
                 if recorded is not None and value.dtype != object and str(value.dtype) != recorded.dtype:
                     value = value.astype(recorded.dtype)
-                graph.initializers[name] = np.ascontiguousarray(value)
+                # np.ascontiguousarray would turn a 0-d result into shape [1].
+                graph.initializers[name] = value if value.flags.c_contiguous else value.copy(order="C")
                 drop_values(graph, name)
             graph.nodes.remove(node)
             key = {"Constant": "constants", "Shape": "shapes", "Size": "shapes"}.get(node.op_type, "folded")

@@ -50,7 +50,7 @@ def test_leaves_dynamic_shape_random_and_graph_outputs():
         [
             node("Shape", ["x"], ["s"]),
             node("Cast", ["s"], ["sf"], to=1),
-            node("RandomNormal", [], ["r"], shape=[3]),
+            node("RandomNormal", [], ["r"], shape=[2]),
             node("Add", ["sf", "r"], ["y"]),
             node("Neg", ["a"], ["z"]),
         ],
