@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from optcli.ops.registry import kernel
 
@@ -239,7 +239,7 @@ _FLOAT8_MAX = {
 }
 
 
-def _cast(x: np.ndarray, dtype: np.dtype, saturate: bool = True) -> np.ndarray:
+def _cast(x: np.ndarray, dtype: np.dtype, saturate: bool = True, round_mode: str = "up") -> np.ndarray:
     if dtype == np.dtype(object):
         if x.dtype == object:
             return x.copy()
@@ -250,6 +250,8 @@ def _cast(x: np.ndarray, dtype: np.dtype, saturate: bool = True) -> np.ndarray:
     if x.dtype == object:
         return np.array([float(v) if dtype.kind == "f" else v for v in x.reshape(-1)],
                         dtype=np.float64 if dtype.kind == "f" else None).astype(dtype).reshape(x.shape)
+    if dtype.name == "float8_e8m0fnu":  # power-of-two scales (Cast-24): ONNX's own rounding rules
+        return numpy_helper.to_float8e8m0(x.astype(np.float32), saturate, round_mode)
     fmax = _FLOAT8_MAX.get(dtype.name)
     if fmax is not None and saturate and x.dtype.kind in "fV":
         # Saturating float8 casts clamp out-of-range values and infinities to the largest finite.
@@ -260,12 +262,14 @@ def _cast(x: np.ndarray, dtype: np.dtype, saturate: bool = True) -> np.ndarray:
 
 @kernel("Cast")
 def cast(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
-    return [_cast(np.asarray(inputs[0]), _np_dtype(int(attrs["to"])), bool(attrs.get("saturate", 1)))]
+    return [_cast(np.asarray(inputs[0]), _np_dtype(int(attrs["to"])), bool(attrs.get("saturate", 1)),
+                  attrs.get("round_mode", "up"))]
 
 
 @kernel("CastLike")
 def cast_like(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
-    return [_cast(np.asarray(inputs[0]), np.asarray(inputs[1]).dtype, bool(attrs.get("saturate", 1)))]
+    return [_cast(np.asarray(inputs[0]), np.asarray(inputs[1]).dtype, bool(attrs.get("saturate", 1)),
+                  attrs.get("round_mode", "up"))]
 
 
 @kernel("Constant")

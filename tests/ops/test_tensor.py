@@ -203,7 +203,9 @@ def test_space_to_depth():
     check("SpaceToDepth", {"x": rand((2, 3, 4, 6))}, {"blocksize": 2})
 
 
-@pytest.mark.parametrize("xshape,shape", [((3, 1), (2, 1, 4)), ((2, 3), (3,)), ((4, 1), (1, 1)), ((), (2, 2))])
+@pytest.mark.parametrize("xshape,shape", [
+    ((3, 1), (2, 1, 4)), ((2, 3), (3,)), ((4, 1), (1, 1)), ((), (2, 2)),
+])
 def test_expand(xshape, shape):
     check("Expand", {"x": rand(xshape)}, initializers={"shape": ints(*shape)})
 
@@ -215,7 +217,9 @@ def test_tile():
 # ----------------------------------------------------------------------------- indexing
 
 @pytest.mark.parametrize("axis", [0, 1, -1])
-@pytest.mark.parametrize("idx", [np.array([[0, -1], [2, 1]], I64), np.array(-2, I64), np.array([1, 0], np.int32)])
+@pytest.mark.parametrize("idx", [
+    np.array([[0, -1], [2, 1]], I64), np.array(-2, I64), np.array([1, 0], np.int32),
+])
 def test_gather(axis, idx):
     check("Gather", {"x": rand((3, 4, 5))}, {"axis": axis}, initializers={"idx": idx})
 
@@ -227,7 +231,9 @@ def test_gather_elements(axis):
     check("GatherElements", {"x": x}, {"axis": axis}, initializers={"idx": idx})
 
 
-@pytest.mark.parametrize("batch_dims,ishape", [(0, (2, 2)), (0, (3, 1)), (0, (2, 3)), (1, (2, 1)), (1, (2, 2, 2))])
+@pytest.mark.parametrize("batch_dims,ishape", [
+    (0, (2, 2)), (0, (3, 1)), (0, (2, 3)), (1, (2, 1)), (1, (2, 2, 2)),
+])
 def test_gather_nd(batch_dims, ishape):
     x = rand((2, 3, 4))
     dims = x.shape[batch_dims:]
@@ -235,7 +241,9 @@ def test_gather_nd(batch_dims, ishape):
     check("GatherND", {"x": x}, {"batch_dims": batch_dims}, initializers={"idx": idx.astype(I64)})
 
 
-@pytest.mark.parametrize("reduction,opset", [("none", 16), ("add", 16), ("mul", 16), ("max", 18), ("min", 18)])
+@pytest.mark.parametrize("reduction,opset", [
+    ("none", 16), ("add", 16), ("mul", 16), ("max", 18), ("min", 18),
+])
 def test_scatter_elements(reduction, opset):
     data = rand((3, 5))
     idx = np.array([[1, -1, 2], [0, 0, -5]], I64)  # duplicates only meet with a reduction
@@ -320,7 +328,8 @@ def test_cast(to, opset):
 
 def test_cast_like():
     check("CastLike", {"x": rand((3, 4))}, initializers={"like": np.zeros(1, I64)}, opset=15)
-    check("CastLike", {"x": np.array([True, False])}, initializers={"like": np.zeros(1, np.float32)}, opset=15)
+    like = {"like": np.zeros(1, np.float32)}
+    check("CastLike", {"x": np.array([True, False])}, initializers=like, opset=15)
 
 
 @pytest.mark.parametrize("attr,value", [
@@ -343,8 +352,8 @@ def test_constant_of_shape(value):
 
 
 @pytest.mark.parametrize("start,limit,delta,dtype", [
-    (0, 10, 3, I64), (10, 2, -3, I64), (1, 1, 1, I64), (0.5, 3.0, 0.7, np.float32), (2.0, -1.0, -0.5, np.float32),
-    (0, 5, 1, np.int32),
+    (0, 10, 3, I64), (10, 2, -3, I64), (1, 1, 1, I64), (0, 5, 1, np.int32),
+    (0.5, 3.0, 0.7, np.float32), (2.0, -1.0, -0.5, np.float32),
 ])
 def test_range(start, limit, delta, dtype):
     check("Range", {}, initializers={k: np.array(v, dtype) for k, v in

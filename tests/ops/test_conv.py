@@ -1,0 +1,172 @@
+"""Conv / ConvTranspose kernels: every variant against onnxruntime, fused epilogues, variant choice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from optcli.ir import Graph, Node, Value
+from optcli.ops import kernels_for
+from optcli.ops.activation import ACTIVATIONS
+from tests.helpers import assert_close, run_ort, run_variants, single_node_model
+
+RNG = np.random.default_rng(0)
+
+# Epilogue parameters per activation, and the numpy composition they must equal.
+ACT_PARAMS = {"clip": (-0.5, 0.7), "leaky_relu": (0.1, 0.0), "hard_sigmoid": (0.2, 0.5)}
+
+
+def _sig(y: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-y.astype(np.float64)))
+
+
+def act_ref(y: np.ndarray, name: str) -> np.ndarray:
+    a, b = ACT_PARAMS.get(name, (0.0, 0.0))
+    y = y.astype(np.float64)
+    return {
+        "relu": lambda: np.maximum(y, 0),
+        "clip": lambda: np.clip(y, a, b),
+        "leaky_relu": lambda: np.where(y >= 0, y, a * y),
+        "sigmoid": lambda: _sig(y),
+        "tanh": lambda: np.tanh(y),
+        "hard_sigmoid": lambda: np.clip(a * y + b, 0, 1),
+        "hard_swish": lambda: y * np.clip(y / 6 + 0.5, 0, 1),
+        "swish": lambda: y * _sig(y),
+    }[name]()
+
+
+def act_attrs(name: str) -> dict:
+    a, b = ACT_PARAMS.get(name, (0.0, 0.0))
+    return {"activation": name, "activation_alpha": a, "activation_beta": b}
+
+
+def ort_ref(op: str, x: np.ndarray, attrs: dict, inits: dict) -> np.ndarray:
+    model = single_node_model(op, {"x": x}, attrs=attrs, initializers=inits)
+    for o in model.graph.output:
+        o.ClearField("type")  # ORT rejects the UNDEFINED element type
+    return run_ort(model, {"x": x})[0]
+
+
+def _rand(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+CONV_CASES = [
+    ((1, 3, 7, 7), (4, 3, 3, 3), {}),
+    ((2, 4, 9, 8), (6, 2, 3, 2), {"group": 2, "strides": [2, 1], "pads": [1, 0, 2, 1], "dilations": [1, 2]}),
+    ((1, 3, 10, 11), (5, 3, 3, 3), {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    ((1, 3, 10, 11), (5, 3, 4, 4), {"strides": [3, 2], "auto_pad": "SAME_LOWER"}),
+    ((1, 3, 10, 11), (5, 3, 3, 2), {"auto_pad": "VALID", "strides": [2, 2]}),
+    ((1, 3, 12, 12), (4, 3, 3, 3), {"dilations": [2, 3], "pads": [2, 3, 2, 3]}),
+    # depthwise: multiplier 1 and 2, strides, dilations, auto_pad
+    ((2, 8, 13, 12), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}),
+    ((1, 6, 15, 14), (6, 1, 5, 5), {"group": 6, "strides": [2, 2], "pads": [2, 2, 2, 2]}),
+    ((1, 4, 11, 9), (8, 1, 3, 3), {"group": 4, "auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ((1, 5, 9, 9), (5, 1, 3, 3), {"group": 5, "strides": [3, 3]}),
+    ((1, 4, 7, 8), (4, 1, 3, 2), {"group": 4, "pads": [0, 1, 2, 0], "auto_pad": "NOTSET"}),
+    # pointwise
+    ((2, 16, 7, 5), (8, 16, 1, 1), {}),
+    ((1, 8, 9, 9), (4, 8, 1, 1), {"strides": [2, 2]}),
+    # 1-D and 3-D
+    ((2, 3, 17), (4, 3, 3), {"strides": [2], "pads": [1, 2]}),
+    ((1, 4, 20), (4, 1, 5), {"group": 4, "dilations": [3], "pads": [2, 2]}),
+    ((1, 2, 5, 6, 7), (3, 2, 3, 1, 2), {"pads": [1, 0, 1, 1, 0, 0], "strides": [1, 2, 1]}),
+    ((1, 3, 5, 6, 7), (3, 1, 3, 3, 3), {"group": 3, "pads": [1, 1, 1, 1, 1, 1]}),
+]
+
+
+@pytest.mark.parametrize("xs,ws,attrs", CONV_CASES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv_variants_match_ort(xs, ws, attrs, bias):
+    x, w = _rand(*xs), _rand(*ws)
+    inits = {"w": w, **({"b": _rand(ws[0])} if bias else {})}
+    expected = ort_ref("Conv", x, attrs, inits)
+    x.setflags(write=False)
+    for variant, out in run_variants("Conv", [x, w, inits.get("b")], attrs).items():
+        assert_close(out[0], expected, what=f"Conv[{variant}] {xs} {ws} {attrs}")
+        assert out[0].dtype == np.float32
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])
+def test_conv_keeps_dtype(dtype):
+    x, w, b = _rand(1, 4, 8, 8), _rand(4, 1, 3, 3), _rand(4)
+    ref = run_variants("Conv", [x, w, b], {"group": 4})["im2col"][0]
+    for variant, out in run_variants("Conv", [x.astype(dtype), w.astype(dtype), b.astype(dtype)],
+                                     {"group": 4}).items():
+        assert out[0].dtype == dtype
+        assert_close(out[0], ref, "fp16" if dtype == np.float16 else "fp32", what=variant)
+
+
+EPILOGUE_CASES = [
+    ((1, 6, 9, 9), (4, 6, 1, 1), {}),
+    ((1, 6, 9, 9), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}),
+    ((1, 6, 9, 9), (4, 3, 3, 3), {"group": 2, "strides": [2, 2]}),
+]
+
+
+@pytest.mark.parametrize("name", ACTIVATIONS)
+def test_conv_epilogue(name):
+    for xs, ws, attrs in EPILOGUE_CASES:
+        x, w, b = _rand(*xs), _rand(*ws), _rand(ws[0])
+        plain = run_variants("Conv", [x, w, None], attrs)["im2col"][0]
+        expected = act_ref(plain + b.reshape(1, -1, 1, 1), name)
+        for variant, out in run_variants("Conv", [x, w, b], {**attrs, **act_attrs(name)}).items():
+            assert_close(out[0], expected, what=f"Conv[{variant}]+{name}")
+
+
+def _choose(op: str, attrs: dict, wshape: tuple | None, as_initializer: bool = True) -> str:
+    """The variant kernel selection would pick: highest priority whose ``applies`` holds."""
+    inits = {"w": np.zeros(wshape, np.float32)} if wshape and as_initializer else {}
+    values = {"w": Value("w", "float32", wshape)} if wshape and not as_initializer else {}
+    node = Node(op, ["x", "w"], ["y"], attrs=attrs)
+    graph = Graph("g", [node], [Value("x")], [Value("y")], initializers=inits, values=values)
+    for k in kernels_for(op):
+        if k.applies is None or k.applies(node, graph):
+            return k.variant
+    raise AssertionError("no variant applies")
+
+
+def test_conv_variant_choice():
+    assert _choose("Conv", {}, (8, 16, 1, 1)) == "1x1"
+    assert _choose("Conv", {"kernel_shape": [1, 1], "pads": [0, 0, 0, 0]}, (8, 16, 1, 1)) == "1x1"
+    assert _choose("Conv", {}, (8, 16, 1, 1), as_initializer=False) == "1x1"  # shape from value info
+    assert _choose("Conv", {"strides": [2, 2]}, (8, 16, 1, 1)) == "im2col"
+    assert _choose("Conv", {"pads": [1, 1, 1, 1]}, (8, 16, 1, 1)) == "im2col"
+    assert _choose("Conv", {"group": 2}, (8, 8, 1, 1)) == "im2col"
+    assert _choose("Conv", {"group": 16}, (16, 1, 3, 3)) == "depthwise"
+    assert _choose("Conv", {"group": 16, "strides": [2, 2]}, (32, 1, 3, 3)) == "depthwise"
+    assert _choose("Conv", {"group": 4}, (16, 2, 3, 3)) == "im2col"
+    assert _choose("Conv", {}, (16, 1, 3, 3)) == "im2col"  # one input channel, one group
+    assert _choose("Conv", {}, (16, 8, 3, 3)) == "im2col"
+    assert _choose("Conv", {"group": 16}, None) == "im2col"  # weight unknown
+
+
+CONVT_CASES = [
+    ((1, 3, 4, 5), (3, 2, 3, 3), {}),
+    ((2, 4, 5, 4), (4, 3, 3, 2), {"strides": [2, 3], "pads": [1, 0, 0, 1]}),
+    ((1, 2, 4, 4), (2, 3, 3, 3), {"strides": [2, 2], "output_padding": [1, 1]}),
+    ((1, 4, 3, 5), (4, 1, 3, 3), {"group": 2, "strides": [2, 1], "dilations": [2, 2]}),
+    ((1, 2, 3, 3), (2, 2, 3, 3), {"strides": [3, 2], "output_shape": [10, 8]}),
+    ((1, 2, 4, 5), (2, 2, 3, 3), {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    ((1, 2, 4, 5), (2, 2, 4, 4), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((2, 3, 7), (3, 2, 4), {"strides": [3], "pads": [1, 2]}),
+    ((1, 2, 3, 3, 3), (2, 2, 2, 2, 2), {"strides": [2, 2, 2]}),
+]
+
+
+@pytest.mark.parametrize("xs,ws,attrs", CONVT_CASES)
+def test_conv_transpose_matches_ort(xs, ws, attrs):
+    x, w = _rand(*xs), _rand(*ws)
+    b = _rand(ws[1] * int(attrs.get("group", 1)))
+    expected = ort_ref("ConvTranspose", x, attrs, {"w": w, "b": b})
+    for variant, out in run_variants("ConvTranspose", [x, w, b], attrs).items():
+        assert_close(out[0], expected, what=f"ConvTranspose[{variant}] {attrs}")
+
+
+def test_conv_transpose_epilogue():
+    x, w, b = _rand(1, 3, 4, 4), _rand(3, 2, 3, 3), _rand(2)
+    plain = run_variants("ConvTranspose", [x, w, b], {"strides": [2, 2]})["col2im"][0]
+    for name in ACTIVATIONS:
+        out = run_variants("ConvTranspose", [x, w, b], {"strides": [2, 2], **act_attrs(name)})["col2im"][0]
+        assert_close(out, act_ref(plain, name), what=name)
+
