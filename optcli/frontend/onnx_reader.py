@@ -17,7 +17,7 @@ from onnx import external_data_helper, helper, numpy_helper
 from optcli.errors import ModelError
 from optcli.frontend.shapes import apply_input_shapes, infer_shapes
 from optcli.ir import Graph, Node, Value
-from optcli.ops import kernels_for
+from optcli.ops.registry import has_native_kernel
 
 MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -113,7 +113,7 @@ def read_model(
     # Inference first: it fills in output types exporters leave out, which the checker demands.
     model = infer_shapes(model, path)
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(_typed_outputs_for_checker(model))
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
         raise ModelError(f"{path}: the ONNX checker rejects the model: {first}") from None
@@ -183,7 +183,7 @@ def _node(proto: onnx.NodeProto, index: int, used: set[str]) -> Node:
             continue
         attrs[a.name] = value
     domain = "" if proto.domain == "ai.onnx" else proto.domain
-    keep_proto = opaque or not kernels_for(proto.op_type, domain)
+    keep_proto = opaque or not has_native_kernel(proto.op_type, domain, list(proto.output))
     return Node(proto.op_type, list(proto.input), list(proto.output), attrs, name, domain,
                 proto=proto.SerializeToString(deterministic=True) if keep_proto else None)
 
@@ -191,4 +191,19 @@ def _node(proto: onnx.NodeProto, index: int, used: set[str]) -> Node:
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     clone = onnx.ModelProto()
     clone.CopyFrom(model)
+    return clone
+
+
+def _typed_outputs_for_checker(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The checker demands a shape on every graph output; outputs of ops shape inference does
+    not know (custom domains) have none.  Check a copy in which they get a placeholder type,
+    so such models reach placement, which says clearly whether anything can run them."""
+    untyped = [o for o in model.graph.output if not o.type.tensor_type.HasField("shape")]
+    if not untyped:
+        return model
+    clone = _copy(model)
+    for out in clone.graph.output:
+        if not out.type.tensor_type.HasField("shape"):
+            out.type.tensor_type.elem_type = out.type.tensor_type.elem_type or onnx.TensorProto.FLOAT
+            out.type.tensor_type.shape.SetInParent()
     return clone

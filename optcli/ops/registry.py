@@ -31,6 +31,7 @@ class Kernel:
     applies: AppliesFn | None = None
     priority: int = 0
     doc: str = ""
+    max_outputs: int | None = None  # e.g. MaxPool without its optional Indices output
 
     @property
     def id(self) -> str:
@@ -51,12 +52,17 @@ def kernel(
     variant: str = "default",
     applies: AppliesFn | None = None,
     priority: int = 0,
+    max_outputs: int | None = None,
 ) -> Callable[[KernelFn], KernelFn]:
-    """Register ``fn`` as a numpy kernel (decorator).  ``op_type`` may list several ops."""
+    """Register ``fn`` as a numpy kernel (decorator).  ``op_type`` may list several ops.
+
+    ``max_outputs`` says how many of the op's outputs the kernel produces when it does not
+    produce all the op may have; nodes that use more run through the reference fallback.
+    """
 
     def register(fn: KernelFn) -> KernelFn:
         for op in [op_type] if isinstance(op_type, str) else op_type:
-            k = Kernel(op, domain, variant, fn, applies, priority, (fn.__doc__ or "").strip())
+            k = Kernel(op, domain, variant, fn, applies, priority, (fn.__doc__ or "").strip(), max_outputs)
             if k.id in _BY_ID:
                 raise RuntimeError(f"kernel {k.id} registered twice")
             _KERNELS.setdefault((domain, op), []).append(k)
@@ -69,6 +75,12 @@ def kernel(
 def kernels_for(op_type: str, domain: str = "") -> list[Kernel]:
     """Variants registered for an op, highest priority first."""
     return sorted(_KERNELS.get((domain, op_type), []), key=lambda k: -k.priority)
+
+
+def has_native_kernel(op_type: str, domain: str, outputs: list[str]) -> bool:
+    """Whether a native kernel can compute every output this node uses."""
+    used = 1 + max((i for i, name in enumerate(outputs) if name), default=0)
+    return any(k.max_outputs is None or used <= k.max_outputs for k in kernels_for(op_type, domain))
 
 
 def get_kernel(kid: str) -> Kernel | None:

@@ -28,9 +28,15 @@ def _str(attrs: dict[str, Any], name: str, default: str) -> str:
 
 def _source_coords(mode: str, out_len: int, in_len: int, scale: float, roi: tuple[float, float] | None
                    ) -> np.ndarray:
-    """Source coordinate of every output index along one axis (ONNX coordinate transformations)."""
-    y = np.arange(out_len, dtype=np.float64)
-    out_w = scale * in_len  # ONNX uses the non-integral resized length in these formulas
+    """Source coordinate of every output index along one axis (ONNX coordinate transformations).
+
+    Computed in float32, as onnxruntime does: nearest-neighbour rounding of near-ties (and so
+    which pixel is picked) depends on it.
+    """
+    f = np.float32
+    y = np.arange(out_len, dtype=f)
+    scale = f(scale)
+    out_w = scale * f(in_len)  # ONNX uses the non-integral resized length in these formulas
     if mode == "half_pixel":
         return (y + 0.5) / scale - 0.5
     if mode == "half_pixel_symmetric":

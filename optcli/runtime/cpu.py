@@ -13,6 +13,7 @@ import numpy as np
 from optcli.errors import OptError
 from optcli.ops import get_kernel
 from optcli.plan import Plan, Step
+from optcli.runtime.evaluate import kernel_attrs
 from optcli.runtime.reference import run_reference
 
 StepFn = Callable[[list[np.ndarray | None]], list[np.ndarray]]
@@ -26,7 +27,7 @@ def bind_step(step: Step, opsets: dict[str, int]) -> StepFn:
     """A closure that runs ``step`` on positional numpy inputs."""
     kern = get_kernel(step.kernel)
     if kern is not None:
-        attrs = {**step.attrs, "_opset": int(opsets.get("", 0))}
+        attrs = kernel_attrs(step.attrs, len(step.outputs), opsets)
         fn = kern.fn
         return lambda inputs: fn(inputs, attrs)
     proto = step.proto

@@ -13,9 +13,11 @@ from optcli.ops import get_kernel, kernels_for
 from optcli.runtime.reference import run_reference
 
 
-def kernel_attrs(node: Node, opsets: dict[str, int]) -> dict:
-    """The attrs a kernel receives: the node's plus ``_opset`` (default domain version)."""
-    return {**node.attrs, "_opset": int(opsets.get("", 0) or 0)}
+def kernel_attrs(attrs: dict, n_outputs: int, opsets: dict[str, int]) -> dict:
+    """The attrs a kernel receives: the node's, plus ``_opset`` (the default domain's version,
+    for ops whose semantics changed across versions) and ``_n_outputs`` (Split with no sizes
+    divides equally across its outputs)."""
+    return {**attrs, "_opset": int(opsets.get("", 0) or 0), "_n_outputs": n_outputs}
 
 
 def evaluate_node(node: Node, inputs: list[np.ndarray | None], opsets: dict[str, int]) -> list[np.ndarray]:
@@ -25,7 +27,7 @@ def evaluate_node(node: Node, inputs: list[np.ndarray | None], opsets: dict[str,
         generic = [k for k in kernels_for(node.op_type, node.domain) if k.applies is None]
         kern = generic[0] if generic else None
     if kern is not None:
-        return kern.fn(list(inputs), kernel_attrs(node, opsets))
+        return kern.fn(list(inputs), kernel_attrs(node.attrs, len(node.outputs), opsets))
     if node.proto is None:
         raise NotImplementedError(f"no kernel for {node.describe()} and no ONNX proto to fall back on")
     return run_reference(node.proto, opsets, list(inputs))

@@ -67,14 +67,19 @@ def feeds_for(m: onnx.ModelProto, seed: int = 0, dims: dict[str, int] | None = N
     rng = np.random.default_rng(seed)
     out = {}
     for i in m.graph.input:
-        shape = [d.dim_value if d.HasField("dim_value") else (dims or {}).get(d.dim_param, 2)
-                 for d in i.type.tensor_type.shape.dim]
+        shape = [
+            d.dim_value if d.HasField("dim_value") else (dims or {}).get(d.dim_param, 2)
+            for d in i.type.tensor_type.shape.dim
+        ]
         out[i.name] = rng.standard_normal(shape).astype(np.float32)
     return out
 
 
 def run_pass(
-    m: onnx.ModelProto, pass_module, ctx: PassContext | None = None, feeds: dict[str, np.ndarray] | None = None
+    m: onnx.ModelProto,
+    pass_module,
+    ctx: PassContext | None = None,
+    feeds: dict[str, np.ndarray] | None = None,
 ) -> tuple[Graph, dict[str, int]]:
     """Convert, run one pass, check the IR still matches onnxruntime on the original model."""
     graph = to_graph(m)
@@ -98,7 +103,9 @@ def ops(graph: Graph) -> list[str]:
 
 def const(name: str, value, dtype=np.float32) -> onnx.NodeProto:
     """A Constant node holding ``value``."""
-    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value, dtype=dtype)))
+    return helper.make_node(
+        "Constant", [], [name], value=numpy_helper.from_array(np.asarray(value, dtype=dtype))
+    )
 
 
 node = helper.make_node

@@ -15,28 +15,38 @@ PARAMS = {
 
 
 def test_converts_bn():
-    m = model([node("BatchNormalization", ["x", "gamma", "beta", "mean", "var"], ["y"], epsilon=1e-2)],
-              {"x": [2, 3, 4, 5]}, initializers=PARAMS)
+    m = model(
+        [node("BatchNormalization", ["x", "gamma", "beta", "mean", "var"], ["y"], epsilon=1e-2)],
+        {"x": [2, 3, 4, 5]},
+        initializers=PARAMS,
+    )
     graph, counts = run_pass(m, batchnorm_to_affine)
     assert ops(graph) == ["ChannelAffine"] and counts == {"converted": 1}
     affine = graph.nodes[0]
     scale = PARAMS["gamma"] / np.sqrt(PARAMS["var"] + 1e-2)
     np.testing.assert_allclose(graph.initializers[affine.inputs[1]], scale, rtol=1e-6)
-    np.testing.assert_allclose(graph.initializers[affine.inputs[2]], PARAMS["beta"] - PARAMS["mean"] * scale,
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        graph.initializers[affine.inputs[2]], PARAMS["beta"] - PARAMS["mean"] * scale, rtol=1e-5, atol=1e-6
+    )
 
 
 def test_converts_2d_bn():
-    m = model([node("BatchNormalization", ["x", "gamma", "beta", "mean", "var"], ["y"])], {"x": [4, 3]},
-              initializers=PARAMS)
+    m = model(
+        [node("BatchNormalization", ["x", "gamma", "beta", "mean", "var"], ["y"])],
+        {"x": [4, 3]},
+        initializers=PARAMS,
+    )
     graph, _ = run_pass(m, batchnorm_to_affine)
     assert ops(graph) == ["ChannelAffine"]
 
 
 def test_runtime_params_stay():
     inits = {k: v for k, v in PARAMS.items() if k != "var"}
-    m = model([node("BatchNormalization", ["x", "gamma", "beta", "mean", "var"], ["y"])],
-              {"x": [2, 3, 4, 5], "var": [3]}, initializers=inits)
+    m = model(
+        [node("BatchNormalization", ["x", "gamma", "beta", "mean", "var"], ["y"])],
+        {"x": [2, 3, 4, 5], "var": [3]},
+        initializers=inits,
+    )
     feeds = {"x": RNG.standard_normal((2, 3, 4, 5)).astype(np.float32), "var": PARAMS["var"]}
     graph, counts = run_pass(m, batchnorm_to_affine, feeds=feeds)
     assert ops(graph) == ["BatchNormalization"] and counts["converted"] == 0

@@ -66,8 +66,11 @@ def test_leaves_dynamic_shape_random_and_graph_outputs():
 
 def test_does_not_materialise_huge_results():
     m = model(
-        [node("ConstantOfShape", ["shape"], ["big"]), node("ReduceSum", ["big"], ["s"], keepdims=0),
-         node("Add", ["x", "s"], ["y"])],
+        [
+            node("ConstantOfShape", ["shape"], ["big"]),
+            node("ReduceSum", ["big"], ["s"], keepdims=0),
+            node("Add", ["x", "s"], ["y"]),
+        ],
         {"x": [1]},
         initializers={"shape": np.array([5000, 5000], np.int64)},
     )

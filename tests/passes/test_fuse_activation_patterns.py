@@ -21,16 +21,22 @@ def _relu6_shift(flip: bool = False) -> list:
 
 HARD_SWISH = {
     "mul_then_div": _relu6_shift() + [node("Mul", ["x", "c"], ["m"]), node("Div", ["m", "six"], ["y"])],
-    "mul_then_mul_sixth": _relu6_shift(True) + [node("Mul", ["c", "x"], ["m"]), node("Mul", ["sixth", "m"], ["y"])],
+    "mul_then_mul_sixth": _relu6_shift(True)
+    + [node("Mul", ["c", "x"], ["m"]), node("Mul", ["sixth", "m"], ["y"])],
     "div_then_mul": _relu6_shift() + [node("Div", ["c", "six"], ["h"]), node("Mul", ["x", "h"], ["y"])],
     "sixth_then_mul": _relu6_shift() + [node("Mul", ["c", "sixth"], ["h"]), node("Mul", ["h", "x"], ["y"])],
-    "hard_sigmoid": [node("HardSigmoid", ["x"], ["h"], alpha=1.0 / 6.0, beta=0.5), node("Mul", ["h", "x"], ["y"])],
+    "hard_sigmoid": [
+        node("HardSigmoid", ["x"], ["h"], alpha=1.0 / 6.0, beta=0.5),
+        node("Mul", ["h", "x"], ["y"]),
+    ],
 }
 
 
 def test_swish():
-    m = model([node("Relu", ["in"], ["x"]), node("Sigmoid", ["x"], ["s"]), node("Mul", ["s", "x"], ["y"])],
-              {"in": [2, 8]})
+    m = model(
+        [node("Relu", ["in"], ["x"]), node("Sigmoid", ["x"], ["s"]), node("Mul", ["s", "x"], ["y"])],
+        {"in": [2, 8]},
+    )
     graph, counts = run_pass(m, fuse_activation_patterns)
     assert ops(graph) == ["Relu", "Swish"]
     assert graph.nodes[1].domain == "optcli" and graph.nodes[1].outputs == ["y"]

@@ -19,8 +19,11 @@ def test_removes_branch_not_reaching_output():
 
 
 def test_keeps_everything_live():
-    m = model([node("Relu", ["x"], ["a"]), node("Add", ["a", "x"], ["y"]), node("Neg", ["a"], ["z"])],
-              {"x": [4]}, outputs=["y", "z"])
+    m = model(
+        [node("Relu", ["x"], ["a"]), node("Add", ["a", "x"], ["y"]), node("Neg", ["a"], ["z"])],
+        {"x": [4]},
+        outputs=["y", "z"],
+    )
     graph, counts = run_pass(m, remove_dead_nodes)
     assert ops(graph) == ["Relu", "Add", "Neg"]
     assert counts["nodes"] == 0

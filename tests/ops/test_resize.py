@@ -1,0 +1,112 @@
+"""Resize / Upsample against onnxruntime: every mode, nearest_mode and coordinate transformation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.helpers import assert_close, run_ort, run_variants, single_node_model
+
+RNG = np.random.default_rng(4)
+X = RNG.standard_normal((1, 2, 5, 6)).astype(np.float32)
+
+
+def check(attrs: dict, scales=None, sizes=None, roi=None, x: np.ndarray = X, opset: int = 19) -> None:
+    inits = {"roi": np.asarray(roi if roi is not None else [], np.float32)}
+    names = ["x", "roi" if roi is not None else "", "", ""]
+    if scales is not None:
+        inits["scales"] = np.asarray(scales, np.float32)
+        names[2] = "scales"
+    if sizes is not None:
+        inits["sizes"] = np.asarray(sizes, np.int64)
+        names[3] = "sizes"
+    names = names[:3] if sizes is None else names
+    if roi is None:
+        del inits["roi"]
+    model = single_node_model("Resize", {"x": x}, attrs=attrs, initializers=inits, opset=opset, input_names=names)
+    for o in model.graph.output:
+        o.ClearField("type")  # ORT rejects the UNDEFINED element type
+    expected = run_ort(model, {"x": x})[0]
+    args = [x] + [inits.get(n) if n else None for n in names[1:]]
+    x.setflags(write=False)
+    for variant, out in run_variants("Resize", args, {**attrs, "_opset": opset}).items():
+        assert out[0].dtype == expected.dtype
+        assert_close(out[0], expected, what=f"Resize[{variant}] {attrs} scales={scales} sizes={sizes}")
+
+
+COORDS = ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "half_pixel_symmetric"]
+SCALES = [[1, 1, 2, 3], [1, 1, 0.6, 0.5], [1, 1, 1.7, 0.8]]
+
+
+@pytest.mark.parametrize("coord", COORDS)
+@pytest.mark.parametrize("nearest", ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])
+def test_nearest(coord, nearest):
+    attrs = {"mode": "nearest", "coordinate_transformation_mode": coord, "nearest_mode": nearest}
+    for scales in SCALES:
+        check(attrs, scales=scales)
+    check(attrs, sizes=[1, 2, 7, 4])
+
+
+@pytest.mark.parametrize("coord", COORDS)
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_linear_cubic(coord, mode):
+    attrs = {"mode": mode, "coordinate_transformation_mode": coord}
+    for scales in SCALES:
+        check(attrs, scales=scales)
+    check(attrs, sizes=[1, 2, 9, 4])
+
+
+@pytest.mark.parametrize("exclude", [0, 1])
+def test_cubic_params(exclude):
+    check({"mode": "cubic", "cubic_coeff_a": -0.5, "exclude_outside": exclude}, scales=[1, 1, 1.5, 0.7])
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_tf_crop_and_resize(mode):
+    attrs = {"mode": mode, "coordinate_transformation_mode": "tf_crop_and_resize", "extrapolation_value": 3.5}
+    check(attrs, sizes=[1, 2, 4, 5], roi=[0, 0, 0.2, -0.1, 1, 1, 0.9, 1.3])
+    check(attrs, sizes=[1, 2, 3, 3], roi=[0, 0, 0.4, 0.6, 1, 1, 0.6, 0.7])
+
+
+def test_axes_and_aspect_ratio():
+    check({"mode": "linear", "axes": [3, 2]}, scales=[0.5, 2.0])
+    for policy in ["not_larger", "not_smaller"]:
+        check({"mode": "nearest", "axes": [2, 3], "keep_aspect_ratio_policy": policy}, sizes=[8, 9])
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_antialias(mode):
+    x = RNG.standard_normal((1, 1, 16, 12)).astype(np.float32)
+    check({"mode": mode, "antialias": 1}, scales=[1, 1, 0.4, 0.7], x=x)
+
+
+def test_batch_and_integer_input():
+    check({"mode": "linear"}, scales=[1, 1, 2, 2], x=RNG.standard_normal((3, 4, 3, 5)).astype(np.float32))
+    x = RNG.integers(0, 255, (1, 3, 4, 4)).astype(np.uint8)
+    out = run_variants("Resize", [x, None, np.array([1, 1, 2, 2], np.float32)], {"mode": "nearest"})
+    for o in out.values():
+        assert o[0].dtype == np.uint8
+        np.testing.assert_array_equal(o[0], x.repeat(2, axis=2).repeat(2, axis=3))
+
+
+def _legacy(op: str, opset: int, attrs: dict, scales: list, x: np.ndarray = X) -> None:
+    s = np.asarray(scales, np.float32)
+    as_attr = opset < 9
+    inits = {} if as_attr else {"scales": s}
+    a = {**attrs, "scales": [float(v) for v in scales]} if as_attr else attrs
+    model = single_node_model(op, {"x": x}, attrs=a, initializers=inits, opset=opset)
+    for o in model.graph.output:
+        o.ClearField("type")
+    expected = run_ort(model, {"x": x})[0]
+    out = run_variants(op, [x] + ([] if as_attr else [s]), {**a, "_opset": opset})
+    for variant, o in out.items():
+        assert_close(o[0], expected, what=f"{op}-{opset}[{variant}] {attrs} {scales}")
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_upsample_and_resize10(mode):
+    _legacy("Upsample", 9, {"mode": mode}, [1, 1, 2, 3])
+    _legacy("Upsample", 9, {"mode": mode}, [1, 1, 1.5, 2.5])
+    _legacy("Upsample", 7, {"mode": mode}, [1, 1, 2, 2])
+    _legacy("Resize", 10, {"mode": mode}, [1, 1, 2, 1.5])
+    _legacy("Resize", 10, {"mode": mode}, [1, 1, 0.6, 0.5])
