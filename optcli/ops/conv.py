@@ -67,7 +67,9 @@ def applies_depthwise(node: Any, graph: Any) -> bool:
 
 
 # --------------------------------------------------------------------------------- shared parts
-def _finish(y: np.ndarray, bias: np.ndarray | None, attrs: dict[str, Any], dtype: np.dtype) -> list[np.ndarray]:
+def _finish(
+    y: np.ndarray, bias: np.ndarray | None, attrs: dict[str, Any], dtype: np.dtype
+) -> list[np.ndarray]:
     """Bias along the channel axis, then the fused activation, then back to the input dtype."""
     if bias is not None:
         y += bias.astype(y.dtype, copy=False).reshape((1, -1) + (1,) * (y.ndim - 2))
@@ -222,7 +224,9 @@ def conv_transpose(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
     full = [s * (i - 1) + (k - 1) * d + 1 for s, i, k, d in zip(strides, spatial, kshape, dil)]
     buf = np.zeros((n, group * mg) + tuple(full), dtype=ct)
     for tap in np.ndindex(*kshape):
-        dst = tuple(slice(t * d, t * d + s * (i - 1) + 1, s) for t, d, s, i in zip(tap, dil, strides, spatial))
+        dst = tuple(
+            slice(t * d, t * d + s * (i - 1) + 1, s) for t, d, s, i in zip(tap, dil, strides, spatial)
+        )
         buf[(slice(None), slice(None)) + dst] += cols[(slice(None), slice(None)) + tap]
     # Output position o reads buf[o + pad_begin]; anything outside buf (output_padding,
     # negative pads) is zero.

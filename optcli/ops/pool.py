@@ -32,7 +32,7 @@ def _lowest(dtype: np.dtype) -> Any:
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
 
-@kernel("MaxPool")
+@kernel("MaxPool", max_outputs=1)
 def max_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """Max over the kernel taps of a -inf padded input (returns Y only, never Indices)."""
     x = inputs[0]

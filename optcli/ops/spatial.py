@@ -104,11 +104,15 @@ def window(
     else:
         raise ValueError(f"unknown auto_pad '{auto}'")
     if any(o <= 0 for o in out):
-        raise ValueError(f"window {ks} (strides {strides}, dilations {dil}) does not fit input {tuple(spatial)}")
+        raise ValueError(
+            f"window {ks} (strides {strides}, dilations {dil}) does not fit input {tuple(spatial)}"
+        )
     # Materialised end padding: enough for the last window (ceil_mode may need more).
     need_end = [max(e_, (o - 1) * s + ext - i - b) for o, s, ext, i, b, e_ in
                 zip(out, strides, extent, spatial, begin, end)]
-    return Window(tuple(ks), tuple(strides), tuple(dil), tuple(begin), tuple(need_end), tuple(out), tuple(end))
+    return Window(
+        tuple(ks), tuple(strides), tuple(dil), tuple(begin), tuple(need_end), tuple(out), tuple(end)
+    )
 
 
 def pad_input(x: np.ndarray, win: Window, value: float = 0.0) -> np.ndarray:
@@ -117,9 +121,11 @@ def pad_input(x: np.ndarray, win: Window, value: float = 0.0) -> np.ndarray:
         return x
     n = x.ndim - 2
     # Negative pads (legal in ONNX) crop instead.
-    src = x[(slice(None), slice(None)) + tuple(
-        slice(max(0, -b), x.shape[2 + i] - max(0, -e)) for i, (b, e) in enumerate(zip(win.pad_begin, win.pad_end))
-    )]
+    crop = tuple(
+        slice(max(0, -b), x.shape[2 + i] - max(0, -e))
+        for i, (b, e) in enumerate(zip(win.pad_begin, win.pad_end))
+    )
+    src = x[(slice(None), slice(None)) + crop]
     begin = [max(0, b) for b in win.pad_begin]
     shape = x.shape[:2] + tuple(src.shape[2 + i] + begin[i] + max(0, win.pad_end[i]) for i in range(n))
     out = np.full(shape, value, dtype=x.dtype)
@@ -140,7 +146,9 @@ def conv_transpose_geometry(
     dil = _ints(attrs.get("dilations"), n, 1)
     outpad = _ints(attrs.get("output_padding"), n, 0)
     auto = _auto_pad(attrs)
-    full = [s * (i - 1) + op + (k - 1) * d + 1 for s, i, op, k, d in zip(strides, spatial, outpad, kernel, dil)]
+    full = [
+        s * (i - 1) + op + (k - 1) * d + 1 for s, i, op, k, d in zip(strides, spatial, outpad, kernel, dil)
+    ]
     out_shape = attrs.get("output_shape")
     if out_shape is not None and len(out_shape) > 0:
         out = [int(v) for v in out_shape][-n:]

@@ -99,6 +99,12 @@ def noop_source(graph: Graph, node: Node) -> str | None:
         if perm is None:
             return x if shape is not None and len(shape) <= 1 else None
         return x if list(perm) == list(range(len(perm))) else None
+    if op == "Expand":
+        # Expanding to all-ones of no higher rank is a no-op even when x's dims are unknown.
+        c = graph.const(node.input(1))
+        shape = graph.shape_of(x)
+        if c is not None and shape is not None and c.size <= len(shape) and np.all(c == 1):
+            return x
     if op in SAME_SHAPE_OPS:
         return x if _same_static_shape(graph, x, y) else None
     if op == "Pad":

@@ -104,9 +104,9 @@ def _fold(graph: Graph, node: Node, failed: set[int]) -> list[np.ndarray] | None
     if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx"):
         value = _shape_value(graph, node)
         return None if value is None else [value]
-    if node.op_type in NONDETERMINISTIC or id(node) in failed or _has_subgraph(node):
+    if node.op_type in NONDETERMINISTIC or id(node) in failed:
         return None
-    if not all(graph.is_constant(i) for i in node.inputs if i):
+    if not all(graph.is_constant(i) for i in node.inputs if i) or _has_subgraph(node):
         return None
     expected = _expected_elements(graph, node)
     if expected is not None and expected > MAX_ELEMENTS:

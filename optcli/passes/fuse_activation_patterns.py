@@ -36,6 +36,18 @@ class _Matcher:
             return None
         return node if sole_consumer(self.graph, self.consumers, name) is not None else None
 
+    def replaced(self, old: list[Node], new: Node) -> None:
+        """Keep the maps current after ``old`` nodes were replaced by ``new`` (cheaper than rebuilding)."""
+        for n in old:
+            for out in n.outputs:
+                if self.producers.get(out) is n:
+                    del self.producers[out]
+            for name in set(n.inputs):
+                if name in self.consumers:
+                    self.consumers[name] = [r for r in self.consumers[name] if r is not n]
+        self.producers[new.outputs[0]] = new
+        self.consumers.setdefault(new.inputs[0], []).append(new)
+
     def scalar(self, name: str) -> float | None:
         """A constant of one element that cannot grow the shape it is broadcast with."""
         c = self.graph.const(name)
@@ -137,5 +149,5 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
                 graph.values.pop(n.outputs[0], None)
             counts[kind] += 1
             changed = True
-            m = _Matcher(graph)
+            m.replaced([*inner, node], fused)
     return counts

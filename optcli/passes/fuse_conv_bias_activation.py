@@ -122,16 +122,19 @@ def _absorb(graph: Graph, node: Node, reader: Node) -> None:
 
 def run(graph: Graph, ctx: Any) -> dict[str, int]:
     counts = {"bias": 0, "activation": 0}
+    # Readers are recorded by value name; absorbing an Add or activation never changes who reads
+    # another producer's output, so one snapshot serves the whole pass.
+    consumers = graph.consumers()
     for node in list(graph.nodes):
         if (node.domain if node.domain != "ai.onnx" else "", node.op_type) not in PRODUCERS:
             continue
         if has_epilogue(node) or len(node.outputs) != 1:
             continue
-        reader = sole_consumer(graph, graph.consumers(), node.outputs[0])
+        reader = sole_consumer(graph, consumers, node.outputs[0])
         if reader is not None and _fold_bias(graph, node, reader):
             _absorb(graph, node, reader)
             counts["bias"] += 1
-            reader = sole_consumer(graph, graph.consumers(), node.outputs[0])
+            reader = sole_consumer(graph, consumers, node.outputs[0])
         if reader is None or reader.input(0) != node.outputs[0]:
             continue
         epilogue = _epilogue(graph, reader)

@@ -83,12 +83,13 @@ def _fold(graph: Graph, conv: Node, bn: Node, scale: np.ndarray, shift: np.ndarr
 
 def run(graph: Graph, ctx: Any) -> dict[str, int]:
     fused = 0
+    # Folding one BN never changes who reads another conv's output, so one snapshot serves all.
+    consumers = graph.consumers()
     for conv in list(graph.nodes):
         if conv.op_type not in ("Conv", "ConvTranspose") or conv.domain not in ("", "ai.onnx"):
             continue
         if has_epilogue(conv):
             continue
-        consumers = graph.consumers()
         bn = sole_consumer(graph, consumers, conv.outputs[0])
         if bn is None or bn.input(0) != conv.outputs[0]:
             continue

@@ -55,10 +55,11 @@ class CpuExecutor:
                 raise
             except Exception as exc:
                 raise StepError(f"step {i} {step.name} ({step.op_type}) failed: {type(exc).__name__}: {exc}") from exc
-            wanted = [n for n in step.outputs]
-            if len(outs) < len([n for n in wanted if n]):
+            wanted = step.outputs
+            used = 1 + max((k for k, n in enumerate(wanted) if n), default=-1)
+            if len(outs) < used:
                 raise StepError(f"step {i} {step.name} ({step.op_type}): kernel {step.kernel} gave {len(outs)} "
-                                f"outputs, the model uses {len(wanted)}")
+                                f"outputs, the model uses {used}")
             for name, arr in zip(wanted, outs):
                 if name:
                     env[name] = arr if isinstance(arr, np.ndarray) else np.asarray(arr)

@@ -51,7 +51,8 @@ def test_max_pool(shape, attrs):
 @pytest.mark.parametrize("include_pad", [0, 1])
 def test_average_pool(shape, attrs, include_pad):
     # AveragePool has dilations only from opset 19.
-    check("AveragePool", shape, {**attrs, "count_include_pad": include_pad}, opset=19 if "dilations" in attrs else 17)
+    opset = 19 if "dilations" in attrs else 17
+    check("AveragePool", shape, {**attrs, "count_include_pad": include_pad}, opset=opset)
 
 
 def test_max_pool_int8_and_fp16():

@@ -1,0 +1,168 @@
+"""ONNX backend node tests on the `arm` target.
+
+The onnx wheel ships the node test *definitions* (``onnx.backend.test.case.node``) but not their
+data, so the data is regenerated once per session into a pytest tmp dir with onnx's own
+``cmd_tools.generate_data``.  Every case whose graph outputs are all float32 tensors (and whose
+inputs are tensors, not sequences/optionals/maps/strings) is optimized for `arm`, loaded, run on
+its ``test_data_set_*`` inputs and compared to the expected outputs at the fp32 tolerance.
+
+One test per case (ids = case names); the terminal summary prints
+"onnx node tests on arm: N/M float32 cases pass, K excluded".
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, numpy_helper
+
+import optcli
+from optcli.tolerance import max_error, within
+
+# Cases left out, each with the reason it can't (or shouldn't) pass.  Every one of them fails on
+# onnxruntime (CPU EP) too, or its expected output is not well defined.
+EXCLUDED: dict[str, str] = {
+    **{name: "training-only op (ai.onnx.preview.training domain, no default opset); onnxruntime "
+             "doesn't implement it either"
+       for name in ("test_adagrad", "test_adagrad_multiple", "test_adam", "test_adam_multiple",
+                    "test_momentum", "test_momentum_multiple", "test_nesterov_momentum")},
+    **{name: "output is random (Bernoulli draws): the expected values come from numpy's RNG, which "
+             "the spec does not fix; onnxruntime fails it too"
+       for name in ("test_bernoulli_seed", "test_bernoulli_seed_expanded")},
+    "test_averagepool_2d_ceil_last_window_starts_on_pad":
+        "expected values are hard-coded rounded to 4 decimals (relative error 1.5e-4 > the fp32 budget "
+        "1e-4); optcli matches onnxruntime to 1e-7, and onnxruntime fails it at this tolerance too",
+}
+
+# Input element types with no native numpy dtype (ml_dtypes / sub-byte types).  A `.nb` holds
+# numpy dtypes only, and onnxruntime's Python API can't feed these either (it fails every such case).
+_EXOTIC = {getattr(TensorProto, n) for n in (
+    "BFLOAT16", "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "FLOAT8E8M0",
+    "UINT4", "INT4", "UINT2", "INT2", "FLOAT4E2M1") if hasattr(TensorProto, n)}
+
+
+def _is_float32_case(model: onnx.ModelProto) -> bool:
+    g = model.graph
+    if not g.output:
+        return False
+    for o in g.output:
+        if not o.type.HasField("tensor_type") or o.type.tensor_type.elem_type != TensorProto.FLOAT:
+            return False
+    for i in g.input:
+        if not i.type.HasField("tensor_type") or i.type.tensor_type.elem_type == TensorProto.STRING:
+            return False
+    return True
+
+
+def exclusion_reason(case) -> str | None:
+    if case.name in EXCLUDED:
+        return EXCLUDED[case.name]
+    for i in case.model.graph.input:
+        if i.type.tensor_type.elem_type in _EXOTIC:
+            dtype = TensorProto.DataType.Name(i.type.tensor_type.elem_type)
+            return (f"input '{i.name}' is {dtype}, which has no numpy dtype: a .nb takes numpy dtypes only "
+                    f"and onnxruntime's Python API fails it too")
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def float32_cases() -> tuple:
+    from onnx.backend.test.case import node
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the generators overflow/divide by zero on purpose
+        cases = node.collect_testcases()
+    return tuple(c for c in cases if c.kind == "node" and _is_float32_case(c.model))
+
+
+_CASES = {c.name: c for c in float32_cases()}
+_RESULTS: dict[str, str] = {}  # case name -> "passed" / "failed" / "excluded"
+
+
+class _Summary:
+    """Prints the pass count at the end of the terminal report."""
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if not _RESULTS:
+            return
+        runnable = [n for n, r in _RESULTS.items() if r != "excluded"]
+        passed = sum(1 for n in runnable if _RESULTS[n] == "passed")
+        excluded = len(_RESULTS) - len(runnable)
+        terminalreporter.write_sep("=", "onnx node conformance")
+        terminalreporter.write_line(f"onnx node tests on arm: {passed}/{len(runnable)} float32 cases pass, "
+                                    f"{excluded} excluded")
+
+
+@pytest.fixture(scope="session")
+def node_data(tmp_path_factory, pytestconfig) -> Path:
+    """onnx's generate_data, pointed at the node cases, into a session tmp dir."""
+    from onnx.backend.test import cmd_tools
+
+    if not pytestconfig.pluginmanager.has_plugin("optcli-node-summary"):
+        pytestconfig.pluginmanager.register(_Summary(), "optcli-node-summary")
+    out = tmp_path_factory.mktemp("onnx_node_data")
+    # generate_data writes the cases that `model_test.collect_testcases()` returns; hand it ours.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cmd_tools, "model_test", SimpleNamespace(collect_testcases=lambda: list(_CASES.values())))
+        cmd_tools.generate_data(argparse.Namespace(output=str(out)))
+    return out / "node"
+
+
+def _read_tensor(path: Path) -> np.ndarray:
+    t = onnx.TensorProto()
+    t.ParseFromString(path.read_bytes())
+    return numpy_helper.to_array(t)
+
+
+def _data_sets(case_dir: Path, n_in: int, n_out: int):
+    sets = sorted(case_dir.glob("test_data_set_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
+    for d in sets:
+        yield ([_read_tensor(d / f"input_{j}.pb") for j in range(n_in)],
+               [_read_tensor(d / f"output_{j}.pb") for j in range(n_out)])
+
+
+@pytest.mark.parametrize("name", sorted(_CASES))
+def test_node_case(name, node_data):
+    case = _CASES[name]
+    reason = exclusion_reason(case)
+    if reason is not None:
+        _RESULTS[name] = "excluded"
+        pytest.skip(reason)
+    _RESULTS[name] = "failed"
+    case_dir = node_data / name
+    model = onnx.load(str(case_dir / "model.onnx"))
+    ins, outs = model.graph.input, model.graph.output
+    result = optcli.optimize(model=model, valid_targets="arm")
+    predictor = optcli.load(result.data)
+    sets = list(_data_sets(case_dir, len(ins), len(outs)))
+    assert sets, f"no test data generated for {name}"
+    for k, (inputs, expected) in enumerate(sets):
+        got = predictor.run({vi.name: x for vi, x in zip(ins, inputs)})
+        for vi, e in zip(outs, expected):
+            a = got[vi.name]
+            if a.shape != e.shape:
+                pytest.fail(f"data set {k}, output '{vi.name}': shape {a.shape}, expected {e.shape}")
+            with np.errstate(invalid="ignore"):  # inf - inf at non-finite positions, which are masked
+                ok = within(a, e, "fp32")
+                err, scale = max_error(a, e)
+            if not ok:
+                kernels = sorted({s["kernel"] for s in result.report["steps"]})
+                same_nan = np.array_equal(np.isnan(a), np.isnan(e))
+                same_inf = np.array_equal(np.isinf(a), np.isinf(e))
+                pytest.fail(f"data set {k}, output '{vi.name}': max abs error {err:.3g} over scale "
+                            f"{scale:.3g} (same nan/inf positions: {same_nan}/{same_inf}); kernels {kernels}")
+    _RESULTS[name] = "passed"
+
+
+def test_exclusions_are_real_cases():
+    """Every name in EXCLUDED is a collected float32 case (so the list can't silently rot)."""
+    stale = sorted(set(EXCLUDED) - set(_CASES))
+    assert not stale, f"EXCLUDED names no collected float32 case: {stale}"
+
