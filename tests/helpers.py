@@ -34,7 +34,8 @@ def single_node_model(
     graph = helper.make_graph(
         [node],
         "g",
-        [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in inputs.items()],
+        [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+         for k, v in inputs.items()],
         [helper.make_empty_tensor_value_info(o) for o in outs],
         [numpy_helper.from_array(v, k) for k, v in initializers.items()],
     )

@@ -115,7 +115,8 @@ def plan_from_body(body: dict, blob: memoryview, source: str) -> Plan:
         raise c.fail("opsets", "expected a map of domain -> version")
     inputs = [c.value(v, f"inputs[{i}]") for i, v in enumerate(c.get(body, "inputs", list, "body"))]
     outputs = [c.value(v, f"outputs[{i}]") for i, v in enumerate(c.get(body, "outputs", list, "body"))]
-    values = {v.name: v for v in (c.value(x, f"values[{i}]") for i, x in enumerate(c.get(body, "values", list, "body")))}
+    raw_values = c.get(body, "values", list, "body")
+    values = {v.name: v for v in (c.value(x, f"values[{i}]") for i, x in enumerate(raw_values))}
     weights: dict[str, np.ndarray] = {}
     for i, w in enumerate(c.get(body, "weights", list, "body")):
         if not isinstance(w, dict):

@@ -66,7 +66,7 @@ def plan_offsets(lifetimes: dict[str, tuple[int, int]], sizes: dict[str, int]) -
     for name in order:
         size = _align(sizes[name])
         first, last = lifetimes[name]
-        busy = sorted((o, e) for o, e, f, l in placed if not (l < first or f > last))
+        busy = sorted((o, e) for o, e, born, dies in placed if not (dies < first or born > last))
         offset = 0
         for o, e in busy:
             if offset + size <= o:

@@ -89,7 +89,7 @@ def test_wrong_types_anywhere_in_the_body(tiny, data):
             key = data.draw(st.sampled_from(sorted(node)))
             if not isinstance(node[key], (dict, list)) or not node[key]:
                 break
-            parent, node = node, node[key]
+            node = node[key]
         elif isinstance(node, list) and node:
             idx = data.draw(st.integers(0, len(node) - 1))
             if not isinstance(node[idx], (dict, list)) or not node[idx]:
