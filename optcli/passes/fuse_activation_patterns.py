@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from optcli.ir import OPTCLI_DOMAIN, Graph, Node
-from optcli.passes.util import is_close, remove_nodes, replace_node, scalar_const, sole_consumer
+from optcli.passes.util import become, is_close, scalar_const, sole_consumer
 
 NAME = "fuse_activation_patterns"
 DESCRIPTION = "x*Sigmoid(x) -> Swish; x*Clip(x+3,0,6)/6 and x*HardSigmoid(x) -> HardSwish"
@@ -36,17 +36,18 @@ class _Matcher:
             return None
         return node if sole_consumer(self.graph, self.consumers, name) is not None else None
 
-    def replaced(self, old: list[Node], new: Node) -> None:
-        """Keep the maps current after ``old`` nodes were replaced by ``new`` (cheaper than rebuilding)."""
-        for n in old:
+    def replaced(self, inner: list[Node], node: Node, old_inputs: list[str]) -> None:
+        """Keep the maps current after ``inner`` went and ``node`` (once reading ``old_inputs``)
+        became the fused op: cheaper than rebuilding them after every fusion."""
+        for n, inputs in [*((n, n.inputs) for n in inner), (node, old_inputs)]:
             for out in n.outputs:
                 if self.producers.get(out) is n:
                     del self.producers[out]
-            for name in set(n.inputs):
+            for name in set(inputs):
                 if name in self.consumers:
                     self.consumers[name] = [r for r in self.consumers[name] if r is not n]
-        self.producers[new.outputs[0]] = new
-        self.consumers.setdefault(new.inputs[0], []).append(new)
+        self.producers[node.outputs[0]] = node
+        self.consumers.setdefault(node.inputs[0], []).append(node)
 
     def scalar(self, name: str) -> float | None:
         """A constant of one element that cannot grow the shape it is broadcast with."""
@@ -140,14 +141,14 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
             if found is None:
                 continue
             x, inner = found
+            old_inputs = list(node.inputs)
             op, domain = ("Swish", OPTCLI_DOMAIN) if kind == "swish" else ("HardSwish", "")
-            fused = Node(op, [x], [node.outputs[0]], name=graph.unique_name(node.name or op), domain=domain)
-            replace_node(graph, node, fused)
-            remove_nodes(graph, *inner)
+            become(node, op, [x], domain)
             removed.update(id(n) for n in inner)
             for n in inner:
                 graph.values.pop(n.outputs[0], None)
             counts[kind] += 1
             changed = True
-            m.replaced([*inner, node], fused)
+            m.replaced(inner, node, old_inputs)
+        graph.nodes = [n for n in graph.nodes if id(n) not in removed]
     return counts

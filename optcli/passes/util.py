@@ -88,6 +88,13 @@ def replace_node(graph: Graph, old: Node, new: Node) -> None:
     graph.nodes[next(i for i, n in enumerate(graph.nodes) if n is old)] = new
 
 
+def become(node: Node, op_type: str, inputs: list[str], domain: str = "", attrs: dict | None = None) -> None:
+    """Turn ``node`` into another op in place (keeps its name, outputs and list position)."""
+    node.op_type, node.domain, node.inputs = op_type, domain, inputs
+    node.attrs = dict(attrs or {})
+    node.proto = node.kernel = node.target = None
+
+
 def broadcast_keeps_shape(shape: tuple | None, other: tuple[int, ...]) -> bool:
     """True when broadcasting a tensor of ``shape`` with a constant of shape ``other`` leaves
     ``shape`` unchanged (known rank, and each constant dim is 1 or equal to a known dim)."""
@@ -146,3 +153,32 @@ def sync_proto(node: Node) -> None:
     del new.output[:]
     new.output.extend(node.outputs)
     node.proto = new.SerializeToString(deterministic=True)
+
+
+class Names:
+    """Fresh value names for one pass run: ``Graph.unique_name`` rescans the whole graph per call,
+    which turns a pass over a big model quadratic; this scans once and remembers what it handed out."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        taken = set(graph.initializers) | set(graph.values)
+        taken |= {v.name for v in graph.inputs} | {v.name for v in graph.outputs}
+        for n in graph.nodes:
+            taken.update(n.inputs)
+            taken.update(n.outputs)
+            taken.add(n.name)
+        self.taken = taken
+
+    def fresh(self, base: str) -> str:
+        name, i = base, 0
+        while name in self.taken:
+            i += 1
+            name = f"{base}_{i}"
+        self.taken.add(name)
+        return name
+
+    def initializer(self, base: str, array: np.ndarray) -> str:
+        """Add ``array`` as a new initializer under a fresh name and return the name."""
+        name = self.fresh(base)
+        self.graph.initializers[name] = array if array.flags.c_contiguous else array.copy(order="C")
+        return name
