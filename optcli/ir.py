@@ -10,6 +10,7 @@ extra ``activation*`` attributes (the fused epilogue, see ``optcli.ops.activatio
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,7 +141,7 @@ class Graph:
 
     def add_initializer(self, base: str, array: np.ndarray) -> str:
         name = self.unique_name(base)
-        self.initializers[name] = np.ascontiguousarray(array)
+        self.initializers[name] = np.require(array, requirements="C")  # keeps 0-d arrays 0-d
         return name
 
     def replace_uses(self, old: str, new: str) -> None:
@@ -203,3 +204,35 @@ class Graph:
             pending = rest
         self.nodes = ordered
 
+
+@functools.lru_cache(maxsize=4096)
+def subgraph_outer_refs(proto: bytes) -> frozenset[str]:
+    """Values of the enclosing graph that a node's subgraphs (If/Loop/Scan bodies) read by name."""
+    import onnx  # only nodes with subgraphs get here
+
+    node = onnx.NodeProto()
+    node.ParseFromString(proto)
+    used: set[str] = set()
+    defined: set[str] = set()
+
+    def walk(g: onnx.GraphProto) -> None:
+        defined.update(v.name for v in g.input)
+        defined.update(t.name for t in g.initializer)
+        defined.update(t.values.name for t in g.sparse_initializer)
+        used.update(v.name for v in g.output)
+        for n in g.node:
+            used.update(i for i in n.input if i)
+            defined.update(n.output)
+            visit(n.attribute)
+
+    def visit(attributes) -> None:
+        for a in attributes:
+            if a.type == onnx.AttributeProto.GRAPH:
+                walk(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    walk(g)
+
+    visit(node.attribute)
+    # Over-approximates when a nested scope defines a name an outer one reads: safe.
+    return frozenset(used - defined)

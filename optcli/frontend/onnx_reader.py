@@ -16,7 +16,7 @@ from onnx import external_data_helper, helper, numpy_helper
 
 from optcli.errors import ModelError
 from optcli.frontend.shapes import apply_input_shapes, infer_shapes
-from optcli.ir import Graph, Node, Value
+from optcli.ir import Graph, Node, Value, subgraph_outer_refs
 from optcli.ops.registry import has_native_kernel
 
 MIN_OPSET = 7
@@ -184,8 +184,13 @@ def _node(proto: onnx.NodeProto, index: int, used: set[str]) -> Node:
         attrs[a.name] = value
     domain = "" if proto.domain == "ai.onnx" else proto.domain
     keep_proto = opaque or not has_native_kernel(proto.op_type, domain, list(proto.output))
-    return Node(proto.op_type, list(proto.input), list(proto.output), attrs, name, domain,
-                proto=proto.SerializeToString(deterministic=True) if keep_proto else None)
+    data = proto.SerializeToString(deterministic=True) if keep_proto else None
+    inputs = list(proto.input)
+    if opaque and data is not None:
+        # Values the subgraphs read from this graph become inputs after the explicit ones, so
+        # dataflow (ordering, liveness, dead-code removal) sees them like any other read.
+        inputs += sorted(subgraph_outer_refs(data) - set(inputs))
+    return Node(proto.op_type, inputs, list(proto.output), attrs, name, domain, proto=data)
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -158,7 +158,8 @@ def _step(c: _Checker, s: Any, i: int, targets: list[str]) -> Step:
             node.ParseFromString(proto)
         except (DecodeError, ValueError, RuntimeError):
             raise c.fail(where, "fallback node proto does not parse") from None
-        if node.op_type != op or list(node.input) != step.inputs or list(node.output) != step.outputs:
+        explicit = len(node.input)
+        if node.op_type != op or list(node.input) != step.inputs[:explicit] or list(node.output) != step.outputs:
             raise c.fail(where, "fallback node proto does not match its step")
     else:
         raise NbFormatError(f"{c.source}: step {i} ({step.name}, {op}) needs kernel '{kid}', which this "

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from optcli.ir import OPTCLI_DOMAIN, Graph, Node
+from optcli.ir import OPTCLI_DOMAIN, Graph
+from optcli.passes import util
 from optcli.passes.fuse_conv_bn import bn_scale_shift
-from optcli.passes.util import rank_of, replace_node
+from optcli.passes.util import Names, become, rank_of
 
 NAME = "batchnorm_to_affine"
 DESCRIPTION = "stand-alone BatchNormalization (constant params) -> optcli.ChannelAffine(x, scale, shift)"
@@ -20,7 +21,8 @@ DESCRIPTION = "stand-alone BatchNormalization (constant params) -> optcli.Channe
 
 def run(graph: Graph, ctx: Any) -> dict[str, int]:
     converted = 0
-    consumers = graph.consumers()
+    consumers = util.consumers(graph)
+    names = Names(graph)
     for bn in list(graph.nodes):
         if bn.op_type != "BatchNormalization":
             continue
@@ -33,12 +35,11 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
         # Scale and shift take the data's type (BN allows float32 params on float16 data).
         dtype = graph.dtype_of(bn.input(0)) or graph.const(bn.input(1)).dtype
         base = bn.name or "bn"
-        scale = graph.add_initializer(f"{base}_scale", params[0].astype(dtype))
-        shift = graph.add_initializer(f"{base}_shift", params[1].astype(dtype))
-        affine = Node("ChannelAffine", [bn.inputs[0], scale, shift], [bn.outputs[0]], name=bn.name,
-                      domain=OPTCLI_DOMAIN)
-        replace_node(graph, bn, affine)
+        scale = names.initializer(f"{base}_scale", params[0].astype(dtype))
+        shift = names.initializer(f"{base}_shift", params[1].astype(dtype))
         for extra in bn.outputs[1:]:
             graph.values.pop(extra, None)
+        bn.outputs = bn.outputs[:1]
+        become(bn, "ChannelAffine", [bn.inputs[0], scale, shift], OPTCLI_DOMAIN)
         converted += 1
     return {"converted": converted}

@@ -15,7 +15,14 @@ import numpy as np
 from onnx import helper
 
 from optcli.ir import Graph, Node
-from optcli.passes.util import broadcast_keeps_shape, drop_values, is_unused, static_shape
+from optcli.passes.util import (
+    broadcast_keeps_shape,
+    consumers,
+    drop_values,
+    implicit_refs,
+    is_unused,
+    static_shape,
+)
 
 NAME = "eliminate_identity"
 DESCRIPTION = "remove Identity, Dropout, no-op Cast/Transpose/Reshape/Pad/Expand/Concat/Slice, x*1, x+0"
@@ -81,7 +88,7 @@ def noop_source(graph: Graph, node: Node) -> str | None:
     if op == "Identity":
         return x
     if op == "Dropout":
-        mask_unused = len(node.outputs) < 2 or is_unused(graph, graph.consumers(), node.outputs[1])
+        mask_unused = len(node.outputs) < 2 or is_unused(graph, consumers(graph), node.outputs[1])
         training = graph.const(node.input(2)) if node.input(2) else np.array(False)
         if mask_unused and training is not None and not bool(training):
             return x
@@ -120,9 +127,11 @@ def noop_source(graph: Graph, node: Node) -> str | None:
 
 def run(graph: Graph, ctx: Any) -> dict[str, int]:
     counts: dict[str, int] = {}
+    # Subgraphs read outer values by name, which bypassing cannot rename: leave those alone.
+    pinned = implicit_refs(graph)
     for node in list(graph.nodes):
         src = noop_source(graph, node)
-        if src is None:
+        if src is None or src in pinned or node.outputs[0] in pinned:
             continue
         out = node.outputs[0]
         if graph.bypass(node, src):

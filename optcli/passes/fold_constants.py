@@ -17,7 +17,7 @@ import onnx
 from onnx import numpy_helper
 
 from optcli.ir import Graph, Node
-from optcli.passes.util import drop_values, static_shape
+from optcli.passes.util import drop_values, remove_unused_initializers, static_shape
 
 NAME = "fold_constants"
 DESCRIPTION = "evaluate nodes over constants, Constant nodes and static Shape/Size into initializers"
@@ -125,6 +125,17 @@ def _fold(graph: Graph, node: Node, failed: set[int]) -> list[np.ndarray] | None
     return results
 
 
+def _as_recorded_type(graph: Graph, name: str, value: np.ndarray) -> np.ndarray:
+    """``value`` in the dtype shape inference recorded (a kernel may compute wider)."""
+    recorded = graph.values.get(name)
+    if recorded is None or value.dtype == object or str(value.dtype) == recorded.dtype:
+        return value
+    try:
+        return value.astype(np.dtype(recorded.dtype))
+    except TypeError:
+        return value  # a type numpy does not name ("unknown"): keep what the kernel made
+
+
 def run(graph: Graph, ctx: Any) -> dict[str, int]:
     counts = {"folded": 0, "constants": 0, "shapes": 0}
     failed: set[int] = set()
@@ -132,7 +143,8 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
     while changed:
         changed = False
         outputs = graph.output_names()
-        for node in list(graph.nodes):
+        folded: set[int] = set()
+        for node in graph.nodes:
             # A graph output must stay produced by a node: the runtime binds outputs to steps.
             if any(o in outputs for o in node.outputs):
                 continue
@@ -142,15 +154,14 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
             for name, value in zip(node.outputs, results):
                 if not name:
                     continue
-                recorded = graph.values.get(name)
-                if recorded is not None and value.dtype != object and str(value.dtype) != recorded.dtype:
-                    value = value.astype(recorded.dtype)
+                value = _as_recorded_type(graph, name, value)
                 # np.ascontiguousarray would turn a 0-d result into shape [1].
                 graph.initializers[name] = value if value.flags.c_contiguous else value.copy(order="C")
                 drop_values(graph, name)
-            graph.nodes.remove(node)
+            folded.add(id(node))
             key = {"Constant": "constants", "Shape": "shapes", "Size": "shapes"}.get(node.op_type, "folded")
             counts[key] += 1
             changed = True
-    graph.remove_unused_initializers()
+        graph.nodes = [n for n in graph.nodes if id(n) not in folded]
+    remove_unused_initializers(graph)
     return counts

@@ -19,7 +19,15 @@ from typing import Any
 import numpy as np
 
 from optcli.ir import Graph, Node
-from optcli.passes.util import drop_values, opset, remove_nodes, scalar_const, sole_consumer, sync_proto
+from optcli.passes.util import (
+    consumers,
+    drop_values,
+    opset,
+    remove_nodes,
+    scalar_const,
+    sole_consumer,
+    sync_proto,
+)
 
 NAME = "fold_pad_into_conv"
 DESCRIPTION = "merge a constant zero Pad on spatial axes into the following Conv/AveragePool/MaxPool pads"
@@ -79,7 +87,7 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
     for pad in list(graph.nodes):
         if pad.op_type != "Pad" or pad.domain not in ("", "ai.onnx"):
             continue
-        reader = sole_consumer(graph, graph.consumers(), pad.outputs[0])
+        reader = sole_consumer(graph, consumers(graph), pad.outputs[0])
         if reader is None or reader.domain not in ("", "ai.onnx") or reader.input(0) != pad.outputs[0]:
             continue
         spec = _pad_spec(graph, pad)

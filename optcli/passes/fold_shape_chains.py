@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from optcli.ir import Dim, Graph, Node
-from optcli.passes.util import drop_values, remove_nodes, replace_node, sole_consumer, sync_proto
+from optcli.passes.util import consumers, drop_values, remove_nodes, replace_node, sole_consumer, sync_proto
 
 NAME = "fold_shape_chains"
 DESCRIPTION = "compose Transposes; size-1-only Transpose -> Reshape; reshape-like chains -> one Reshape"
@@ -146,7 +146,7 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
                 continue
             if not any(n is node for n in graph.nodes):
                 continue  # merged away earlier in this sweep
-            kind = _rewrite(graph, node, graph.producers(), graph.consumers())
+            kind = _rewrite(graph, node, graph.producers(), consumers(graph))
             if kind:
                 counts[kind] += 1
                 changed = True

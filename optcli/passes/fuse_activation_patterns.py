@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from optcli.ir import OPTCLI_DOMAIN, Graph, Node
-from optcli.passes.util import become, is_close, scalar_const, sole_consumer
+from optcli.passes.util import become, consumers, is_close, scalar_const, sole_consumer
 
 NAME = "fuse_activation_patterns"
 DESCRIPTION = "x*Sigmoid(x) -> Swish; x*Clip(x+3,0,6)/6 and x*HardSigmoid(x) -> HardSwish"
@@ -27,7 +27,7 @@ class _Matcher:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self.producers = graph.producers()
-        self.consumers = graph.consumers()
+        self.consumers = consumers(graph)
 
     def inner(self, name: str, op_types: tuple[str, ...]) -> Node | None:
         """The producer of ``name`` when it is one of ``op_types`` and only feeds the pattern."""

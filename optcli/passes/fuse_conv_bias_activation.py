@@ -18,14 +18,15 @@ from typing import Any
 import numpy as np
 
 from optcli.ir import OPTCLI_DOMAIN, Graph, Node
+from optcli.passes import util
 from optcli.passes.util import (
+    Names,
     activation_allowed,
     channel_vector,
     drop_values,
     has_epilogue,
     is_float,
     rank_of,
-    remove_nodes,
     scalar_const,
     sole_consumer,
     sync_proto,
@@ -58,7 +59,7 @@ def _layout(graph: Graph, node: Node) -> tuple[int | None, int, int, int] | None
     return None
 
 
-def _fold_bias(graph: Graph, node: Node, add: Node) -> bool:
+def _fold_bias(graph: Graph, names: Names, node: Node, add: Node) -> bool:
     layout = _layout(graph, node)
     others = [i for i in add.inputs if i != node.outputs[0]]
     if layout is None or add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(others) != 1:
@@ -79,7 +80,7 @@ def _fold_bias(graph: Graph, node: Node, add: Node) -> bool:
     else:
         new = vec.astype(np.float64) if old is None else old.astype(np.float64).reshape(-1) + vec
     dtype = old.dtype if old is not None else c.dtype
-    name = graph.add_initializer(f"{node.name or node.op_type}_bias", new.astype(dtype))
+    name = names.initializer(f"{node.name or node.op_type}_bias", new.astype(dtype))
     while len(node.inputs) <= bias_index:
         node.inputs.append("")
     node.inputs[bias_index] = name
@@ -113,26 +114,28 @@ def _epilogue(graph: Graph, act: Node) -> tuple[str, float, float] | None:
     return None
 
 
-def _absorb(graph: Graph, node: Node, reader: Node) -> None:
+def _absorb(graph: Graph, node: Node, reader: Node, gone: set[int]) -> None:
     """``node`` now produces what ``reader`` produced; ``reader`` goes."""
     drop_values(graph, node.outputs[0])
     node.outputs = [reader.outputs[0]]
-    remove_nodes(graph, reader)
+    gone.add(id(reader))
 
 
 def run(graph: Graph, ctx: Any) -> dict[str, int]:
     counts = {"bias": 0, "activation": 0}
     # Readers are recorded by value name; absorbing an Add or activation never changes who reads
     # another producer's output, so one snapshot serves the whole pass.
-    consumers = graph.consumers()
+    consumers = util.consumers(graph)
+    names = Names(graph)
+    gone: set[int] = set()
     for node in list(graph.nodes):
         if (node.domain if node.domain != "ai.onnx" else "", node.op_type) not in PRODUCERS:
             continue
         if has_epilogue(node) or len(node.outputs) != 1:
             continue
         reader = sole_consumer(graph, consumers, node.outputs[0])
-        if reader is not None and _fold_bias(graph, node, reader):
-            _absorb(graph, node, reader)
+        if reader is not None and _fold_bias(graph, names, node, reader):
+            _absorb(graph, node, reader, gone)
             counts["bias"] += 1
             reader = sole_consumer(graph, consumers, node.outputs[0])
         if reader is None or reader.input(0) != node.outputs[0]:
@@ -143,6 +146,7 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
         if node.proto is not None:
             continue  # runs through the ONNX reference, which knows no fused epilogue
         node.attrs.update(zip(("activation", "activation_alpha", "activation_beta"), epilogue))
-        _absorb(graph, node, reader)
+        _absorb(graph, node, reader, gone)
         counts["activation"] += 1
+    graph.nodes = [n for n in graph.nodes if id(n) not in gone]
     return counts

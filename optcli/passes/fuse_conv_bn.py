@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 
 from optcli.ir import Graph, Node
+from optcli.passes import util
 from optcli.passes.util import (
+    Names,
     drop_values,
     has_epilogue,
     is_float,
     is_unused,
-    remove_nodes,
     sole_consumer,
     sync_proto,
 )
@@ -50,7 +51,7 @@ def bn_scale_shift(
     return scale, beta - mean * scale
 
 
-def _fold(graph: Graph, conv: Node, bn: Node, scale: np.ndarray, shift: np.ndarray) -> bool:
+def _fold(graph: Graph, names: Names, conv: Node, bn: Node, scale: np.ndarray, shift: np.ndarray) -> bool:
     w = graph.const(conv.input(1))
     b = graph.const(conv.input(2)) if conv.input(2) else None
     if not is_float(w) or w.ndim < 3 or (conv.input(2) and b is None):
@@ -71,20 +72,20 @@ def _fold(graph: Graph, conv: Node, bn: Node, scale: np.ndarray, shift: np.ndarr
     if bias.size != channels:
         return False
     base = conv.name or conv.op_type
-    new_w = graph.add_initializer(f"{base}_bn_weight", w_scaled.astype(w.dtype))
-    new_b = graph.add_initializer(f"{base}_bn_bias", (bias * scale + shift).astype(w.dtype))
+    new_w = names.initializer(f"{base}_bn_weight", w_scaled.astype(w.dtype))
+    new_b = names.initializer(f"{base}_bn_bias", (bias * scale + shift).astype(w.dtype))
     conv.inputs = [conv.inputs[0], new_w, new_b]
     drop_values(graph, conv.outputs[0])
     conv.outputs = [bn.outputs[0]]
     sync_proto(conv)
-    remove_nodes(graph, bn)
     return True
 
 
 def run(graph: Graph, ctx: Any) -> dict[str, int]:
-    fused = 0
     # Folding one BN never changes who reads another conv's output, so one snapshot serves all.
-    consumers = graph.consumers()
+    consumers = util.consumers(graph)
+    names = Names(graph)
+    folded: set[int] = set()
     for conv in list(graph.nodes):
         if conv.op_type not in ("Conv", "ConvTranspose") or conv.domain not in ("", "ai.onnx"):
             continue
@@ -94,6 +95,7 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
         if bn is None or bn.input(0) != conv.outputs[0]:
             continue
         params = bn_scale_shift(graph, bn, consumers)
-        if params is not None and _fold(graph, conv, bn, *params):
-            fused += 1
-    return {"fused": fused}
+        if params is not None and _fold(graph, names, conv, bn, *params):
+            folded.add(id(bn))
+    graph.nodes = [n for n in graph.nodes if id(n) not in folded]
+    return {"fused": len(folded)}

@@ -19,14 +19,15 @@ from typing import Any
 import numpy as np
 
 from optcli.ir import OPTCLI_DOMAIN, Graph, Node
+from optcli.passes import util
 from optcli.passes.util import (
     EPILOGUE_ATTRS,
+    Names,
+    become,
     channel_vector,
     drop_values,
     is_float,
     rank_of,
-    remove_nodes,
-    replace_node,
     sole_consumer,
 )
 
@@ -47,58 +48,68 @@ def _bias_of_add(graph: Graph, add: Node, mm_out: str, n: int) -> np.ndarray | N
     return channel_vector(c, rank_of(graph, mm_out), -1, n)
 
 
-def _fuse_matmul(graph: Graph, mm: Node) -> str | None:
+def _fuse_matmul(
+    graph: Graph, mm: Node, names: Names, consumers: dict[str, list[Node]], gone: set[int]
+) -> str:
     w = graph.const(mm.input(1))
     if not is_float(w) or w.ndim != 2 or graph.is_constant(mm.input(0)):
-        return None
+        return ""
     rank = rank_of(graph, mm.input(0))
     if rank is not None and rank < 2:
-        return None  # a vector times a matrix drops an axis; leave it to MatMul
-    out = mm.outputs[0]
+        return ""  # a vector times a matrix drops an axis; leave it to MatMul
     inputs = [mm.inputs[0], mm.inputs[1]]
-    add = sole_consumer(graph, graph.consumers(), out)
-    bias = _bias_of_add(graph, add, out, w.shape[1]) if add is not None else None
+    add = sole_consumer(graph, consumers, mm.outputs[0])
+    bias = _bias_of_add(graph, add, mm.outputs[0], w.shape[1]) if add is not None else None
     if bias is not None:
-        inputs.append(graph.add_initializer(f"{mm.name or 'fc'}_bias", bias.astype(w.dtype)))
-        remove_nodes(graph, add)
-        drop_values(graph, out)
-        out = add.outputs[0]
-    replace_node(graph, mm, Node("FullyConnected", inputs, [out], name=mm.name, domain=OPTCLI_DOMAIN))
+        inputs.append(names.initializer(f"{mm.name or 'fc'}_bias", bias.astype(w.dtype)))
+        gone.add(id(add))
+        drop_values(graph, mm.outputs[0])
+        mm.outputs = [add.outputs[0]]
+    become(mm, "FullyConnected", inputs, OPTCLI_DOMAIN)
     return "matmul_add" if bias is not None else "matmul"
 
 
-def _fuse_gemm(graph: Graph, gemm: Node) -> str | None:
+def _fuse_gemm(graph: Graph, gemm: Node, names: Names) -> str:
     b = graph.const(gemm.input(1))
     a = gemm.attrs
     if not is_float(b) or b.ndim != 2 or int(a.get("transA", 0)) or graph.is_constant(gemm.input(0)):
-        return None
-    w = (b.T if int(a.get("transB", 0)) else b).astype(np.float64) * float(a.get("alpha", 1.0))
-    inputs = [gemm.inputs[0], graph.add_initializer(f"{gemm.name or 'fc'}_weight", w.astype(b.dtype))]
+        return ""
+    bias = None
     if gemm.input(2):
         c = graph.const(gemm.input(2))
         # Gemm broadcasts C to [M, N]; only a per-column C is a bias.
-        bias = channel_vector(c, 2, -1, w.shape[1]) if is_float(c) else None
+        n = b.shape[0] if int(a.get("transB", 0)) else b.shape[1]
+        bias = channel_vector(c, 2, -1, n) if is_float(c) else None
         if bias is None:
-            graph.initializers.pop(inputs[1])
-            return None
-        bias = bias.astype(np.float64) * float(a.get("beta", 1.0))
-        inputs.append(graph.add_initializer(f"{gemm.name or 'fc'}_bias", bias.astype(b.dtype)))
-    attrs = {k: v for k, v in a.items() if k in EPILOGUE_ATTRS}
-    fc = Node("FullyConnected", inputs, list(gemm.outputs), attrs, name=gemm.name, domain=OPTCLI_DOMAIN)
-    replace_node(graph, gemm, fc)
+            return ""
+    alpha, beta = float(a.get("alpha", 1.0)), float(a.get("beta", 1.0))
+    if int(a.get("transB", 0)) or alpha != 1.0:
+        w = (b.T if int(a.get("transB", 0)) else b).astype(np.float64) * alpha
+        inputs = [gemm.inputs[0], names.initializer(f"{gemm.name or 'fc'}_weight", w.astype(b.dtype))]
+    else:
+        inputs = [gemm.inputs[0], gemm.inputs[1]]
+    if bias is not None:
+        scaled = (bias.astype(np.float64) * beta).astype(b.dtype)
+        inputs.append(names.initializer(f"{gemm.name or 'fc'}_bias", scaled))
+    become(gemm, "FullyConnected", inputs, OPTCLI_DOMAIN, {k: v for k, v in a.items() if k in EPILOGUE_ATTRS})
     return "gemm"
 
 
 def run(graph: Graph, ctx: Any) -> dict[str, int]:
     counts = {"matmul_add": 0, "matmul": 0, "gemm": 0}
+    # Absorbing one Add never changes who reads another MatMul's output: one snapshot serves all.
+    consumers = util.consumers(graph)
+    names = Names(graph)
+    gone: set[int] = set()
     for node in list(graph.nodes):
-        if node.domain not in ("", "ai.onnx"):
+        if node.domain not in ("", "ai.onnx") or id(node) in gone:
             continue
-        kind = None
+        kind = ""
         if node.op_type == "MatMul":
-            kind = _fuse_matmul(graph, node)
+            kind = _fuse_matmul(graph, node, names, consumers, gone)
         elif node.op_type == "Gemm":
-            kind = _fuse_gemm(graph, node)
+            kind = _fuse_gemm(graph, node, names)
         if kind:
             counts[kind] += 1
+    graph.nodes = [n for n in graph.nodes if id(n) not in gone]
     return counts

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from optcli.ir import Graph
-from optcli.passes.util import drop_values
+from optcli.passes.util import drop_values, implicit_inputs, remove_unused_initializers
 
 NAME = "remove_dead_nodes"
 DESCRIPTION = "remove nodes that do not contribute to any graph output, then unused initializers"
@@ -30,8 +30,9 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
         if node is not None and id(node) not in live_nodes:
             live_nodes.add(id(node))
             pending.extend(i for i in node.inputs if i)
+            pending.extend(implicit_inputs(node))
     dead = [n for n in graph.nodes if id(n) not in live_nodes]
     graph.nodes = [n for n in graph.nodes if id(n) in live_nodes]
     for node in dead:
         drop_values(graph, *(o for o in node.outputs if o not in live_values))
-    return {"nodes": len(dead), "initializers": graph.remove_unused_initializers()}
+    return {"nodes": len(dead), "initializers": remove_unused_initializers(graph)}

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from optcli.ir import Graph, Node
+from optcli.ir import Graph, Node, subgraph_outer_refs
 
 EPILOGUE_ATTRS = ("activation", "activation_alpha", "activation_beta")
 
@@ -182,3 +182,39 @@ class Names:
         name = self.fresh(base)
         self.graph.initializers[name] = array if array.flags.c_contiguous else array.copy(order="C")
         return name
+
+
+# ---------------------------------------------------------------- values read by subgraphs
+# The IR lists a node's explicit inputs only, but the subgraphs of If/Loop/Scan (kept in
+# ``node.proto``) may read outer values by name.  Such a value must not be renamed, removed, or
+# fused away, so passes count the subgraph's node as one more reader of it.
+
+
+def implicit_inputs(node: Node) -> frozenset[str]:
+    """Outer-scope values the node's subgraphs read (empty for nodes without subgraphs)."""
+    return subgraph_outer_refs(node.proto) if node.proto is not None else frozenset()
+
+
+def consumers(graph: Graph) -> dict[str, list[Node]]:
+    """``graph.consumers()`` plus subgraph-holding nodes as readers of the outer values they use."""
+    result = graph.consumers()
+    for n in graph.nodes:
+        for name in implicit_inputs(n):
+            readers = result.setdefault(name, [])
+            if not any(r is n for r in readers):
+                readers.append(n)
+    return result
+
+
+def implicit_refs(graph: Graph) -> set[str]:
+    """Every value some subgraph reads from the main graph."""
+    return {name for n in graph.nodes for name in implicit_inputs(n)}
+
+
+def remove_unused_initializers(graph: Graph) -> int:
+    """Like ``Graph.remove_unused_initializers`` but keeps initializers read only by subgraphs."""
+    used = {i for n in graph.nodes for i in n.inputs} | graph.output_names() | implicit_refs(graph)
+    dead = [k for k in graph.initializers if k not in used]
+    for k in dead:
+        del graph.initializers[k]
+    return len(dead)

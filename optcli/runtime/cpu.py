@@ -30,10 +30,10 @@ def bind_step(step: Step, opsets: dict[str, int]) -> StepFn:
         attrs = kernel_attrs(step.attrs, len(step.outputs), opsets)
         fn = kern.fn
         return lambda inputs: fn(inputs, attrs)
-    proto = step.proto
+    proto, names = step.proto, list(step.inputs)
     if proto is None:
         raise OptError(f"step '{step.name}' ({step.op_type}) has no kernel '{step.kernel}' on this machine")
-    return lambda inputs: run_reference(proto, opsets, inputs)
+    return lambda inputs: run_reference(proto, opsets, inputs, names)
 
 
 class CpuExecutor:

@@ -30,4 +30,4 @@ def evaluate_node(node: Node, inputs: list[np.ndarray | None], opsets: dict[str,
         return kern.fn(list(inputs), kernel_attrs(node.attrs, len(node.outputs), opsets))
     if node.proto is None:
         raise NotImplementedError(f"no kernel for {node.describe()} and no ONNX proto to fall back on")
-    return run_reference(node.proto, opsets, list(inputs))
+    return run_reference(node.proto, opsets, list(inputs), list(node.inputs))

@@ -19,21 +19,23 @@ _LOCK = threading.Lock()
 
 
 @lru_cache(maxsize=512)
-def _evaluator(proto: bytes, opsets: tuple[tuple[str, int], ...]) -> tuple[ReferenceEvaluator, list[str]]:
+def _evaluator(proto: bytes, opsets: tuple[tuple[str, int], ...], names: tuple[str, ...]) -> ReferenceEvaluator:
     node = onnx.NodeProto()
     node.ParseFromString(proto)
-    # Give every input a graph-level name (absent optional inputs stay "").
-    inputs = [helper.make_tensor_value_info(n, onnx.TensorProto.UNDEFINED, None) for n in node.input if n]
+    # Graph inputs: the node's explicit inputs plus the outer values its subgraphs read.
+    inputs = [helper.make_tensor_value_info(n, onnx.TensorProto.UNDEFINED, None) for n in dict.fromkeys(names) if n]
     outputs = [helper.make_tensor_value_info(n, onnx.TensorProto.UNDEFINED, None) for n in node.output if n]
-    graph = helper.make_graph([node], "fallback", list({v.name: v for v in inputs}.values()), outputs)
+    graph = helper.make_graph([node], "fallback", inputs, outputs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
-    return ReferenceEvaluator(model), [n for n in node.input]
+    return ReferenceEvaluator(model)
 
 
-def run_reference(proto: bytes, opsets: dict[str, int], inputs: list[np.ndarray | None]) -> list[np.ndarray]:
-    """Run one node through onnx.reference; ``inputs`` are positional, None for absent ones."""
+def run_reference(proto: bytes, opsets: dict[str, int], inputs: list[np.ndarray | None],
+                  names: list[str]) -> list[np.ndarray]:
+    """Run one node through onnx.reference.  ``names`` are the step's input names (explicit
+    inputs, then implicit subgraph reads), ``inputs`` their values (None for absent ones)."""
     with _LOCK:
-        evaluator, names = _evaluator(proto, tuple(sorted(opsets.items())))
+        evaluator = _evaluator(proto, tuple(sorted(opsets.items())), tuple(names))
     feeds = {n: x for n, x in zip(names, inputs) if n and x is not None}
     outs = evaluator.run(None, feeds)
     return [np.asarray(o) for o in outs]

@@ -77,3 +77,16 @@ def test_does_not_materialise_huge_results():
     graph = to_graph(m)
     fold_constants.run(graph, None)
     assert ops(graph)[:2] == ["ConstantOfShape", "ReduceSum"]
+
+
+def test_nodes_with_subgraphs_stay():
+    out = helper.make_tensor_value_info("t", 1, [3])
+    then = helper.make_graph([const("t", [1.0, 2.0, 3.0])], "then", [], [out])
+    other = helper.make_graph([const("t", [0.0, 0.0, 0.0])], "else", [], [out])
+    m = model(
+        [node("If", ["cond"], ["r"], then_branch=then, else_branch=other), node("Add", ["x", "r"], ["y"])],
+        {"x": [3]},
+        initializers={"cond": np.array(True)},
+    )
+    graph, counts = run_pass(m, fold_constants)
+    assert ops(graph) == ["If", "Add"] and counts["folded"] == 0
