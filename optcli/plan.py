@@ -46,13 +46,32 @@ class Plan:
         return [(s.inputs, s.outputs) for s in self.steps]
 
 
+def _renamed_proto(proto: bytes | None, inputs: list[str], outputs: list[str]) -> bytes | None:
+    """The fallback NodeProto with the value names passes gave the node (they rename values
+    when they remove identities or keep graph output names)."""
+    if proto is None:
+        return None
+    import onnx
+
+    node = onnx.NodeProto()
+    node.ParseFromString(proto)
+    explicit = len(node.input)
+    if list(node.input) == inputs[:explicit] and list(node.output) == outputs:
+        return proto
+    del node.input[:]
+    node.input.extend(inputs[:explicit])
+    del node.output[:]
+    node.output.extend(outputs)
+    return node.SerializeToString(deterministic=True)
+
+
 def lower(graph: Graph, targets: list[str], memory: MemoryPlan | None = None) -> Plan:
     """Turn a placed, kernel-selected graph into a Plan."""
     missing = [n.describe() for n in graph.nodes if not n.kernel or not n.target]
     if missing:
         raise RuntimeError(f"lowering needs placed, kernel-selected nodes; not done for {missing[:3]}")
     steps = [Step(n.op_type, n.domain, n.name, n.target, n.kernel, list(n.inputs), list(n.outputs),
-                  dict(n.attrs), n.proto) for n in graph.nodes]
+                  dict(n.attrs), _renamed_proto(n.proto, n.inputs, n.outputs)) for n in graph.nodes]
     used = {i for s in steps for i in s.inputs} | {v.name for v in graph.outputs}
     weights = {k: v for k, v in graph.initializers.items() if k in used}
     produced = {o for s in steps for o in s.outputs} | {v.name for v in graph.inputs}

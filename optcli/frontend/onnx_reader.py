@@ -85,6 +85,8 @@ def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
 def check_opsets(model: onnx.ModelProto, path: Path) -> dict[str, int]:
     opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in model.opset_import}
     version = opsets.get("")
+    if version is None and not any(n.domain in ("", "ai.onnx") for n in model.graph.node):
+        return opsets  # e.g. a model of ai.onnx.ml ops only
     if version is None:
         raise ModelError(f"{path}: the model imports no default ONNX opset; re-export it with opset "
                          f"{MIN_OPSET}..{MAX_OPSET}")

@@ -62,8 +62,9 @@ class CpuExecutor:
                                 f"outputs, the model uses {used}")
             for name, arr in zip(wanted, outs):
                 if name:
-                    env[name] = arr if isinstance(arr, np.ndarray) else np.asarray(arr)
-                    if record_sizes is not None:
+                    # Sequences (lists) and optionals (None) from the fallback pass through as they are.
+                    env[name] = arr if isinstance(arr, (np.ndarray, list)) or arr is None else np.asarray(arr)
+                    if record_sizes is not None and isinstance(env[name], np.ndarray):
                         record_sizes[name] = env[name].nbytes
             for name in self.free_after[i]:
                 env.pop(name, None)

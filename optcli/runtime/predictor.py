@@ -78,7 +78,7 @@ class Predictor:
             outputs = self._executor.run(arrays, record)
         if record is not None:
             self._replan(key, arrays, record)
-        return {k: v if v.flags.writeable and v.base is None else np.array(v) for k, v in outputs.items()}
+        return {k: _owned(v) for k, v in outputs.items()}
 
     def _replan(self, key: tuple, feeds: dict[str, np.ndarray], sizes: dict[str, int]) -> None:
         mem = self.plan.memory
@@ -138,6 +138,13 @@ class Predictor:
                     raise InputError(f"input '{spec.name}' dim {i} ('{want}') is {got}, but '{want}' is "
                                      f"{size} in input '{other}'; dims with one name must agree")
                 bound.setdefault(want, (got, spec.name))
+
+
+def _owned(value):
+    """Outputs the caller may modify: never a view of the weights or of the caller's inputs."""
+    if isinstance(value, np.ndarray) and not (value.flags.writeable and value.base is None):
+        return np.array(value)
+    return value
 
 
 def _show(shape) -> str:
