@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from optcli.ops.activation import _sigmoid
+from optcli.ops.activation import _sigmoid, apply_activation, epilogue
 from optcli.ops.registry import kernel
 
 Inputs = list[np.ndarray | None]
@@ -52,22 +52,27 @@ def _same(y: np.ndarray, like: np.ndarray) -> np.ndarray:
     return np.asarray(y).astype(like.dtype, copy=False)
 
 
+def _with_epilogue(y: np.ndarray, attrs: Attrs) -> np.ndarray:
+    """Add/Sub/Mul may carry a fused activation (see fuse_conv_bias_activation)."""
+    return apply_activation(y, *epilogue(attrs)) if "activation" in attrs else y
+
+
 @kernel("Add")
 def add(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     a, b = inputs[0], inputs[1]
-    return [_same(np.add(a, b), a)]
+    return [_with_epilogue(_same(np.add(a, b), a), attrs)]
 
 
 @kernel("Sub")
 def sub(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     a, b = inputs[0], inputs[1]
-    return [_same(np.subtract(a, b), a)]
+    return [_with_epilogue(_same(np.subtract(a, b), a), attrs)]
 
 
 @kernel("Mul")
 def mul(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     a, b = inputs[0], inputs[1]
-    return [_same(np.multiply(a, b), a)]
+    return [_with_epilogue(_same(np.multiply(a, b), a), attrs)]
 
 
 @kernel("Div")

@@ -9,7 +9,11 @@ materialised.  Only when the merge is exact:
 * Conv: pad value 0 and ``auto_pad`` NOTSET;
 * AveragePool: pad value 0, ``count_include_pad = 1`` (padded zeros counted, as with a Pad) and
   ``ceil_mode = 0`` (partial windows past the end would be averaged differently);
-* MaxPool: pad value -inf, the only value a MaxPool's own padding is equivalent to.
+* MaxPool: pad value -inf, the only value a MaxPool's own padding is equivalent to in general;
+  or pad value 0 when the padded tensor is provably non-negative (it comes from a Relu,
+  Sigmoid, Clip with min >= 0, ...) and every window still holds at least one real element
+  (merged pads smaller than the window, no ceil_mode): then max(window, 0) == max(window).
+  ResNet stems (Relu -> Pad -> MaxPool) are exactly this.
 """
 
 from __future__ import annotations
@@ -69,7 +73,35 @@ def _pad_spec(graph: Graph, pad: Node) -> tuple[list[int], float] | None:
     return pads, value
 
 
-def _accepts(reader: Node, value: float) -> bool:
+_NON_NEGATIVE_OPS = {"Relu", "Sigmoid", "HardSigmoid", "Softmax", "Abs", "Exp", "Softplus"}
+_NON_NEGATIVE_EPILOGUES = {"relu", "sigmoid", "hard_sigmoid"}
+
+
+def _non_negative(graph: Graph, name: str) -> bool:
+    """Whether value ``name`` is provably >= 0 (by the op or fused epilogue that makes it)."""
+    node = graph.producers().get(name)
+    if node is None or node.domain not in ("", "ai.onnx", "optcli"):
+        return False
+    act = node.attrs.get("activation")
+    if act in _NON_NEGATIVE_EPILOGUES or (act == "clip" and float(node.attrs.get("activation_alpha", -1)) >= 0):
+        return True
+    if node.op_type == "Clip":
+        low = scalar_const(graph, node.input(1)) if node.input(1) else node.attrs.get("min")
+        return low is not None and float(low) >= 0
+    return node.op_type in _NON_NEGATIVE_OPS and not act
+
+
+def _windows_keep_real_elements(reader: Node, pads: list[int]) -> bool:
+    a = reader.attrs
+    kernel = [int(k) for k in a.get("kernel_shape", [])]
+    dil = [int(d) for d in a.get("dilations", [1] * len(kernel))]
+    extent = [(k - 1) * d + 1 for k, d in zip(kernel, dil)]
+    n = len(kernel)
+    return (bool(kernel) and not int(a.get("ceil_mode", 0))
+            and all(pads[i] < extent[i] and pads[n + i] < extent[i] for i in range(n)))
+
+
+def _accepts(reader: Node, value: float, non_negative: bool = False) -> bool:
     a = reader.attrs
     if a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
         return False
@@ -78,7 +110,7 @@ def _accepts(reader: Node, value: float) -> bool:
     if reader.op_type == "AveragePool":
         return value == 0.0 and int(a.get("count_include_pad", 0)) == 1 and not int(a.get("ceil_mode", 0))
     if reader.op_type == "MaxPool":
-        return value == -np.inf and not any(reader.outputs[1:])
+        return (value == -np.inf or (value == 0.0 and non_negative)) and not any(reader.outputs[1:])
     return False
 
 
@@ -91,16 +123,19 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
         if reader is None or reader.domain not in ("", "ai.onnx") or reader.input(0) != pad.outputs[0]:
             continue
         spec = _pad_spec(graph, pad)
-        if spec is None or not _accepts(reader, spec[1]):
+        if spec is None or not _accepts(reader, spec[1], _non_negative(graph, pad.input(0))):
             continue
         pads, spatial = spec[0], len(spec[0]) // 2 - 2
         rank = spatial + 2
         old = [int(p) for p in reader.attrs.get("pads", [0] * (2 * spatial))]
         if len(old) != 2 * spatial:
             continue
-        reader.attrs["pads"] = [old[i] + pads[2 + i] for i in range(spatial)] + [
+        merged = [old[i] + pads[2 + i] for i in range(spatial)] + [
             old[spatial + i] + pads[rank + 2 + i] for i in range(spatial)
         ]
+        if reader.op_type == "MaxPool" and spec[1] != -np.inf and not _windows_keep_real_elements(reader, merged):
+            continue
+        reader.attrs["pads"] = merged
         reader.attrs.pop("auto_pad", None)
         reader.inputs[0] = pad.inputs[0]
         sync_proto(reader)

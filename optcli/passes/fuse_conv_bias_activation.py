@@ -7,6 +7,9 @@ bounds, LeakyRelu, Sigmoid, HardSigmoid, HardSwish, Tanh, optcli Swish) it gets 
 epilogue attributes ``activation``/``activation_alpha``/``activation_beta`` (see
 ``optcli.ops.activation``), so the result is written once instead of read and rewritten.
 
+Element-wise ``Add``/``Sub``/``Mul`` of floats take the activation too (a residual Add followed
+by Relu, as in every ResNet block, becomes one pass over memory instead of two).
+
 Only when the node's output has exactly one reader and is not a graph output, the node has no
 epilogue yet, and every target in the context lists the activation in ``fused_activations``.
 """
@@ -33,10 +36,12 @@ from optcli.passes.util import (
 )
 
 NAME = "fuse_conv_bias_activation"
-DESCRIPTION = "fold per-channel bias Add and one activation into Conv/ConvTranspose/Gemm/FC/ChannelAffine"
+DESCRIPTION = ("fold per-channel bias Add and one activation into Conv/ConvTranspose/Gemm/FC/ChannelAffine; "
+               "an activation into float Add/Sub/Mul")
 
 PRODUCERS = {("", "Conv"), ("", "ConvTranspose"), ("", "Gemm"), (OPTCLI_DOMAIN, "FullyConnected"),
              (OPTCLI_DOMAIN, "ChannelAffine")}
+ELEMENTWISE = {("", "Add"), ("", "Sub"), ("", "Mul")}
 SIMPLE = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "HardSwish": "hard_swish"}
 
 
@@ -129,7 +134,10 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
     names = Names(graph)
     gone: set[int] = set()
     for node in list(graph.nodes):
-        if (node.domain if node.domain != "ai.onnx" else "", node.op_type) not in PRODUCERS:
+        key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
+        if key in ELEMENTWISE and graph.dtype_of(node.outputs[0]) in ("float32", "float16", "float64"):
+            pass  # activation only: they have no bias to fold
+        elif key not in PRODUCERS:
             continue
         if has_epilogue(node) or len(node.outputs) != 1:
             continue

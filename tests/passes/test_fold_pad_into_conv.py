@@ -80,3 +80,26 @@ def test_left_alone(case):
         conv = node("Conv", ["p", "w"], ["y"], auto_pad="SAME_UPPER")
     graph, counts = run_pass(_pad_then(conv, **kwargs), fold_pad_into_conv)
     assert ops(graph)[0] == "Pad" and counts == {"folded": 0}
+
+
+def _relu_pad_maxpool(pads, **pool):
+    return model(
+        [node("Relu", ["x"], ["r"]), node("Pad", ["r", "pads"], ["p"]), node("MaxPool", ["p"], ["y"], **pool)],
+        {"x": [1, 3, 7, 7]},
+        initializers={"pads": np.array(pads, np.int64)},
+    )
+
+
+def test_zero_pad_into_max_pool_of_non_negative_input():
+    # ResNet stem: Relu -> Pad(0) -> MaxPool. Zero padding cannot win a max over values >= 0.
+    m = _relu_pad_maxpool([0, 0, 1, 1, 0, 0, 1, 1], kernel_shape=[3, 3], strides=[2, 2])
+    graph, counts = run_pass(m, fold_pad_into_conv)
+    assert ops(graph) == ["Relu", "MaxPool"] and counts == {"folded": 1}
+    assert graph.nodes[1].attrs["pads"] == [1, 1, 1, 1]
+
+
+def test_zero_pad_into_max_pool_needs_real_elements_in_every_window():
+    # Pads as wide as the window would leave windows of padding only (max 0 there, -inf never).
+    m = _relu_pad_maxpool([0, 0, 2, 2, 0, 0, 2, 2], kernel_shape=[2, 2])
+    graph, _ = run_pass(m, fold_pad_into_conv)
+    assert ops(graph) == ["Relu", "Pad", "MaxPool"]

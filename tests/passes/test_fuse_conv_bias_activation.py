@@ -131,7 +131,9 @@ def test_only_one_epilogue_and_no_spatial_bias():
         initializers=inits,
     )
     graph, counts = run_pass(m, fuse_conv_bias_activation)
-    assert ops(graph) == ["Conv", "Add", "Relu", "Sigmoid"] and sum(counts.values()) == 0
+    # The spatial bias stays an Add (it is not per-channel); the Add then takes the Relu.
+    assert ops(graph) == ["Conv", "Add", "Sigmoid"] and counts == {"bias": 0, "activation": 1}
+    assert "activation" not in graph.nodes[0].attrs and graph.nodes[1].attrs["activation"] == "relu"
     m = model(
         [node("Conv", ["x", "w"], ["c"]), node("Relu", ["c"], ["r"]), node("Sigmoid", ["r"], ["y"])],
         {"x": [1, 3, 6, 6]},
@@ -139,3 +141,28 @@ def test_only_one_epilogue_and_no_spatial_bias():
     )
     graph, counts = run_pass(m, fuse_conv_bias_activation)
     assert ops(graph) == ["Conv", "Sigmoid"] and graph.nodes[0].attrs["activation"] == "relu"
+
+
+def test_residual_add_takes_the_relu():
+    from optcli.passes import fuse_conv_bias_activation
+    from tests.passes.ir_build import model, node, ops, run_pass
+
+    m = model([node("Add", ["a", "b"], ["s"]), node("Relu", ["s"], ["y"])], {"a": [1, 4, 3, 3], "b": [1, 4, 3, 3]})
+    graph, counts = run_pass(m, fuse_conv_bias_activation)
+    assert ops(graph) == ["Add"] and graph.nodes[0].attrs["activation"] == "relu"
+    assert counts["activation"] == 1
+
+
+def test_integer_add_keeps_its_relu():
+    from onnx import TensorProto, helper
+
+    from optcli.frontend.onnx_reader import read_model
+    from optcli.passes import fuse_conv_bias_activation
+    from optcli.passes.base import PassContext
+
+    g = helper.make_graph([helper.make_node("Add", ["a", "a"], ["s"]), helper.make_node("Relu", ["s"], ["y"])], "g",
+                          [helper.make_tensor_value_info("a", TensorProto.INT32, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.INT32, [2])])
+    graph = read_model(model=helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    fuse_conv_bias_activation.run(graph, PassContext())
+    assert [n.op_type for n in graph.nodes] == ["Add", "Relu"]
