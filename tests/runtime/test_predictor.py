@@ -94,3 +94,19 @@ def test_paddle_lite_facade(small_nb, small_cnn):
     np.testing.assert_array_equal(predictor.get_output(0).numpy(), expected)
     with pytest.raises(UsageError, match="out of range"):
         predictor.get_input(3)
+
+
+def test_threads_bound_blas_during_run(small_nb, small_cnn, monkeypatch):
+    from threadpoolctl import threadpool_info
+
+    seen = []
+    p = optcli.load(small_nb, threads=1)
+    original = p._executor.run
+
+    def spy(*args, **kwargs):
+        seen.extend(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(p._executor, "run", spy)
+    p.run(small_cnn[2])
+    assert seen and all(n == 1 for n in seen)
