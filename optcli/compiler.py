@@ -13,10 +13,11 @@ from pathlib import Path
 import onnx
 
 from optcli import __version__
+from optcli.errors import ModelError
 from optcli.frontend.onnx_reader import read_model
 from optcli.frontend.shapes import parse_input_shapes
 from optcli.ir import Graph
-from optcli.nb.layout import FORMAT_VERSION
+from optcli.nb.layout import FORMAT_VERSION, SUPPORTED_DTYPES
 from optcli.nb.writer import to_bytes
 from optcli.passes import pipeline
 from optcli.passes.base import PassContext
@@ -52,9 +53,23 @@ def compile_model(
     ctx = PassContext(targets=targets, options={"placement_overrides": dict(placement_overrides or {})})
     records = pipeline.optimize(graph, ctx, set(disabled_passes), progress=progress)
     plan = lower(graph, [t.name for t in targets], ctx.options.get("memory"))
+    _check_dtypes(plan, graph.metadata.get("source", "model"))
     data = to_bytes(plan)
     report = build_report(graph, plan, ctx, records, before, nodes_before, data)
     return CompileResult(plan, data, report, list(ctx.warnings))
+
+
+def _check_dtypes(plan: Plan, source: str) -> None:
+    """Refuse, at optimize time, tensors a `.nb` cannot describe (bfloat16, float8, int4...)."""
+    for kind, items in (("input", plan.inputs), ("output", plan.outputs)):
+        for v in items:
+            if v.dtype not in SUPPORTED_DTYPES and v.dtype != "unknown":
+                raise ModelError(f"{source}: {kind} '{v.name}' has element type {v.dtype}, which optcli does not "
+                                 f"support; supported: {', '.join(SUPPORTED_DTYPES)}")
+    for name, w in plan.weights.items():
+        if w.dtype.name not in SUPPORTED_DTYPES:
+            raise ModelError(f"{source}: weight '{name}' has element type {w.dtype.name}, which optcli does not "
+                             "support; convert it (e.g. to float32) before optimizing")
 
 
 def build_report(graph: Graph, plan: Plan, ctx: PassContext, records: list[dict], ops_before: dict,

@@ -18,7 +18,9 @@ def max_error(actual: np.ndarray, expected: np.ndarray) -> tuple[float, float]:
     if a.size == 0:
         return 0.0, 1.0
     finite = np.isfinite(e)
-    err = float(np.max(np.abs(np.where(finite, a - e, 0.0)))) if finite.any() else 0.0
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf where both are inf: masked below
+        diff = np.where(finite, a - e, 0.0)
+    err = float(np.max(np.abs(diff))) if finite.any() else 0.0
     scale = float(np.max(np.abs(e[finite]))) if finite.any() else 1.0
     return err, max(scale, 1e-6)
 

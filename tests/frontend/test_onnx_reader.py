@@ -111,3 +111,13 @@ def test_unnamed_nodes_get_names_and_ops_without_kernel_keep_proto():
     g = read_model(model=model)
     assert g.nodes[0].name == "Einsum_0"
     assert g.nodes[0].proto is not None
+
+
+def test_unsupported_element_type_is_refused_at_optimize_time():
+    import optcli
+
+    g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [2])])
+    with pytest.raises(ModelError, match="input 'x' has element type bfloat16"):
+        optcli.optimize(model=helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
