@@ -1,0 +1,1 @@
+"""GPU kernel sources, packaged as optcli.kernels (see README.md here)."""

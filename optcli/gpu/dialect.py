@@ -1,0 +1,144 @@
+"""The portable kernel dialect and its rendering for each GPU language.
+
+Kernel sources (``kernels/*.cl``) are written once.  A kernel declares its parameters in its
+head, and each target's signature generator turns that into the language's own signature:
+
+    KERNEL(relu4, IN(x), OUT(y), INT(count))
+    {
+        const int i = GID(0);
+        if (i >= count) return;
+        STORE4(activate(LOAD4(x, i)), y, i);
+    }
+
+Parameters: ``IN(name)`` a read-only tensor in storage precision, ``OUT(name)`` a written one,
+``INT(name)`` / ``FLOAT(name)`` scalars.  The body uses the macros of the prelude: ``GID(i)``,
+``LID(i)``, ``FLOAT4``/``F4(a, b, c, d)``, ``LOAD4``/``STORE4``/``LOAD1``/``STORE1`` (storage
+may be half: conversion happens here, arithmetic is always float), ``FMA``, ``INLINE`` for
+helper functions, ``activate`` for the fused epilogue selected by ``ACTIVATION``.
+Precision (``STORAGE_HALF``) and the epilogue are defines, never extra sources.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+ACTIVATION_CODES = {None: 0, "relu": 1, "clip": 2, "leaky_relu": 3, "sigmoid": 4, "tanh": 5,
+                    "hard_sigmoid": 6, "hard_swish": 7, "swish": 8}
+
+_KERNEL_HEAD = re.compile(r"KERNEL\(\s*(\w+)((?:\s*,\s*(?:IN|OUT|INT|FLOAT)\(\s*\w+\s*\))*)\s*\)")
+_PARAM = re.compile(r"(IN|OUT|INT|FLOAT)\(\s*(\w+)\s*\)")
+
+
+@dataclass(frozen=True)
+class Param:
+    kind: str  # IN, OUT, INT, FLOAT
+    name: str
+
+
+def kernel_params(source: str) -> dict[str, list[Param]]:
+    """Every kernel a source declares, with its parameters in order."""
+    return {m.group(1): [Param(k, n) for k, n in _PARAM.findall(m.group(2))] for m in _KERNEL_HEAD.finditer(source)}
+
+
+@cache
+def load_source(name: str) -> str:
+    """A kernel source file from the package's kernel library (``kernels/`` in the repo)."""
+    return resources.files("optcli.kernels").joinpath(name).read_text()
+
+
+OPENCL_PRELUDE = r"""
+#define INLINE inline
+#define GID(i) ((int)get_global_id(i))
+#define GSIZE(i) ((int)get_global_size(i))
+#define LID(i) ((int)get_local_id(i))
+#define FLOAT4 float4
+#define F4(a, b, c, d) ((float4)((a), (b), (c), (d)))
+#define F4S(a) ((float4)(a))
+#define FMA(a, b, c) mad((a), (b), (c))
+#if STORAGE_HALF
+#define STORAGE half
+#define LOAD4(p, i) vload_half4((i), (p))
+#define STORE4(v, p, i) vstore_half4((v), (i), (p))
+#define LOAD1(p, i) vload_half((i), (p))
+#define STORE1(v, p, i) vstore_half((v), (i), (p))
+#else
+#define STORAGE float
+#define LOAD4(p, i) vload4((i), (p))
+#define STORE4(v, p, i) vstore4((v), (i), (p))
+#define LOAD1(p, i) ((p)[i])
+#define STORE1(v, p, i) ((p)[i] = (v))
+#endif
+"""
+
+EPILOGUE = r"""
+#ifndef ACTIVATION
+#define ACTIVATION 0
+#endif
+#ifndef ACT_ALPHA
+#define ACT_ALPHA 0.0f
+#endif
+#ifndef ACT_BETA
+#define ACT_BETA 0.0f
+#endif
+INLINE FLOAT4 activate(FLOAT4 v) {
+#if ACTIVATION == 1
+    return fmax(v, F4S(0.0f));
+#elif ACTIVATION == 2
+    return fmin(fmax(v, F4S(ACT_ALPHA)), F4S(ACT_BETA));
+#elif ACTIVATION == 3
+    return select(v * ACT_ALPHA, v, v >= F4S(0.0f));
+#elif ACTIVATION == 4
+    return F4S(1.0f) / (F4S(1.0f) + exp(-v));
+#elif ACTIVATION == 5
+    return tanh(v);
+#elif ACTIVATION == 6
+    return clamp(v * ACT_ALPHA + F4S(ACT_BETA), F4S(0.0f), F4S(1.0f));
+#elif ACTIVATION == 7
+    return v * clamp(v * (1.0f / 6.0f) + F4S(0.5f), F4S(0.0f), F4S(1.0f));
+#elif ACTIVATION == 8
+    return v / (F4S(1.0f) + exp(-v));
+#else
+    return v;
+#endif
+}
+"""
+
+
+def _opencl_signature(name: str, params: list[Param]) -> str:
+    parts = []
+    for p in params:
+        if p.kind == "IN":
+            parts.append(f"__global const STORAGE* restrict {p.name}")
+        elif p.kind == "OUT":
+            parts.append(f"__global STORAGE* restrict {p.name}")
+        elif p.kind == "INT":
+            parts.append(f"const int {p.name}")
+        else:
+            parts.append(f"const float {p.name}")
+    return f"__kernel void {name}({', '.join(parts)})"
+
+
+def _format_define(key: str, value) -> str:
+    if isinstance(value, bool):
+        value = int(value)
+    if isinstance(value, float):
+        text = "INFINITY" if value == float("inf") else "(-INFINITY)" if value == float("-inf") else f"{value!r}f"
+        return f"#define {key} {text}"
+    return f"#define {key} {value}"
+
+
+def render_opencl(source_name: str, defines: dict) -> str:
+    """Full OpenCL C program text for one kernel source and one set of defines."""
+    source = load_source(source_name)
+    body = _KERNEL_HEAD.sub(lambda m: _opencl_signature(m.group(1), [Param(k, n) for k, n in
+                                                                         _PARAM.findall(m.group(2))]), source)
+    head = "\n".join(_format_define(k, defines[k]) for k in sorted(defines))
+    return f"{head}\n{OPENCL_PRELUDE}\n{EPILOGUE}\n{body}"
+
+
+def source_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:32]

@@ -1,0 +1,130 @@
+"""On-disk caches of compiled OpenCL program binaries (warm start) and of tuning results.
+
+Both live in a per-user directory (``$OPTCLI_CACHE_DIR``, else ``$XDG_CACHE_HOME/optcli``, else
+``~/.cache/optcli``), created owner-only (0700); a directory others can write to is not used.
+Entries are keyed by everything that changes the result: the program source (which holds the
+defines), build options, device name, driver and platform version, and the optcli version.
+Each entry carries a SHA-256 of its payload and one that does not match is rebuilt, never
+trusted.  Writes go to a temporary file and are renamed into place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tempfile
+import warnings
+from pathlib import Path
+
+from optcli import __version__
+
+_MAGIC = b"OPTCLIBIN1"
+
+
+def cache_root() -> Path:
+    env = os.environ.get("OPTCLI_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "optcli"
+
+
+def private_dir(path: Path) -> Path | None:
+    """Create ``path`` owner-only; None (with a warning) when it is unsafe to use."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        info = path.stat()
+    except OSError as exc:
+        warnings.warn(f"optcli: cache directory {path} is not usable ({exc.strerror}); caching disabled",
+                      stacklevel=3)
+        return None
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        warnings.warn(f"optcli: cache directory {path} belongs to another user; caching disabled", stacklevel=3)
+        return None
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        try:
+            os.chmod(path, 0o700)
+        except OSError:
+            warnings.warn(f"optcli: cache directory {path} is writable by others; caching disabled", stacklevel=3)
+            return None
+    return path
+
+
+def write_entry(path: Path, payload: bytes) -> None:
+    data = _MAGIC + hashlib.sha256(payload).digest() + payload
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def read_entry(path: Path) -> bytes | None:
+    """The payload, or None when missing or damaged (a damaged entry is removed)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    head = len(_MAGIC) + 32
+    if len(data) < head or not data.startswith(_MAGIC) or hashlib.sha256(data[head:]).digest() != data[len(_MAGIC):head]:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+        return None
+    return data[head:]
+
+
+def device_key(device) -> str:
+    return "|".join([device.name.strip(), device.driver_version.strip(), device.platform.version.strip(),
+                     device.version.strip(), __version__])
+
+
+class ProgramCache:
+    """Compiled program binaries per (source, options, device, driver, tool version)."""
+
+    def __init__(self, root: Path | None):
+        self.dir = private_dir(root / "programs") if root is not None and private_dir(root) else None
+        self.hits = 0
+        self.misses = 0
+
+    @classmethod
+    def default(cls) -> ProgramCache:
+        return cls(cache_root())
+
+    def _path(self, device, text: str, options: str) -> Path | None:
+        if self.dir is None:
+            return None
+        key = hashlib.sha256("\0".join([text, options, device_key(device)]).encode()).hexdigest()
+        return self.dir / f"{key}.bin"
+
+    def build(self, context, device, text: str, options: str = ""):
+        """(built program, 1 if compiled from source else 0)."""
+        import pyopencl as cl
+
+        path = self._path(device, text, options)
+        if path is not None:
+            binary = read_entry(path)
+            if binary is not None:
+                try:
+                    prog = cl.Program(context, [device], [binary]).build(options=options)
+                    self.hits += 1
+                    return prog, 0
+                except Exception:
+                    path.unlink(missing_ok=True)  # stale for this driver: rebuild below
+        self.misses += 1
+        prog = cl.Program(context, text).build(options=options)
+        if path is not None:
+            try:
+                binary = prog.get_info(cl.program_info.BINARIES)[0]
+                if binary:
+                    write_entry(path, bytes(binary))
+            except Exception:  # some drivers give no binaries: then there is simply no warm start
+                pass
+        return prog, 1

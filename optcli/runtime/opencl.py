@@ -1,0 +1,167 @@
+"""The OpenCL backend: one device, one command queue, programs built once (and cached on disk),
+buffers allocated once per predictor, steps enqueued without host syncs.
+
+``ClDevice`` owns the context, the queue and the program cache.  ``ClLaunchContext`` implements
+``optcli.gpu.registry.LaunchContext`` for a set of value shapes and weights: it turns a GPU
+kernel's ``Launch`` descriptions into bound ``cl.Kernel`` objects ready to enqueue.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from optcli.gpu.dialect import kernel_params, load_source, render_opencl
+from optcli.gpu.layout import packed_elements
+from optcli.gpu.registry import Launch, TempRef, TensorRef, WeightRef
+from optcli.runtime.cl_cache import ProgramCache
+
+try:  # pyopencl is a dependency, but a machine may have no OpenCL platform at all
+    import pyopencl as cl
+except Exception:  # pragma: no cover - import failure is reported by list_devices / load
+    cl = None
+
+
+class DeviceUnavailable(RuntimeError):
+    """No usable OpenCL device (no platform, no device, or it failed to build or allocate)."""
+
+
+def _pick_device(name: str | None = None):
+    if cl is None:
+        raise DeviceUnavailable("pyopencl cannot be imported")
+    try:
+        platforms = cl.get_platforms()
+    except Exception as exc:  # no ICD loader / no platform
+        raise DeviceUnavailable(f"no OpenCL platform ({exc})") from None
+    devices = [d for p in platforms for d in p.get_devices()]
+    if not devices:
+        raise DeviceUnavailable("no OpenCL device found")
+    if name:
+        matches = [d for d in devices if name.lower() in d.name.lower()]
+        if not matches:
+            raise DeviceUnavailable(f"no OpenCL device matches '{name}'")
+        devices = matches
+    gpus = [d for d in devices if d.type & cl.device_type.GPU]
+    return (gpus or devices)[0]
+
+
+class ClDevice:
+    """Context, queue and program cache for one OpenCL device."""
+
+    def __init__(self, device=None, cache: ProgramCache | None = None, profiling: bool = False):
+        self.device = device if device is not None else _pick_device()
+        self.context = cl.Context([self.device])
+        props = cl.command_queue_properties.PROFILING_ENABLE if profiling else 0
+        self.queue = cl.CommandQueue(self.context, properties=props)
+        self.cache = cache or ProgramCache.default()
+        self.native_half = "cl_khr_fp16" in self.device.extensions
+        self._programs: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+        self.builds = 0  # programs compiled from source (not from the binary cache), for load-time reports
+
+    @property
+    def name(self) -> str:
+        return self.device.name.strip()
+
+    def program(self, source: str, defines: dict[str, Any]):
+        key = (source, tuple(sorted(defines.items())))
+        with self._lock:
+            prog = self._programs.get(key)
+            if prog is None:
+                text = render_opencl(source, defines)
+                prog, built = self.cache.build(self.context, self.device, text, options="-cl-mad-enable")
+                self.builds += built
+                self._programs[key] = prog
+            return prog
+
+    def kernel(self, source: str, entry: str, defines: dict[str, Any]):
+        return getattr(self.program(source, defines), entry)
+
+
+@dataclass
+class BoundLaunch:
+    kernel: Any
+    global_size: tuple[int, ...]
+    local_size: tuple[int, ...] | None
+    label: str
+
+    def enqueue(self, queue, wait_for=None):
+        return cl.enqueue_nd_range_kernel(queue, self.kernel, self.global_size, self.local_size, wait_for=wait_for)
+
+
+class ClLaunchContext:
+    """Binds launches for values of known shape.  ``buffers`` maps value names to device buffers
+    (packed layout); weights and temporaries are allocated here on first use."""
+
+    def __init__(self, dev: ClDevice, shapes: dict[str, tuple[int, ...]], consts: dict[str, np.ndarray],
+                 buffers: dict[str, Any], precision: str = "fp32"):
+        self.dev, self.shapes, self.consts, self.buffers = dev, shapes, consts, buffers
+        self.precision = precision
+        self.storage = np.float16 if precision == "fp16" else np.float32
+        self.weights: dict[str, Any] = {}
+        self.temps: dict[str, Any] = {}
+        self.weight_bytes = 0
+
+    # LaunchContext protocol
+    def shape(self, name: str) -> tuple[int, ...]:
+        if name in self.consts:
+            return tuple(self.consts[name].shape)
+        return tuple(self.shapes[name])
+
+    def const(self, name: str) -> np.ndarray | None:
+        return self.consts.get(name) if name else None
+
+    def tensor(self, name: str) -> TensorRef:
+        return TensorRef(name)
+
+    def weight(self, key: str, array: np.ndarray) -> WeightRef:
+        if key not in self.weights:
+            data = np.ascontiguousarray(array, dtype=self.storage)
+            if data.size == 0:
+                data = np.zeros(4, self.storage)
+            self.weights[key] = cl.Buffer(self.dev.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
+                                          hostbuf=data)
+            self.weight_bytes += data.nbytes
+        return WeightRef(key)
+
+    def temp(self, key: str, elements: int) -> TempRef:
+        if key not in self.temps:
+            itemsize = np.dtype(self.storage).itemsize
+            self.temps[key] = cl.Buffer(self.dev.context, cl.mem_flags.READ_WRITE, max(16, elements * itemsize))
+        return TempRef(key)
+
+    # binding
+    def bind(self, launch: Launch, label: str) -> BoundLaunch:
+        defines = {**launch.defines, "STORAGE_HALF": int(self.precision == "fp16")}
+        kern = self.dev.kernel(launch.source, launch.entry, defines)
+        params = kernel_params(load_source(launch.source))[launch.entry]
+        if len(params) != len(launch.args):
+            raise RuntimeError(f"{label}: {launch.entry} takes {len(params)} arguments, launch gives "
+                               f"{len(launch.args)}")
+        args = []
+        for p, a in zip(params, launch.args):
+            if p.kind in ("IN", "OUT"):
+                args.append(self._buffer(a, label))
+            elif p.kind == "INT":
+                args.append(np.int32(a))
+            else:
+                args.append(np.float32(a))
+        kern.set_args(*args)
+        return BoundLaunch(kern, tuple(int(g) for g in launch.global_size),
+                           tuple(launch.local_size) if launch.local_size else None, label)
+
+    def _buffer(self, ref: Any, label: str):
+        if isinstance(ref, TensorRef):
+            return self.buffers[ref.name]
+        if isinstance(ref, WeightRef):
+            return self.weights[ref.key]
+        if isinstance(ref, TempRef):
+            return self.temps[ref.key]
+        raise RuntimeError(f"{label}: buffer argument expected, got {ref!r}")
+
+
+def packed_nbytes(shape, precision: str) -> int:
+    return max(16, packed_elements(shape) * (2 if precision == "fp16" else 4))
