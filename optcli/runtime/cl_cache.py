@@ -72,7 +72,8 @@ def read_entry(path: Path) -> bytes | None:
     except OSError:
         return None
     head = len(_MAGIC) + 32
-    if len(data) < head or not data.startswith(_MAGIC) or hashlib.sha256(data[head:]).digest() != data[len(_MAGIC):head]:
+    intact = len(data) >= head and data.startswith(_MAGIC)
+    if not intact or hashlib.sha256(data[head:]).digest() != data[len(_MAGIC):head]:
         try:
             path.unlink()
         except OSError:

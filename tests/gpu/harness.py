@@ -51,7 +51,8 @@ def one_node_graph(op_type: str, inputs: dict[str, np.ndarray], consts: dict[str
     proto = helper.make_node(op_type, names, outs, **(attrs or {}))
     g = helper.make_graph(
         [proto], "g",
-        [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in inputs.items()],
+        [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+         for k, v in inputs.items()],
         [helper.make_empty_tensor_value_info(o) for o in outs],
         [numpy_helper.from_array(v, k) for k, v in consts.items()])
     graph = read_model(model=helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]))
