@@ -58,6 +58,7 @@ class Node:
     target: str | None = None
     kernel: str | None = None
     proto: bytes | None = None
+    cpu_kernel: str | None = None  # for GPU-placed nodes: the host kernel used when no GPU is present
 
     def input(self, i: int) -> str:
         """Name of input ``i``, or "" when it is absent."""

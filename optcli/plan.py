@@ -27,6 +27,7 @@ class Step:
     outputs: list[str]
     attrs: dict[str, Any] = field(default_factory=dict)
     proto: bytes | None = None  # serialized NodeProto, only for the reference fallback
+    cpu_kernel: str | None = None  # GPU steps: the host kernel used when no GPU is present
 
 
 @dataclass
@@ -71,7 +72,7 @@ def lower(graph: Graph, targets: list[str], memory: MemoryPlan | None = None) ->
     if missing:
         raise RuntimeError(f"lowering needs placed, kernel-selected nodes; not done for {missing[:3]}")
     steps = [Step(n.op_type, n.domain, n.name, n.target, n.kernel, list(n.inputs), list(n.outputs),
-                  dict(n.attrs), _renamed_proto(n.proto, n.inputs, n.outputs)) for n in graph.nodes]
+                  dict(n.attrs), _renamed_proto(n.proto, n.inputs, n.outputs), n.cpu_kernel) for n in graph.nodes]
     used = {i for s in steps for i in s.inputs} | {v.name for v in graph.outputs}
     weights = {k: v for k, v in graph.initializers.items() if k in used}
     produced = {o for s in steps for o in s.outputs} | {v.name for v in graph.inputs}

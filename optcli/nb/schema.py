@@ -145,9 +145,13 @@ def _step(c: _Checker, s: Any, i: int, targets: list[str]) -> Step:
     attrs_raw = c.get(s, "attrs", dict, where)
     attrs = {k: c.attr(v, f"{where}.attrs.{k}") for k, v in attrs_raw.items()}
     proto = c.get(s, "proto", bytes, where, optional=True)
+    cpu_kernel = c.get(s, "cpu_kernel", str, where, optional=True)
     step = Step(op, domain, c.get(s, "name", str, where), target, kid,
                 c.str_list(c.get(s, "inputs", list, where), f"{where}.inputs"),
-                c.str_list(c.get(s, "outputs", list, where), f"{where}.outputs"), attrs, proto)
+                c.str_list(c.get(s, "outputs", list, where), f"{where}.outputs"), attrs, proto, cpu_kernel)
+    if TARGETS[target].device == "gpu":
+        _check_gpu_step(c, step, i, where)
+        return step
     kern = get_kernel(kid)
     if kern is not None:
         if (kern.op_type, kern.domain) != (op, domain):
@@ -165,6 +169,21 @@ def _step(c: _Checker, s: Any, i: int, targets: list[str]) -> Step:
         raise NbFormatError(f"{c.source}: step {i} ({step.name}, {op}) needs kernel '{kid}', which this "
                             "optcli does not have; the file was made by another optcli version")
     return step
+
+
+def _check_gpu_step(c: _Checker, step: Step, i: int, where: str) -> None:
+    import optcli.gpu.ops  # noqa: F401  (registers the GPU kernels)
+    from optcli.gpu.registry import get_gpu_kernel
+
+    kern = get_gpu_kernel(step.kernel)
+    if kern is None:
+        raise NbFormatError(f"{c.source}: step {i} ({step.name}, {step.op_type}) needs GPU kernel '{step.kernel}', "
+                            "which this optcli does not have; the file was made by another optcli version")
+    if (kern.op_type, kern.domain) != (step.op_type, step.domain):
+        raise c.fail(where, f"kernel '{step.kernel}' does not implement op {step.op_type}")
+    host = get_kernel(step.cpu_kernel) if step.cpu_kernel else None
+    if host is None or (host.op_type, host.domain) != (step.op_type, step.domain):
+        raise c.fail(where, "GPU step without a valid host fallback kernel")
 
 
 def _check_dataflow(c: _Checker, inputs, outputs, weights, steps) -> None:

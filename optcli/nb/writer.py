@@ -54,7 +54,7 @@ def _body(plan: Plan, tensors: list[dict]) -> dict:
             {"op": s.op_type, "domain": s.domain, "name": s.name, "target": s.target, "kernel": s.kernel,
              "inputs": s.inputs, "outputs": s.outputs,
              "attrs": {k: encode_attr(s.attrs[k]) for k in sorted(s.attrs)},
-             "proto": s.proto}
+             "proto": s.proto, "cpu_kernel": s.cpu_kernel}
             for s in plan.steps
         ],
         "memory": {

@@ -17,5 +17,6 @@ from optcli.ops import (  # noqa: F401  (imported for their registrations)
     reduce,
     resize,
     tensor,
+    transfer,
 )
 from optcli.ops.registry import Kernel, get_kernel, kernel, kernels_for, registered_ops  # noqa: F401

@@ -25,6 +25,7 @@ from optcli.passes import (
     fuse_conv_bias_activation,
     fuse_conv_bn,
     fuse_matmul_add,
+    insert_copies,
     place_nodes,
     plan_memory,
     remove_dead_nodes,
@@ -50,11 +51,12 @@ PASSES: list[ModuleType] = [
     remove_dead_nodes,
     # placement and lowering preparation (required: the plan needs them)
     place_nodes,
+    insert_copies,
     select_kernels,
     plan_memory,
 ]
 
-REQUIRED = {place_nodes.NAME, select_kernels.NAME, plan_memory.NAME}
+REQUIRED = {place_nodes.NAME, insert_copies.NAME, select_kernels.NAME, plan_memory.NAME}
 
 Progress = Callable[[dict[str, Any]], None]
 

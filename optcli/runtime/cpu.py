@@ -24,8 +24,9 @@ class StepError(OptError):
 
 
 def bind_step(step: Step, opsets: dict[str, int]) -> StepFn:
-    """A closure that runs ``step`` on positional numpy inputs."""
-    kern = get_kernel(step.kernel)
+    """A closure that runs ``step`` on positional numpy inputs.  GPU steps run through their
+    host fallback kernel (``cpu_kernel``): this is how a GPU plan runs where no GPU is."""
+    kern = get_kernel(step.cpu_kernel or step.kernel)
     if kern is not None:
         attrs = kernel_attrs(step.attrs, len(step.outputs), opsets)
         fn = kern.fn
@@ -34,38 +35,3 @@ def bind_step(step: Step, opsets: dict[str, int]) -> StepFn:
     if proto is None:
         raise OptError(f"step '{step.name}' ({step.op_type}) has no kernel '{step.kernel}' on this machine")
     return lambda inputs: run_reference(proto, opsets, inputs, names)
-
-
-class CpuExecutor:
-    """Executes every step of a plan on the host CPU."""
-
-    def __init__(self, plan: Plan):
-        self.plan = plan
-        self.fns = [bind_step(s, plan.opsets) for s in plan.steps]
-        self.free_after = plan.memory.free_after
-
-    def run(self, feeds: dict[str, np.ndarray], record_sizes: dict[str, int] | None = None) -> dict[str, np.ndarray]:
-        env: dict[str, np.ndarray] = dict(self.plan.weights)
-        env.update(feeds)
-        for i, (step, fn) in enumerate(zip(self.plan.steps, self.fns)):
-            args = [env[n] if n else None for n in step.inputs]
-            try:
-                outs = fn(args)
-            except OptError:
-                raise
-            except Exception as exc:
-                raise StepError(f"step {i} {step.name} ({step.op_type}) failed: {type(exc).__name__}: {exc}") from exc
-            wanted = step.outputs
-            used = 1 + max((k for k, n in enumerate(wanted) if n), default=-1)
-            if len(outs) < used:
-                raise StepError(f"step {i} {step.name} ({step.op_type}): kernel {step.kernel} gave {len(outs)} "
-                                f"outputs, the model uses {used}")
-            for name, arr in zip(wanted, outs):
-                if name:
-                    # Sequences (lists) and optionals (None) from the fallback pass through as they are.
-                    env[name] = arr if isinstance(arr, (np.ndarray, list)) or arr is None else np.asarray(arr)
-                    if record_sizes is not None and isinstance(env[name], np.ndarray):
-                        record_sizes[name] = env[name].nbytes
-            for name in self.free_after[i]:
-                env.pop(name, None)
-        return {v.name: env[v.name] for v in self.plan.outputs}

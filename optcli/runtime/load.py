@@ -9,12 +9,15 @@ from optcli.runtime.predictor import Predictor
 
 
 def load(source: str | os.PathLike | bytes, targets: str | list[str] | None = None,
-         precision: str | None = None, threads: int | None = None) -> Predictor:
+         precision: str | None = None, threads: int | None = None, require_gpu: bool = False,
+         device: str | None = None) -> Predictor:
     """Load a `.nb` file and return a Predictor.
 
     ``targets`` restricts the plan's targets to those listed (steps of others run on the host
     CPU); ``precision`` overrides the plan's precision; ``threads`` bounds the host CPU threads
-    (BLAS included) used while running.
+    (BLAS included) used while running.  GPU steps run on an OpenCL device (``device``: a part
+    of its name, else the first GPU, else the first device); where none is usable, ``load``
+    warns once and runs them on the CPU, or raises ``TargetError`` with ``require_gpu=True``.
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
         plan, header = load_bytes(bytes(source))
@@ -24,4 +27,5 @@ def load(source: str | os.PathLike | bytes, targets: str | list[str] | None = No
         name = str(source)
     if isinstance(targets, str):
         targets = [t for t in targets.replace(" ", ",").split(",") if t]
-    return Predictor(plan, header, name, targets=targets, precision=precision, threads=threads)
+    return Predictor(plan, header, name, targets=targets, precision=precision, threads=threads,
+                     require_gpu=require_gpu, device=device)

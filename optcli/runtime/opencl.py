@@ -49,18 +49,34 @@ def _pick_device(name: str | None = None):
 
 
 class ClDevice:
-    """Context, queue and program cache for one OpenCL device."""
+    """Context and program cache for one OpenCL device, shared by every predictor of the process
+    (``shared``); each predictor makes its own command queue (``new_queue``)."""
 
-    def __init__(self, device=None, cache: ProgramCache | None = None, profiling: bool = False):
+    _shared: dict[str, ClDevice] = {}
+    _shared_lock = threading.Lock()
+
+    @classmethod
+    def shared(cls, name: str | None = None) -> ClDevice:
+        device = _pick_device(name)
+        key = f"{device.platform.name}|{device.name}|{device.driver_version}"
+        with cls._shared_lock:
+            if key not in cls._shared:
+                cls._shared[key] = cls(device)
+            return cls._shared[key]
+
+    def __init__(self, device=None, cache: ProgramCache | None = None):
         self.device = device if device is not None else _pick_device()
         self.context = cl.Context([self.device])
-        props = cl.command_queue_properties.PROFILING_ENABLE if profiling else 0
-        self.queue = cl.CommandQueue(self.context, properties=props)
+        self.queue = self.new_queue()
         self.cache = cache or ProgramCache.default()
         self.native_half = "cl_khr_fp16" in self.device.extensions
         self._programs: dict[tuple, Any] = {}
         self._lock = threading.Lock()
         self.builds = 0  # programs compiled from source (not from the binary cache), for load-time reports
+
+    def new_queue(self, profiling: bool = False):
+        props = cl.command_queue_properties.PROFILING_ENABLE if profiling else 0
+        return cl.CommandQueue(self.context, properties=props)
 
     @property
     def name(self) -> str:
@@ -78,7 +94,8 @@ class ClDevice:
             return prog
 
     def kernel(self, source: str, entry: str, defines: dict[str, Any]):
-        return getattr(self.program(source, defines), entry)
+        """A new kernel object (each bound launch owns its arguments)."""
+        return cl.Kernel(self.program(source, defines), entry)
 
 
 @dataclass

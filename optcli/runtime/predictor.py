@@ -9,18 +9,26 @@ sizes) and the result cached, so a repeated shape costs nothing extra.
 from __future__ import annotations
 
 import threading
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
-from optcli.errors import InputError, UsageError
+from optcli.errors import InputError, TargetError, UsageError
 from optcli.ir import Value
 from optcli.passes.plan_memory import MemoryPlan, plan_offsets
 from optcli.plan import Plan
-from optcli.runtime.cpu import CpuExecutor
-from optcli.targets import get_target
+from optcli.runtime.executor import Executor
+from optcli.targets import TARGETS, get_target
 
-PRECISIONS = ("fp32",)
+PRECISIONS = ("fp32", "fp16")
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 @dataclass(frozen=True)
@@ -36,21 +44,49 @@ class TensorInfo:
 
 class Predictor:
     def __init__(self, plan: Plan, header: dict, source: str, targets=None, precision: str | None = None,
-                 threads: int | None = None):
+                 threads: int | None = None, require_gpu: bool = False, device: str | None = None):
         self.plan, self.header, self.source = plan, header, source
         if precision is not None and precision not in PRECISIONS:
-            raise UsageError(f"precision '{precision}' is not available for this plan's targets "
-                             f"({', '.join(plan.targets)}); use one of: {', '.join(PRECISIONS)}")
-        self.precision = precision or "fp32"
+            raise UsageError(f"precision '{precision}' is not available; use one of: {', '.join(PRECISIONS)}")
+        self.precision = precision or plan.metadata.get("precision", "fp32")
         wanted = [get_target(t).name for t in (targets or plan.targets)]
         self.targets = [t for t in plan.targets if t in wanted] or ["arm"]
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise UsageError(f"threads must be a positive whole number, got {threads!r}")
         self.threads = threads
-        self._executor = CpuExecutor(plan)
+        self.gpu = self._start_gpu(require_gpu, device)
+        self._executor = Executor(plan, self.gpu)
         self._lock = threading.Lock()  # one run at a time: kernels share nothing, but BLAS limits do
         self._shape_plans: dict[tuple, MemoryPlan] = {}
         self._limiter = _thread_limiter(threads)
+
+    def _start_gpu(self, require_gpu: bool, device: str | None):
+        """Prepare the plan's GPU steps on an OpenCL device, or say why the CPU runs them."""
+        gpu_targets = {s.target for s in self.plan.steps if TARGETS[s.target].device == "gpu"}
+        usable = {t for t in gpu_targets if t in self.targets and t == "opencl"}
+        if not gpu_targets:
+            if require_gpu:
+                raise TargetError(f"{self.source}: require_gpu=True, but the plan has no GPU steps; optimize "
+                                  "with --valid_targets=opencl,arm")
+            return None
+        reason = None
+        if not usable:
+            reason = (f"the plan's GPU steps are for {', '.join(sorted(gpu_targets))}, which "
+                      f"{'load(targets=...) leaves out' if not gpu_targets & set(self.targets) else 'this runtime cannot drive here'}")
+        else:
+            from optcli.runtime.gpu_plan import GpuSteps
+            from optcli.runtime.opencl import ClDevice, DeviceUnavailable
+
+            try:
+                return GpuSteps(self.plan, ClDevice.shared(device), self.precision, usable)
+            except DeviceUnavailable as exc:
+                reason = str(exc)
+            except Exception as exc:  # build failure, out of device memory, lost device
+                reason = f"the OpenCL device failed ({type(exc).__name__}: {str(exc).strip().splitlines()[0]})"
+        if require_gpu:
+            raise TargetError(f"{self.source}: require_gpu=True, but {reason}")
+        _warn_once(f"optcli: {reason}; running the GPU steps on the CPU")
+        return None
 
     # ----------------------------------------------------------------- describing
     @property

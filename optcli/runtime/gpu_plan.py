@@ -1,0 +1,105 @@
+"""Prepare and run the GPU part of a plan on an OpenCL device.
+
+At load: every device value gets a buffer (values whose lifetimes do not overlap share one, by
+best fit), weights are re-laid and uploaded once by the kernels' launch functions, programs are
+built (or fetched from the binary cache) and kernel arguments bound.  At run time a GPU step is
+only an enqueue; ``Upload`` copies a host array into its device buffer without waiting, and
+``Download`` is the one blocking read: host syncs happen only at target borders.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from optcli.gpu.layout import packed_elements
+from optcli.gpu.ops_layout import TRANSFER_OPS
+from optcli.gpu.registry import get_gpu_kernel
+from optcli.plan import Plan, Step
+from optcli.runtime.opencl import BoundLaunch, ClDevice, ClLaunchContext, cl
+
+LINEAR_OPS = ("Upload", "Unpack")  # steps whose output is a plain (unpacked) device buffer
+
+
+class GpuSteps:
+    """The prepared GPU steps of one plan on one device."""
+
+    def __init__(self, plan: Plan, dev: ClDevice, precision: str, gpu_targets: set[str]):
+        self.plan, self.dev, self.precision = plan, dev, precision
+        self.queue = dev.new_queue()  # one queue per predictor
+        self.storage = np.dtype(np.float16 if precision == "fp16" else np.float32)
+        self.gpu_indices = [i for i, s in enumerate(plan.steps) if s.target in gpu_targets]
+        shapes = {k: tuple(v.shape) for k, v in plan.values.items() if v.shape is not None
+                  and all(isinstance(d, int) for d in v.shape)}
+        self.shapes = shapes
+        self.buffers, self.device_bytes = self._allocate(plan, self.gpu_indices)
+        self.ctx = ClLaunchContext(dev, shapes, plan.weights, self.buffers, precision)
+        self.bound: dict[int, list[BoundLaunch]] = {}
+        for i in self.gpu_indices:
+            step = plan.steps[i]
+            if step.op_type in TRANSFER_OPS:
+                continue
+            kern = get_gpu_kernel(step.kernel)
+            launches = kern.launch(self.ctx, step)
+            self.bound[i] = [self.ctx.bind(launch, f"step {i} {step.name}") for launch in launches]
+        self._keep: list[np.ndarray] = []
+
+    # ------------------------------------------------------------------ buffers
+    def _nbytes(self, step: Step, name: str, produced_linear: set[str]) -> int:
+        shape = self.shapes[name]
+        if name in produced_linear:
+            return max(16, int(np.prod(shape, dtype=np.int64)) * self.storage.itemsize)
+        return max(16, packed_elements(shape) * self.storage.itemsize)
+
+    def _allocate(self, plan: Plan, indices: list[int]) -> tuple[dict[str, Any], int]:
+        """Buffers for device values, shared between values whose lifetimes do not overlap."""
+        produced_linear = {o for i in indices for o in plan.steps[i].outputs
+                           if plan.steps[i].op_type in LINEAR_OPS}
+        device_values: dict[str, tuple[int, int, int]] = {}  # name -> (first, last, nbytes)
+        for i in indices:
+            step = plan.steps[i]
+            names = [*step.outputs] + ([] if step.op_type == "Upload" else list(step.inputs))
+            for name in names:
+                if not name or name in plan.weights or (step.op_type == "Download" and name in step.outputs):
+                    continue
+                first, last = plan.memory.lifetimes.get(name, (i, i))
+                device_values[name] = (first, last, self._nbytes(step, name, produced_linear))
+        free: list[tuple[int, Any]] = []  # (nbytes, buffer)
+        releases: dict[int, list[tuple[int, Any]]] = {}
+        buffers: dict[str, Any] = {}
+        total = 0
+        for name, (first, last, nbytes) in sorted(device_values.items(), key=lambda kv: (kv[1][0], kv[0])):
+            for step_index in sorted(k for k in releases if k < first):
+                free.extend(releases.pop(step_index))
+            fits = sorted((b for b in free if b[0] >= nbytes), key=lambda b: b[0])
+            if fits:
+                chosen = fits[0]
+                free.remove(chosen)
+            else:
+                chosen = (nbytes, cl.Buffer(self.dev.context, cl.mem_flags.READ_WRITE, nbytes))
+                total += nbytes
+            buffers[name] = chosen[1]
+            releases.setdefault(last, []).append(chosen)
+        return buffers, total
+
+    # -------------------------------------------------------------------- running
+    def run_step(self, i: int, step: Step, env: dict[str, Any]) -> None:
+        queue = self.queue
+        if step.op_type == "Upload":
+            host = np.ascontiguousarray(env[step.inputs[0]], dtype=self.storage)
+            self._keep.append(host)  # alive until the copy is done (the run's end at the latest)
+            cl.enqueue_copy(queue, self.buffers[step.outputs[0]], host, is_blocking=False)
+        elif step.op_type == "Download":
+            shape = self.shapes[step.outputs[0]]
+            host = np.empty(shape, dtype=self.storage)
+            cl.enqueue_copy(queue, host, self.buffers[step.inputs[0]], is_blocking=True)
+            self._keep.clear()
+            env[step.outputs[0]] = host.astype(np.float32, copy=False)
+        else:
+            for launch in self.bound[i]:
+                launch.enqueue(queue)
+
+    def finish(self) -> None:
+        self.queue.finish()
+        self._keep.clear()
