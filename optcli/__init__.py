@@ -25,6 +25,13 @@ def load(*args, **kwargs):
     return _load(*args, **kwargs)
 
 
+def list_devices(check: bool = True):
+    """OpenCL devices with their capabilities and whether each is usable (see ``optcli devices``)."""
+    from optcli.runtime.devices import list_devices as _list
+
+    return _list(check)
+
+
 def __getattr__(name):
     # The Paddle Lite facade, imported lazily so `import optcli` stays light.
     if name in ("MobileConfig", "create_paddle_predictor", "PaddlePredictor"):
@@ -34,4 +41,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'optcli' has no attribute '{name}'")
 
 
-__all__ = ["OptError", "optimize", "load", "MobileConfig", "create_paddle_predictor", "__version__"]
+__all__ = ["OptError", "optimize", "load", "list_devices", "MobileConfig", "create_paddle_predictor", "__version__"]

@@ -91,11 +91,14 @@ def _split_passes(values: tuple[str, ...]) -> set[str]:
               "and which use the generic fallback.", **BOOL_FLAG)
 @click.option("--display_kernels", help="Print the kernel chosen for every step.", **BOOL_FLAG)
 @click.option("--print_passes", help="Print the pass pipeline in order and exit.", **BOOL_FLAG)
+@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+              help="Storage precision of GPU tensors: fp16 stores half (vload_half) and accumulates in fp32. "
+                   "The host CPU always computes fp32.")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
 @click.version_option(__version__, "--version", message=f"opt (optcli) %(version)s, .nb format v{FORMAT_VERSION}")
 def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out_type, input_shapes,
                 disable_pass, placement_config, report_path, print_supported_ops, print_all_ops,
-                print_model_ops, display_kernels, print_passes, quiet):
+                print_model_ops, display_kernels, print_passes, precision, quiet):
     """Optimize an ONNX model for the given targets and write one compact NAME.nb file.
 
     \b
@@ -126,7 +129,8 @@ def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out
     show = _progress(quiet)
     result = compile_model(model_file=model_file, model_dir=model_dir, valid_targets=valid_targets,
                            input_shapes=input_shapes, disabled_passes=_split_passes(disable_pass),
-                           placement_overrides=_load_placement_config(placement_config), progress=show)
+                           placement_overrides=_load_placement_config(placement_config), progress=show,
+                           precision=precision)
     if show:
         click.echo("\r\033[K", nl=False, err=True)
     if not quiet:
@@ -194,6 +198,32 @@ def optcli_group():
 
 
 optcli_group.add_command(opt_command, name="opt")
+
+
+@optcli_group.command(name="devices")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--no-check", is_flag=True, help="Skip building and running a test kernel on each device.")
+def devices_command(as_json, no_check):
+    """List OpenCL devices, the capabilities optcli relies on, and whether each is usable."""
+    from optcli.runtime.devices import list_devices
+
+    found = list_devices(check=not no_check)
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    if not found:
+        click.echo("no OpenCL platform or device found: GPU steps will run on the CPU "
+                   "(pip install 'optcli[pocl]' gives a CPU OpenCL device for testing)")
+        return
+    for i, d in enumerate(found):
+        state = "usable" if d["usable"] else "NOT usable: " + "; ".join(d["problems"])
+        click.echo(f"[{i}] {d['name']} ({d['type']}, {d['platform']}) - {state}")
+        click.echo(f"    {d['version']}, driver {d['driver']}, {d['compute_units']} compute units, "
+                   f"{d['global_mem_mb']} MB memory ({d['max_alloc_mb']} MB per buffer)")
+        click.echo(f"    work-group <= {d['max_work_group_size']}, local memory {d['local_mem_kb']} KB, "
+                   f"fp16 {'native' if d['fp16_native'] else 'storage only'}, images "
+                   f"{d['image2d_max'] if d['image_support'] else 'no'}")
+        click.echo(f"    recommended: --precision={d['recommended']['precision']} ({d['recommended']['why']})")
 
 
 def opt_main() -> None:

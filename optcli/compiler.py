@@ -13,7 +13,7 @@ from pathlib import Path
 import onnx
 
 from optcli import __version__
-from optcli.errors import ModelError
+from optcli.errors import ModelError, UsageError
 from optcli.frontend.onnx_reader import read_model
 from optcli.frontend.shapes import parse_input_shapes
 from optcli.ir import Graph
@@ -23,6 +23,8 @@ from optcli.passes import pipeline
 from optcli.passes.base import PassContext
 from optcli.plan import Plan, lower
 from optcli.targets import TARGETS, parse_targets
+
+PRECISIONS = ("fp32", "fp16")
 
 
 @dataclass
@@ -42,7 +44,10 @@ def compile_model(
     disabled_passes: tuple[str, ...] | set[str] = (),
     placement_overrides: dict[str, str] | None = None,
     progress: Callable[[str], None] | None = None,
+    precision: str = "fp32",
 ) -> CompileResult:
+    if precision not in PRECISIONS:
+        raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{precision}'")
     targets = parse_targets(valid_targets)
     shapes = parse_input_shapes(input_shapes) if isinstance(input_shapes, str) or input_shapes is None \
         else dict(input_shapes)
@@ -52,6 +57,7 @@ def compile_model(
     nodes_before = len(graph.nodes)
     ctx = PassContext(targets=targets, options={"placement_overrides": dict(placement_overrides or {})})
     records = pipeline.optimize(graph, ctx, set(disabled_passes), progress=progress)
+    graph.metadata["precision"] = precision
     plan = lower(graph, [t.name for t in targets], ctx.options.get("memory"))
     _check_dtypes(plan, graph.metadata.get("source", "model"))
     data = to_bytes(plan)
@@ -100,12 +106,23 @@ def build_report(graph: Graph, plan: Plan, ctx: PassContext, records: list[dict]
         "passes": records,
         "steps": steps,
         "fallback_ops": dict(sorted(fallback_ops.items())),
+        "precision": plan.metadata.get("precision", "fp32"),
+        "transfers": _transfers(plan),
         "memory": {"peak_activation_bytes": mem.arena_bytes, "naive_activation_bytes": mem.naive_bytes,
                    "dynamic": mem.arena_bytes is None},
         "sizes": {"file_bytes": len(data), "weights_bytes": weights_bytes,
                   "weights_by_dtype": _by_dtype(plan)},
         "warnings": list(ctx.warnings),
     }
+
+
+def _transfers(plan: Plan) -> dict[str, int | None]:
+    """Host<->device copies per run and the bytes they move (None when a shape is dynamic)."""
+    copies = [s for s in plan.steps if s.domain == "optcli" and s.op_type in ("Upload", "Download")]
+    sizes = [plan.values[s.inputs[0]].nbytes() for s in copies]
+    return {"uploads": sum(s.op_type == "Upload" for s in copies),
+            "downloads": sum(s.op_type == "Download" for s in copies),
+            "bytes_per_run": None if any(b is None for b in sizes) else sum(sizes)}
 
 
 def _by_dtype(plan: Plan) -> dict[str, int]:

@@ -12,7 +12,7 @@ import numpy as np
 
 from optcli.errors import OptError
 from optcli.ops import get_kernel
-from optcli.plan import Plan, Step
+from optcli.plan import Step
 from optcli.runtime.evaluate import kernel_attrs
 from optcli.runtime.reference import run_reference
 

@@ -71,8 +71,9 @@ class Predictor:
             return None
         reason = None
         if not usable:
-            reason = (f"the plan's GPU steps are for {', '.join(sorted(gpu_targets))}, which "
-                      f"{'load(targets=...) leaves out' if not gpu_targets & set(self.targets) else 'this runtime cannot drive here'}")
+            why = ("load(targets=...) leaves out" if not gpu_targets & set(self.targets)
+                   else "this runtime cannot drive on this machine")
+            reason = f"the plan's GPU steps are for {', '.join(sorted(gpu_targets))}, which {why}"
         else:
             from optcli.runtime.gpu_plan import GpuSteps
             from optcli.runtime.opencl import ClDevice, DeviceUnavailable

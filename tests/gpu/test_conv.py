@@ -1,0 +1,165 @@
+"""Conv and ConvTranspose GPU kernels against the numpy reference: every variant, fp32 and fp16,
+odd channel counts, strides, asymmetric pads, dilation, groups, batch 2, every fused epilogue."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import optcli.gpu.ops  # noqa: F401  (registers the kernels)
+from optcli.gpu.registry import get_gpu_kernel, gpu_kernels_for
+from optcli.ir import Graph, Node, Value
+from optcli.ops.activation import ACTIVATIONS
+from optcli.runtime.evaluate import evaluate_node
+from optcli.targets.gpu import OPENCL
+from tests.gpu.harness import check_gpu
+
+RNG = np.random.default_rng(7)
+
+
+def ir_graph(op_type: str, inputs: dict, consts: dict, attrs: dict, domain: str = "",
+             input_names: list[str] | None = None) -> tuple[Graph, Node]:
+    """A one-node IR graph built directly (fused-epilogue attributes are not ONNX attributes)."""
+    names = input_names if input_names is not None else [*inputs, *consts]
+    node = Node(op_type, list(names), ["y0"], dict(attrs), "n0", domain)
+    graph = Graph("g", [node], [Value(k, str(v.dtype), tuple(v.shape)) for k, v in inputs.items()], [],
+                  dict(consts), {}, {"": 17})
+    env = {**inputs, **consts}
+    (out,) = evaluate_node(node, [env[n] if n else None for n in names], graph.opsets)
+    graph.values = {v.name: v for v in graph.inputs}
+    graph.values["y0"] = Value("y0", str(out.dtype), tuple(out.shape))
+    graph.outputs = [graph.values["y0"]]
+    return graph, node
+
+
+def rand(*shape, scale=1.0):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def conv_case(x_shape, m, k, group=1, bias=True, **attrs):
+    x = rand(*x_shape)
+    consts = {"w": rand(m, x_shape[1] // group, *k, scale=0.5)}
+    if bias:
+        consts["b"] = rand(m)
+    if group != 1:
+        attrs["group"] = group
+    return x, consts, attrs
+
+
+# name -> (x shape, M, kernel, group, attrs)
+CASES = {
+    "1x1": (((2, 5, 6, 7), 7, (1, 1), 1, {}), ((1, 9, 5, 7), 6, (1, 1), 1, {"strides": [2, 2]})),
+    "3x3": (((2, 5, 7, 9), 7, (3, 3), 1, {"pads": [1, 0, 2, 1]}),
+            ((1, 3, 9, 8), 5, (3, 3), 1, {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+            ((1, 6, 9, 9), 3, (3, 3), 1, {"dilations": [2, 2], "pads": [2, 1, 2, 1]})),
+    "depthwise": (((2, 6, 7, 9), 6, (3, 3), 6, {"pads": [1, 1, 1, 1]}),
+                  ((1, 5, 9, 8), 5, (3, 3), 5, {"strides": [2, 2], "pads": [0, 1, 1, 0]}),
+                  ((1, 5, 7, 7), 10, (3, 3), 5, {"pads": [1, 1, 1, 1]}),  # channel multiplier 2
+                  ((1, 7, 11, 10), 7, (5, 5), 7, {"dilations": [2, 2], "pads": [3, 2, 2, 3]})),
+    "generic": (((1, 6, 7, 7), 9, (3, 3), 3, {"pads": [1, 1, 1, 1]}),  # groups of 2 -> 3 channels
+                ((2, 10, 6, 5), 6, (1, 3), 2, {"pads": [0, 1, 0, 2]}),
+                ((1, 3, 11, 9), 5, (5, 5), 1, {"strides": [2, 1], "pads": [2, 2, 1, 0], "dilations": [1, 2]}),
+                ((1, 5, 7, 7), 10, (3, 3), 5, {"pads": [1, 1, 1, 1]})),
+    "winograd": (((2, 5, 7, 9), 7, (3, 3), 1, {"pads": [1, 1, 1, 1]}),
+                 ((1, 9, 6, 7), 3, (3, 3), 1, {"pads": [1, 0, 0, 1]}),
+                 ((1, 3, 8, 9), 6, (3, 3), 1, {})),
+}
+PARAMS = [(v, i) for v, cases in CASES.items() for i in range(len(cases))]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("variant, index", PARAMS)
+def test_conv_variant(variant, index, precision):
+    x_shape, m, k, group, attrs = CASES[variant][index]
+    x, consts, attrs = conv_case(x_shape, m, k, group, bias=index != 1, **attrs)
+    graph, node = ir_graph("Conv", {"x": x}, consts, attrs)
+    check_gpu(graph, node, {"x": x}, precision, kernel_id=f"gpu.onnx.Conv.{variant}")
+
+
+EPILOGUES = {"relu": (0, 0), "clip": (-0.5, 0.7), "leaky_relu": (0.1, 0), "sigmoid": (0, 0), "tanh": (0, 0),
+             "hard_sigmoid": (0.2, 0.5), "hard_swish": (0, 0), "swish": (0, 0)}
+
+
+def test_epilogue_table_covers_all_activations():
+    assert set(EPILOGUES) == set(ACTIVATIONS)
+
+
+@pytest.mark.parametrize("activation", sorted(EPILOGUES))
+@pytest.mark.parametrize("variant", sorted(CASES))
+def test_conv_epilogue(variant, activation):
+    x_shape, m, k, group, attrs = CASES[variant][0]
+    alpha, beta = EPILOGUES[activation]
+    attrs = {**attrs, "activation": activation, "activation_alpha": alpha, "activation_beta": beta}
+    x, consts, attrs = conv_case(x_shape, m, k, group, **attrs)
+    graph, node = ir_graph("Conv", {"x": x}, consts, attrs)
+    check_gpu(graph, node, {"x": x}, "fp32", kernel_id=f"gpu.onnx.Conv.{variant}")
+
+
+@pytest.mark.parametrize("variant", sorted(CASES))
+def test_conv_epilogue_fp16(variant):
+    x_shape, m, k, group, attrs = CASES[variant][0]
+    attrs = {**attrs, "activation": "hard_swish"}
+    x, consts, attrs = conv_case(x_shape, m, k, group, **attrs)
+    graph, node = ir_graph("Conv", {"x": x}, consts, attrs)
+    check_gpu(graph, node, {"x": x}, "fp16", kernel_id=f"gpu.onnx.Conv.{variant}")
+
+
+def test_conv_auto_pad_same():
+    x, consts, attrs = conv_case((1, 5, 7, 8), 6, (3, 3), strides=[2, 2], auto_pad="SAME_UPPER")
+    graph, node = ir_graph("Conv", {"x": x}, consts, attrs)
+    for variant in ("3x3", "generic"):
+        check_gpu(graph, node, {"x": x}, "fp32", kernel_id=f"gpu.onnx.Conv.{variant}")
+
+
+def _fits(graph, node) -> set[str]:
+    return {k.variant for k in gpu_kernels_for(node.op_type) if k.check(node, graph) is None}
+
+
+def test_conv_checks():
+    x, consts, attrs = conv_case((1, 8, 9, 9), 8, (3, 3))
+    graph, node = ir_graph("Conv", {"x": x}, consts, attrs)
+    assert _fits(graph, node) == {"3x3", "winograd", "generic"}
+    graph, node = ir_graph("Conv", {"x": x}, *conv_case((1, 8, 9, 9), 8, (1, 1))[1:])
+    assert _fits(graph, node) == {"1x1", "generic"}
+    graph, node = ir_graph("Conv", {"x": x}, *conv_case((1, 8, 9, 9), 8, (3, 3), 8)[1:])
+    assert _fits(graph, node) == {"depthwise", "generic"}
+    # A runtime weight, a 1-D conv: nothing fits, and the reason says why.
+    graph, node = ir_graph("Conv", {"x": x, "w": consts["w"]}, {}, {})
+    assert "not a constant" in get_gpu_kernel("gpu.onnx.Conv.generic").check(node, graph)
+    x1 = rand(1, 4, 9)
+    graph, node = ir_graph("Conv", {"x": x1}, {"w": rand(4, 4, 3)}, {})
+    assert "2-D" in get_gpu_kernel("gpu.onnx.Conv.generic").check(node, graph)
+
+
+def test_conv_selection_by_cost():
+    def best(x_shape, m, k, group=1, **attrs):
+        x, consts, attrs = conv_case(x_shape, m, k, group, **attrs)
+        graph, node = ir_graph("Conv", {"x": np.zeros(x_shape, np.float32)}, consts, attrs)
+        return OPENCL.select_kernel(node, graph).rsplit(".", 1)[1]
+
+    assert best((1, 3, 8, 8), 8, (3, 3), pads=[1, 1, 1, 1]) == "3x3"
+    assert best((1, 64, 28, 28), 64, (3, 3), pads=[1, 1, 1, 1]) == "winograd"
+    assert best((1, 16, 8, 8), 16, (1, 1)) == "1x1"
+    assert best((1, 16, 8, 8), 16, (3, 3), 16, pads=[1, 1, 1, 1]) == "depthwise"
+    assert best((1, 16, 8, 8), 16, (3, 3), 4, pads=[1, 1, 1, 1]) == "generic"
+
+
+TRANSPOSE_CASES = [
+    ((2, 5, 4, 5), 7, 1, {"strides": [2, 2], "pads": [1, 0, 1, 1], "output_padding": [1, 0]}),
+    ((1, 3, 5, 4), 6, 1, {"pads": [1, 1, 1, 1]}),
+    ((1, 6, 4, 3), 6, 2, {"strides": [2, 1], "dilations": [1, 2]}),  # 2 groups of 3 -> 3
+    ((1, 4, 3, 3), 5, 1, {"strides": [3, 2], "output_shape": [9, 7], "activation": "relu"}),
+]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("index", range(len(TRANSPOSE_CASES)))
+def test_conv_transpose(index, precision):
+    x_shape, m, group, attrs = TRANSPOSE_CASES[index]
+    x = rand(*x_shape)
+    consts = {"w": rand(x_shape[1], m // group, 3, 3, scale=0.5), "b": rand(m)}
+    attrs = {**attrs, "group": group}
+    if "activation" in attrs and precision == "fp16":
+        attrs.pop("activation")
+    graph, node = ir_graph("ConvTranspose", {"x": x}, consts, attrs)
+    check_gpu(graph, node, {"x": x}, precision, kernel_id="gpu.onnx.ConvTranspose.gather")

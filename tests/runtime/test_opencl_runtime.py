@@ -1,0 +1,112 @@
+"""The OpenCL runtime on PoCL: mixed plans, precisions, CPU fallback, require_gpu, binary cache."""
+
+from __future__ import annotations
+
+import stat
+import warnings
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import optcli
+from optcli.errors import TargetError
+from optcli.runtime import opencl
+from optcli.runtime.cl_cache import ProgramCache
+from tests.helpers import assert_close
+
+X = np.random.default_rng(3).standard_normal((2, 5, 6, 7)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    """Relu (GPU) -> CumSum (host only) -> Sigmoid (GPU): two crossings each way."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("CumSum", ["r", "axis"], ["c"]),
+             helper.make_node("Sigmoid", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(X.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array(1, np.int64), "axis")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": X})
+    return model, expected[0]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_mixed_plan_on_the_gpu(mixed, precision):
+    model, expected = mixed
+    data = optcli.optimize(model=model, valid_targets="opencl,arm", precision=precision).data
+    p = optcli.load(data, require_gpu=True)
+    assert p.gpu is not None and p.precision == precision
+    assert_close(p.run({"x": X})["y"], expected, precision)
+
+
+def test_no_device_warns_and_runs_on_the_cpu(mixed, monkeypatch):
+    model, expected = mixed
+    data = optcli.optimize(model=model, valid_targets="opencl,arm").data
+
+    def no_device(name=None):
+        raise opencl.DeviceUnavailable("no OpenCL platform (test)")
+
+    monkeypatch.setattr(opencl.ClDevice, "shared", classmethod(lambda cls, name=None: no_device()))
+    monkeypatch.setattr("optcli.runtime.predictor._WARNED", set())
+    with pytest.warns(RuntimeWarning, match="no OpenCL platform \\(test\\); running the GPU steps on the CPU"):
+        p = optcli.load(data)
+    assert p.gpu is None
+    assert_close(p.run({"x": X})["y"], expected)
+    with pytest.raises(TargetError, match="require_gpu=True, but no OpenCL platform"):
+        optcli.load(data, require_gpu=True)
+
+
+def test_kernel_build_failure_falls_back_with_the_reason(mixed, monkeypatch):
+    model, expected = mixed
+    data = optcli.optimize(model=model, valid_targets="opencl,arm").data
+
+    def broken(self, source, defines):
+        raise RuntimeError("clBuildProgram failed: BUILD_PROGRAM_FAILURE (test)")
+
+    monkeypatch.setattr(opencl.ClDevice, "program", broken)
+    monkeypatch.setattr("optcli.runtime.predictor._WARNED", set())
+    with pytest.warns(RuntimeWarning, match="BUILD_PROGRAM_FAILURE"):
+        p = optcli.load(data)
+    assert_close(p.run({"x": X})["y"], expected)
+
+
+def test_load_with_targets_arm_runs_everything_on_the_cpu(mixed):
+    model, expected = mixed
+    data = optcli.optimize(model=model, valid_targets="opencl,arm").data
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = optcli.load(data, targets="arm")
+    assert p.gpu is None
+    assert_close(p.run({"x": X})["y"], expected)
+
+
+def test_one_queue_per_predictor(mixed):
+    data = optcli.optimize(model=mixed[0], valid_targets="opencl,arm").data
+    a, b = optcli.load(data), optcli.load(data)
+    assert a.gpu.queue is not b.gpu.queue and a.gpu.dev is b.gpu.dev
+
+
+def test_binary_cache_warm_hit_and_damaged_entry(tmp_path):
+    dev = opencl.ClDevice.shared()
+    text = "__kernel void k(__global float* a) { a[get_global_id(0)] += 1.0f; }"
+    cache = ProgramCache(tmp_path)
+    assert stat.S_IMODE((tmp_path / "programs").stat().st_mode) == 0o700
+    _, built = cache.build(dev.context, dev.device, text)
+    assert built == 1 and cache.misses == 1
+    _, built = cache.build(dev.context, dev.device, text)
+    assert built == 0 and cache.hits == 1
+    entry = next((tmp_path / "programs").glob("*.bin"))
+    damaged = bytearray(entry.read_bytes())
+    damaged[-1] ^= 0xFF
+    entry.write_bytes(bytes(damaged))
+    _, built = cache.build(dev.context, dev.device, text)
+    assert built == 1, "a damaged cache entry must be rebuilt, not trusted"
+
+
+def test_list_devices_reports_pocl():
+    devices = optcli.list_devices()
+    assert devices and any(d["usable"] for d in devices)
+    d = devices[0]
+    assert {"version", "fp16_native", "max_work_group_size", "image_support", "global_mem_mb", "recommended"} <= set(d)
