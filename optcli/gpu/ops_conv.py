@@ -31,7 +31,7 @@ from optcli.ops.spatial import Window, conv_transpose_geometry, window
 
 SOURCE = "conv.cl"
 _LAUNCH_COST = 2e4  # MAC-equivalents one launch costs (dispatch, a pass over the tiles)
-_MEM_COST = 8.0  # MAC-equivalents per float moved through a scratch buffer
+_MEM_COST = 2.0  # MAC-equivalents per float written to or read from a scratch buffer
 
 
 # --------------------------------------------------------------------------- shared parts

@@ -29,7 +29,12 @@ _EPILOGUE_OPS = ("Add", "Sub", "Mul")
 def data_check(node: Any, graph: Graph, inputs: list[str] | None = None) -> str | None:
     """``common_check`` on the data inputs only (shape/axes inputs are int64 and often constant)."""
     picked = [node.inputs[0]] if inputs is None else inputs
-    return common_check(SimpleNamespace(inputs=picked, outputs=node.outputs), graph)
+    reason = common_check(SimpleNamespace(inputs=picked, outputs=node.outputs), graph)
+    if reason is None:
+        for name in [*picked, *node.outputs]:
+            if name and 0 in graph.shape_of(name):
+                return f"'{name}' is empty (shape {tuple(graph.shape_of(name))})"
+    return reason
 
 
 def logical_axis_to4(rank: int, axis: int) -> int:

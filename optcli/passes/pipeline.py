@@ -26,6 +26,7 @@ from optcli.passes import (
     fuse_conv_bn,
     fuse_matmul_add,
     insert_copies,
+    keep_small_islands_on_host,
     place_nodes,
     plan_memory,
     remove_dead_nodes,
@@ -51,6 +52,7 @@ PASSES: list[ModuleType] = [
     remove_dead_nodes,
     # placement and lowering preparation (required: the plan needs them)
     place_nodes,
+    keep_small_islands_on_host,
     insert_copies,
     select_kernels,
     plan_memory,

@@ -16,6 +16,8 @@ from optcli.runtime import opencl
 from optcli.runtime.cl_cache import ProgramCache
 from tests.helpers import assert_close
 
+# These tests are about the GPU path itself: keep even tiny islands on the GPU.
+KEEP_ON_GPU = {"keep_small_islands_on_host"}
 X = np.random.default_rng(3).standard_normal((2, 5, 6, 7)).astype(np.float32)
 
 
@@ -35,7 +37,7 @@ def mixed():
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_mixed_plan_on_the_gpu(mixed, precision):
     model, expected = mixed
-    data = optcli.optimize(model=model, valid_targets="opencl,arm", precision=precision).data
+    data = optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU, precision=precision).data
     p = optcli.load(data, require_gpu=True)
     assert p.gpu is not None and p.precision == precision
     assert_close(p.run({"x": X})["y"], expected, precision)
@@ -43,7 +45,7 @@ def test_mixed_plan_on_the_gpu(mixed, precision):
 
 def test_no_device_warns_and_runs_on_the_cpu(mixed, monkeypatch):
     model, expected = mixed
-    data = optcli.optimize(model=model, valid_targets="opencl,arm").data
+    data = optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data
 
     def no_device(name=None):
         raise opencl.DeviceUnavailable("no OpenCL platform (test)")
@@ -60,7 +62,7 @@ def test_no_device_warns_and_runs_on_the_cpu(mixed, monkeypatch):
 
 def test_kernel_build_failure_falls_back_with_the_reason(mixed, monkeypatch):
     model, expected = mixed
-    data = optcli.optimize(model=model, valid_targets="opencl,arm").data
+    data = optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data
 
     def broken(self, source, defines):
         raise RuntimeError("clBuildProgram failed: BUILD_PROGRAM_FAILURE (test)")
@@ -74,7 +76,7 @@ def test_kernel_build_failure_falls_back_with_the_reason(mixed, monkeypatch):
 
 def test_load_with_targets_arm_runs_everything_on_the_cpu(mixed):
     model, expected = mixed
-    data = optcli.optimize(model=model, valid_targets="opencl,arm").data
+    data = optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         p = optcli.load(data, targets="arm")
@@ -83,7 +85,7 @@ def test_load_with_targets_arm_runs_everything_on_the_cpu(mixed):
 
 
 def test_one_queue_per_predictor(mixed):
-    data = optcli.optimize(model=mixed[0], valid_targets="opencl,arm").data
+    data = optcli.optimize(model=mixed[0], valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data
     a, b = optcli.load(data), optcli.load(data)
     assert a.gpu.queue is not b.gpu.queue and a.gpu.dev is b.gpu.dev
 
