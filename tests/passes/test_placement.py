@@ -10,7 +10,6 @@ from onnx import TensorProto, helper, numpy_helper
 import optcli
 from optcli.errors import ModelError
 
-
 KEEP_ON_GPU = {"keep_small_islands_on_host"}
 
 

@@ -37,7 +37,8 @@ def mixed():
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_mixed_plan_on_the_gpu(mixed, precision):
     model, expected = mixed
-    data = optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU, precision=precision).data
+    data = optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU,
+                           precision=precision).data
     p = optcli.load(data, require_gpu=True)
     assert p.gpu is not None and p.precision == precision
     assert_close(p.run({"x": X})["y"], expected, precision)
