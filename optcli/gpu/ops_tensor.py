@@ -29,6 +29,11 @@ def _row_major_strides(shape) -> list[int]:
     return strides[::-1]
 
 
+def _static(graph: Graph, name: str) -> bool:
+    shape = graph.shape_of(name)
+    return shape is not None and all(isinstance(d, int) for d in shape)
+
+
 def _ints(v) -> list[int]:
     return [int(a) for a in np.asarray(v).reshape(-1)]
 
@@ -136,12 +141,9 @@ def _slice_params(node, const, shape) -> tuple[list[int], list[int], list[int]] 
 
 
 def _slice_check(node: Node, graph: Graph) -> str | None:
-    reason = data_check(node, graph)
-    if reason:
-        return reason
-    if _slice_params(node, graph.const, graph.shape_of(node.inputs[0])) is None:
+    if _static(graph, node.inputs[0]) and _slice_params(node, graph.const, graph.shape_of(node.inputs[0])) is None:
         return "Slice starts/ends/axes/steps must be constants"
-    return None
+    return data_check(node, graph)
 
 
 @gpu_kernel("Slice", check=_slice_check)
@@ -232,14 +234,14 @@ def _pad_params(node, const, rank: int) -> tuple[list[int], float] | str:
 
 
 def _pad_check(node: Node, graph: Graph) -> str | None:
-    reason = data_check(node, graph)
-    if reason:
-        return reason
     mode = node.attrs.get("mode", "constant")
     if mode not in _PAD_MODES:
         return f"Pad mode {mode}"
-    params = _pad_params(node, graph.const, len(graph.shape_of(node.inputs[0])))
-    return params if isinstance(params, str) else None
+    if _static(graph, node.inputs[0]):
+        params = _pad_params(node, graph.const, len(graph.shape_of(node.inputs[0])))
+        if isinstance(params, str):
+            return params
+    return data_check(node, graph)
 
 
 @gpu_kernel("Pad", check=_pad_check)

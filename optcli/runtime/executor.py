@@ -14,6 +14,10 @@ from optcli.plan import Plan
 from optcli.runtime.cpu import StepError, bind_step
 
 
+def _host(value):
+    return value.get() if type(value).__module__.startswith("pyopencl") and hasattr(value, "get") else value
+
+
 class Executor:
     def __init__(self, plan: Plan, gpu=None):
         self.plan = plan
@@ -40,7 +44,8 @@ class Executor:
         return {v.name: env[v.name] for v in self.plan.outputs}
 
     def _host_step(self, i, step, fn, env, record_sizes) -> None:
-        args = [env[n] if n else None for n in step.inputs]
+        # A device input read on the host (its first reader is a host step) comes over here.
+        args = [_host(env[n]) if n else None for n in step.inputs]
         try:
             outs = fn(args)
         except OptError:

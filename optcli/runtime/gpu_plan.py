@@ -19,6 +19,9 @@ from optcli.gpu.registry import get_gpu_kernel
 from optcli.plan import Plan, Step
 from optcli.runtime.opencl import BoundLaunch, ClDevice, ClLaunchContext, cl
 
+if cl is not None:
+    import pyopencl.array as cl_array
+
 LINEAR_OPS = ("Upload", "Unpack")  # steps whose output is a plain (unpacked) device buffer
 
 
@@ -44,6 +47,8 @@ class GpuSteps:
             launches = kern.launch(self.ctx, step)
             self.bound[i] = [self.ctx.bind(launch, f"step {i} {step.name}") for launch in launches]
         self._keep: list[np.ndarray] = []
+        self.outputs_on_device = False
+        self.graph_outputs = {v.name for v in plan.outputs}
 
     # ------------------------------------------------------------------ buffers
     def _nbytes(self, step: Step, name: str, produced_linear: set[str]) -> int:
@@ -87,11 +92,20 @@ class GpuSteps:
     def run_step(self, i: int, step: Step, env: dict[str, Any]) -> None:
         queue = self.queue
         if step.op_type == "Upload":
-            host = np.ascontiguousarray(env[step.inputs[0]], dtype=self.storage)
+            value = env[step.inputs[0]]
+            if isinstance(value, cl_array.Array):  # already on this device: copy on the device
+                cl.enqueue_copy(queue, self.buffers[step.outputs[0]], self._device_input(value, step).data)
+                return
+            host = np.ascontiguousarray(value, dtype=self.storage)
             self._keep.append(host)  # alive until the copy is done (the run's end at the latest)
             cl.enqueue_copy(queue, self.buffers[step.outputs[0]], host, is_blocking=False)
         elif step.op_type == "Download":
             shape = self.shapes[step.outputs[0]]
+            if self.outputs_on_device and step.outputs[0] in self.graph_outputs:
+                out = cl_array.empty(queue, shape, self.storage)
+                cl.enqueue_copy(queue, out.data, self.buffers[step.inputs[0]])
+                env[step.outputs[0]] = out
+                return
             host = np.empty(shape, dtype=self.storage)
             cl.enqueue_copy(queue, host, self.buffers[step.inputs[0]], is_blocking=True)
             self._keep.clear()
@@ -99,6 +113,13 @@ class GpuSteps:
         else:
             for launch in self.bound[i]:
                 launch.enqueue(queue)
+
+    def _device_input(self, value, step: Step):
+        if value.dtype != self.storage:
+            value = value.astype(self.storage)  # on the device, in this predictor's queue
+        if tuple(value.shape) != self.shapes[step.outputs[0]]:
+            raise ValueError(f"device input for '{step.inputs[0]}' has shape {value.shape}")
+        return value if value.flags.c_contiguous else value.copy()
 
     def finish(self) -> None:
         self.queue.finish()

@@ -107,15 +107,34 @@ class Predictor:
         return self._shape_plans.get(tuple(tuple(shapes[v.name]) for v in self.plan.inputs))
 
     # -------------------------------------------------------------------- running
-    def run(self, feeds) -> dict[str, np.ndarray]:
+    def run(self, feeds, outputs_on_device: bool = False) -> dict[str, np.ndarray]:
+        """Run the model.  ``feeds``: {name: array} or a list in input order; arrays may be numpy
+        arrays or, for inputs the GPU reads, pyopencl arrays already on this predictor's device
+        (``self.context``): a camera frame on the GPU then never crosses to the host.  With
+        ``outputs_on_device=True`` outputs the GPU produces come back as pyopencl arrays."""
+        if outputs_on_device and self.gpu is None:
+            raise UsageError("outputs_on_device=True needs the plan's GPU steps running on a GPU; this predictor "
+                             "runs on the CPU")
         arrays = self._check_inputs(feeds)
-        key = tuple(arrays[v.name].shape for v in self.plan.inputs)
+        key = tuple(tuple(arrays[v.name].shape) for v in self.plan.inputs)
         record = {} if self.plan.memory.arena_bytes is None and key not in self._shape_plans else None
         with self._lock, self._limiter():
+            if self.gpu is not None:
+                self.gpu.outputs_on_device = outputs_on_device
             outputs = self._executor.run(arrays, record)
         if record is not None:
             self._replan(key, arrays, record)
         return {k: _owned(v) for k, v in outputs.items()}
+
+    @property
+    def context(self):
+        """The pyopencl context of the GPU steps (None on the CPU): make device inputs with it."""
+        return self.gpu.dev.context if self.gpu is not None else None
+
+    @property
+    def queue(self):
+        """This predictor's command queue (None on the CPU)."""
+        return self.gpu.queue if self.gpu is not None else None
 
     def _replan(self, key: tuple, feeds: dict[str, np.ndarray], sizes: dict[str, int]) -> None:
         mem = self.plan.memory
@@ -150,7 +169,11 @@ class Predictor:
         result = {}
         for spec in specs:
             x = feeds[spec.name]
-            if not isinstance(x, np.ndarray):
+            if _is_device_array(x):
+                if self.gpu is None or x.context != self.gpu.dev.context:
+                    raise InputError(f"input '{spec.name}' is a pyopencl array of another context; create it "
+                                     "with predictor.context, or pass a numpy array")
+            elif not isinstance(x, np.ndarray):
                 x = np.asarray(x)
             if spec.dtype != "unknown" and x.dtype != np.dtype(spec.dtype):
                 raise InputError(f"input '{spec.name}' has dtype {x.dtype}, the model expects {spec.dtype}; "
@@ -175,6 +198,10 @@ class Predictor:
                     raise InputError(f"input '{spec.name}' dim {i} ('{want}') is {got}, but '{want}' is "
                                      f"{size} in input '{other}'; dims with one name must agree")
                 bound.setdefault(want, (got, spec.name))
+
+
+def _is_device_array(x) -> bool:
+    return type(x).__module__.startswith("pyopencl") and hasattr(x, "queue") and hasattr(x, "data")
 
 
 def _owned(value):

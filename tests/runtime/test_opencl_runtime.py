@@ -113,3 +113,27 @@ def test_list_devices_reports_pocl():
     assert devices and any(d["usable"] for d in devices)
     d = devices[0]
     assert {"version", "fp16_native", "max_work_group_size", "image_support", "global_mem_mb", "recommended"} <= set(d)
+
+
+def test_device_arrays_in_and_out(mixed):
+    import pyopencl.array as cl_array
+
+    model, expected = mixed
+    p = optcli.load(optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data)
+    x_dev = cl_array.to_device(p.queue, X)
+    out = p.run({"x": x_dev}, outputs_on_device=True)["y"]
+    assert isinstance(out, cl_array.Array)
+    assert_close(out.get(), expected)
+    assert_close(p.run({"x": x_dev})["y"], expected)  # device in, host out
+
+
+def test_device_array_of_another_context_is_refused(mixed):
+    import pyopencl as cl
+    import pyopencl.array as cl_array
+
+    from optcli.errors import InputError
+
+    p = optcli.load(optcli.optimize(model=mixed[0], valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data)
+    other = cl.Context([p.context.devices[0]])
+    with pytest.raises(InputError, match="another context"):
+        p.run({"x": cl_array.to_device(cl.CommandQueue(other), X)})
