@@ -94,11 +94,14 @@ def _split_passes(values: tuple[str, ...]) -> set[str]:
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="Storage precision of GPU tensors: fp16 stores half (vload_half) and accumulates in fp32. "
                    "The host CPU always computes fp32.")
+@click.option("--tune", type=click.Choice(["fast", "normal", "exhaustive"]), default=None,
+              help="Time GPU kernel variants and work-group sizes on this machine's device and keep the fastest "
+                   "(run it on the machine whose GPU you tune; winners are also cached for tuned loads).")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
 @click.version_option(__version__, "--version", message=f"opt (optcli) %(version)s, .nb format v{FORMAT_VERSION}")
 def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out_type, input_shapes,
                 disable_pass, placement_config, report_path, print_supported_ops, print_all_ops,
-                print_model_ops, display_kernels, print_passes, precision, quiet):
+                print_model_ops, display_kernels, print_passes, precision, tune, quiet):
     """Optimize an ONNX model for the given targets and write one compact NAME.nb file.
 
     \b
@@ -130,7 +133,7 @@ def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out
     result = compile_model(model_file=model_file, model_dir=model_dir, valid_targets=valid_targets,
                            input_shapes=input_shapes, disabled_passes=_split_passes(disable_pass),
                            placement_overrides=_load_placement_config(placement_config), progress=show,
-                           precision=precision)
+                           precision=precision, tune=tune)
     if show:
         click.echo("\r\033[K", nl=False, err=True)
     if not quiet:

@@ -45,6 +45,7 @@ def compile_model(
     placement_overrides: dict[str, str] | None = None,
     progress: Callable[[str], None] | None = None,
     precision: str = "fp32",
+    tune: str | None = None,
 ) -> CompileResult:
     if precision not in PRECISIONS:
         raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{precision}'")
@@ -60,9 +61,31 @@ def compile_model(
     graph.metadata["precision"] = precision
     plan = lower(graph, [t.name for t in targets], ctx.options.get("memory"))
     _check_dtypes(plan, graph.metadata.get("source", "model"))
+    tuning = _tune(plan, tune) if tune else None
     data = to_bytes(plan)
     report = build_report(graph, plan, ctx, records, before, nodes_before, data)
+    if tuning is not None:
+        report["tuning"] = tuning
     return CompileResult(plan, data, report, list(ctx.warnings))
+
+
+def _tune(plan: Plan, level: str) -> dict:
+    """Time kernel variants on this machine's GPU and write the winners into the plan."""
+    if not any(TARGETS[s.target].device == "gpu" for s in plan.steps):
+        raise UsageError("--tune needs GPU steps; optimize with --valid_targets=opencl,arm")
+    from optcli.runtime.gpu_plan import GpuSteps
+    from optcli.runtime.opencl import ClDevice, DeviceUnavailable
+    from optcli.runtime.tuning import tune
+
+    try:
+        dev = ClDevice.shared()
+    except DeviceUnavailable as exc:
+        raise UsageError(f"--tune runs on the device it tunes, and this machine has none usable: {exc}") from None
+    steps = GpuSteps(plan, dev, plan.metadata.get("precision", "fp32"), {"opencl"})
+    choices = tune(steps, level)
+    return {"level": level, "device": dev.name,
+            "steps": {plan.steps[i].name: {"kernel": c.kernel, "local_size": c.local_size, "time_us": c.time_us}
+                      for i, c in sorted(choices.items())}}
 
 
 def _check_dtypes(plan: Plan, source: str) -> None:

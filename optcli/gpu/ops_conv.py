@@ -35,7 +35,7 @@ _MEM_COST = 2.0  # MAC-equivalents per float written to or read from a scratch b
 
 
 # --------------------------------------------------------------------------- shared parts
-def _src(ctx, node, i: int):
+def packed_input(ctx, node, i: int):
     """Input ``i`` as a packed buffer: a runtime tensor, or a constant uploaded packed."""
     name = input_of(node, i)
     value = ctx.const(name)
@@ -155,7 +155,7 @@ def conv_1x1(ctx, node) -> list[Launch]:
     m, c = w.shape[:2]
     on, _, oh, ow = ctx.shape(out)
     wb = _blocked_weight(w.reshape(m, c, 1), m, c, m, c, c4(c))
-    args = [_src(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m), ctx.tensor(out),
+    args = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m), ctx.tensor(out),
             c4(c), xs[2], xs[3], m, oh, ow, _window(node.attrs, xs, w.shape).strides[0]]
     return [Launch(SOURCE, "conv2d_1x1", args, (-(-(oh * ow) // 4), c4(m), on), epilogue_defines(node.attrs))]
 
@@ -183,7 +183,7 @@ def conv_3x3(ctx, node) -> list[Launch]:
     win = _window(node.attrs, xs, w.shape)
     on, _, oh, ow = ctx.shape(out)
     wb = _blocked_weight(w.reshape(m, c, 9), m, c, m, c, c4(c))
-    args = [_src(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m), ctx.tensor(out),
+    args = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m), ctx.tensor(out),
             c4(c), xs[2], xs[3], m, oh, ow, *_geometry_args(win)]
     return [Launch(SOURCE, "conv2d_3x3", args, (-(-ow // 4), c4(m), on * oh), epilogue_defines(node.attrs))]
 
@@ -201,7 +201,7 @@ def conv_generic(ctx, node) -> list[Launch]:
     on, _, oh, ow = ctx.shape(out)
     span = _span(m, c, mg, cg)
     wb = _blocked_weight(w.reshape(m, cg, kh * kw), m, c, mg, cg, span)
-    args = [_src(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m), ctx.tensor(out),
+    args = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m), ctx.tensor(out),
             c4(c), xs[2], xs[3], m, oh, ow, kh, kw, *_geometry_args(win), span, cg, mg]
     return [Launch(SOURCE, "conv2d_direct", args, (-(-ow // 4), c4(m), on * oh), epilogue_defines(node.attrs))]
 
@@ -233,7 +233,7 @@ def conv_depthwise(ctx, node) -> list[Launch]:
     wb = np.zeros((c4(m) * 4, kh * kw), np.float32)
     wb[:m] = w.reshape(m, kh * kw)
     wb = wb.reshape(c4(m), 4, kh * kw).transpose(0, 2, 1)  # [O4][taps][4 out lanes]
-    args = [_src(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m), ctx.tensor(out),
+    args = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m), ctx.tensor(out),
             c4(xs[1]), xs[2], xs[3], m, oh, ow, kh, kw, *_geometry_args(win), m // xs[1]]
     return [Launch(SOURCE, "conv2d_depthwise", args, (-(-ow // 4), c4(m), on * oh), epilogue_defines(node.attrs))]
 
@@ -287,7 +287,7 @@ def conv_winograd(ctx, node) -> list[Launch]:
     ph, pw = win.pad_begin
     defines = epilogue_defines(node.attrs)
     return [
-        Launch(SOURCE, "winograd_input", [_src(ctx, node, 0), v, ci, xs[2], xs[3], ph, pw, th, tw, t], (t, ci),
+        Launch(SOURCE, "winograd_input", [packed_input(ctx, node, 0), v, ci, xs[2], xs[3], ph, pw, th, tw, t], (t, ci),
                defines),
         Launch(SOURCE, "winograd_product", [v, ctx.weight(f"{node.name}/u", ub), mm, ci, co, t],
                (-(-t // 4), co, 16), defines),
@@ -336,7 +336,7 @@ def conv_transpose(ctx, node) -> list[Launch]:
     # ONNX [C, Mg, kh, kw] -> [M, Cg, taps], then blocked like a grouped conv's weight.
     wm = w.reshape(group, cg, mg, kh * kw).transpose(0, 2, 1, 3).reshape(m, cg, kh * kw)
     wb = _blocked_weight(wm, m, c, mg, cg, span)
-    args: list[Any] = [_src(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m), ctx.tensor(out),
+    args: list[Any] = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m), ctx.tensor(out),
                        c4(c), xs[2], xs[3], m, oh, ow, kh, kw, strides[0], strides[1], begin[0], begin[1],
                        dil[0], dil[1], span, cg, mg]
     return [Launch(SOURCE, "conv_transpose2d", args, (ow, c4(m), on * oh), epilogue_defines(node.attrs))]

@@ -41,14 +41,25 @@ class GpuSteps:
         self.bound: dict[int, list[BoundLaunch]] = {}
         for i in self.gpu_indices:
             step = plan.steps[i]
-            if step.op_type in TRANSFER_OPS:
-                continue
-            kern = get_gpu_kernel(step.kernel)
-            launches = kern.launch(self.ctx, step)
-            self.bound[i] = [self.ctx.bind(launch, f"step {i} {step.name}") for launch in launches]
+            if step.op_type not in TRANSFER_OPS:
+                self.bound[i] = self.bind_step(i, get_gpu_kernel(step.kernel))
         self._keep: list[np.ndarray] = []
         self.outputs_on_device = False
         self.graph_outputs = {v.name for v in plan.outputs}
+
+    def bind_step(self, i: int, kern, local_size: tuple[int, ...] | None = None) -> list[BoundLaunch]:
+        """Launches of step ``i`` with kernel ``kern``, bound to this plan's buffers.  A work-group
+        size (from tuning) applies to the launches whose grid it divides."""
+        step = self.plan.steps[i]
+        self.ctx.namespace = kern.id
+        bound = []
+        for launch in kern.launch(self.ctx, step):
+            if local_size is not None:
+                local = _fit_local(local_size, launch.global_size)
+                if local is not None:
+                    launch.local_size = local
+            bound.append(self.ctx.bind(launch, f"step {i} {step.name}"))
+        return bound
 
     # ------------------------------------------------------------------ buffers
     def _nbytes(self, step: Step, name: str, produced_linear: set[str]) -> int:
@@ -124,3 +135,15 @@ class GpuSteps:
     def finish(self) -> None:
         self.queue.finish()
         self._keep.clear()
+
+
+def _fit_local(local: tuple[int, ...], grid: tuple[int, ...]) -> tuple[int, ...] | None:
+    """``local`` reshaped to the grid's rank, or None when it does not divide the grid (OpenCL 1.2
+    needs uniform work-groups)."""
+    if len(grid) == 1:
+        local = (int(np.prod(local)),)
+    elif len(local) != len(grid):
+        local = (tuple(local) + (1, 1, 1))[: len(grid)]
+    if all(g % sz == 0 for g, sz in zip(grid, local)):
+        return tuple(local)
+    return None

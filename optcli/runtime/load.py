@@ -10,7 +10,7 @@ from optcli.runtime.predictor import Predictor
 
 def load(source: str | os.PathLike | bytes, targets: str | list[str] | None = None,
          precision: str | None = None, threads: int | None = None, require_gpu: bool = False,
-         device: str | None = None) -> Predictor:
+         device: str | None = None, tune: str | None = None) -> Predictor:
     """Load a `.nb` file and return a Predictor.
 
     ``targets`` restricts the plan's targets to those listed (steps of others run on the host
@@ -18,6 +18,8 @@ def load(source: str | os.PathLike | bytes, targets: str | list[str] | None = No
     (BLAS included) used while running.  GPU steps run on an OpenCL device (``device``: a part
     of its name, else the first GPU, else the first device); where none is usable, ``load``
     warns once and runs them on the CPU, or raises ``TargetError`` with ``require_gpu=True``.
+    ``tune`` ("fast", "normal", "exhaustive") times kernel variants and work-group sizes on this
+    device and keeps the fastest (remembered in the per-user tuning cache for later loads).
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
         plan, header = load_bytes(bytes(source))
@@ -28,4 +30,4 @@ def load(source: str | os.PathLike | bytes, targets: str | list[str] | None = No
     if isinstance(targets, str):
         targets = [t for t in targets.replace(" ", ",").split(",") if t]
     return Predictor(plan, header, name, targets=targets, precision=precision, threads=threads,
-                     require_gpu=require_gpu, device=device)
+                     require_gpu=require_gpu, device=device, tune=tune)

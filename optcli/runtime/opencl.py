@@ -121,6 +121,7 @@ class ClLaunchContext:
         self.weights: dict[str, Any] = {}
         self.temps: dict[str, Any] = {}
         self.weight_bytes = 0
+        self.namespace = ""  # set to the kernel id being bound
 
     # LaunchContext protocol
     def shape(self, name: str) -> tuple[int, ...]:
@@ -135,6 +136,7 @@ class ClLaunchContext:
         return TensorRef(name)
 
     def weight(self, key: str, array: np.ndarray) -> WeightRef:
+        key = f"{self.namespace}:{key}"  # variants of one node may lay the same weight out differently
         if key not in self.weights:
             data = np.ascontiguousarray(array, dtype=self.storage)
             if data.size == 0:
@@ -145,6 +147,7 @@ class ClLaunchContext:
         return WeightRef(key)
 
     def temp(self, key: str, elements: int) -> TempRef:
+        key = f"{self.namespace}:{key}"
         if key not in self.temps:
             itemsize = np.dtype(self.storage).itemsize
             self.temps[key] = cl.Buffer(self.dev.context, cl.mem_flags.READ_WRITE, max(16, elements * itemsize))

@@ -44,7 +44,8 @@ class TensorInfo:
 
 class Predictor:
     def __init__(self, plan: Plan, header: dict, source: str, targets=None, precision: str | None = None,
-                 threads: int | None = None, require_gpu: bool = False, device: str | None = None):
+                 threads: int | None = None, require_gpu: bool = False, device: str | None = None,
+                 tune: str | None = None):
         self.plan, self.header, self.source = plan, header, source
         if precision is not None and precision not in PRECISIONS:
             raise UsageError(f"precision '{precision}' is not available; use one of: {', '.join(PRECISIONS)}")
@@ -55,6 +56,11 @@ class Predictor:
             raise UsageError(f"threads must be a positive whole number, got {threads!r}")
         self.threads = threads
         self.gpu = self._start_gpu(require_gpu, device)
+        self.tuning = {}
+        if tune is not None and self.gpu is not None:
+            from optcli.runtime.tuning import tune as run_tuning
+
+            self.tuning = run_tuning(self.gpu, tune)
         self._executor = Executor(plan, self.gpu)
         self._lock = threading.Lock()  # one run at a time: kernels share nothing, but BLAS limits do
         self._shape_plans: dict[tuple, MemoryPlan] = {}

@@ -137,3 +137,26 @@ def test_device_array_of_another_context_is_refused(mixed):
     other = cl.Context([p.context.devices[0]])
     with pytest.raises(InputError, match="another context"):
         p.run({"x": cl_array.to_device(cl.CommandQueue(other), X)})
+
+
+def test_tuning_picks_a_variant_and_a_tuned_load_reuses_it(tmp_path, monkeypatch):
+    from optcli.runtime import tuning
+
+    monkeypatch.setenv("OPTCLI_CACHE_DIR", str(tmp_path))
+    w = np.random.default_rng(1).standard_normal((8, 8, 3, 3)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(2).standard_normal((1, 8, 12, 12)).astype(np.float32)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    result = optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU, tune="fast")
+    conv = [s for s in result.report["steps"] if s["op"] == "Conv"][0]
+    assert result.report["tuning"]["steps"][conv["name"]]["kernel"] == conv["kernel"]
+    p = optcli.load(result.data, tune="normal")
+    assert_close(p.run({"x": x})["y"], expected[0])
+    calls = []
+    monkeypatch.setattr(tuning, "_time", lambda *a, **k: calls.append(1) or 1.0)
+    optcli.load(result.data, tune="normal")
+    assert not calls, "a tuned load must reuse the tuning cache, not time again"
