@@ -336,7 +336,8 @@ def conv_transpose(ctx, node) -> list[Launch]:
     # ONNX [C, Mg, kh, kw] -> [M, Cg, taps], then blocked like a grouped conv's weight.
     wm = w.reshape(group, cg, mg, kh * kw).transpose(0, 2, 1, 3).reshape(m, cg, kh * kw)
     wb = _blocked_weight(wm, m, c, mg, cg, span)
-    args: list[Any] = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m), ctx.tensor(out),
+    args: list[Any] = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m),
+                       ctx.tensor(out),
                        c4(c), xs[2], xs[3], m, oh, ow, kh, kw, strides[0], strides[1], begin[0], begin[1],
                        dil[0], dil[1], span, cg, mg]
     return [Launch(SOURCE, "conv_transpose2d", args, (ow, c4(m), on * oh), epilogue_defines(node.attrs))]

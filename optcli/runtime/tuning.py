@@ -106,7 +106,7 @@ def tune(gpu_steps, level: str, repeats: int = 5, cache: TuningCache | None = No
     """Tune every GPU compute step of a prepared plan in place; returns the choice per step."""
     if level not in LEVELS:
         raise UsageError(f"tune must be one of {', '.join(LEVELS)}, got '{level}'")
-    plan, ctx, queue = gpu_steps.plan, gpu_steps.ctx, gpu_steps.queue
+    plan, queue = gpu_steps.plan, gpu_steps.queue
     cache = cache or TuningCache(gpu_steps.dev.device)
     graph = plan_graph(plan)
     steps = [i for i in gpu_steps.gpu_indices if plan.steps[i].op_type not in TRANSFER_OPS]
