@@ -92,20 +92,27 @@ def float32_cases() -> tuple:
 
 _CASES = {c.name: c for c in float32_cases()}
 _RESULTS: dict[str, str] = {}  # case name -> "passed" / "failed" / "excluded"
+_RESULTS_GPU: dict[str, str] = {}  # case name -> "gpu" (ran on opencl, passed) / "host" (fell back) / "failed"
 
 
 class _Summary:
     """Prints the pass count at the end of the terminal report."""
 
     def pytest_terminal_summary(self, terminalreporter):
-        if not _RESULTS:
+        if not _RESULTS and not _RESULTS_GPU:
             return
         runnable = [n for n, r in _RESULTS.items() if r != "excluded"]
         passed = sum(1 for n in runnable if _RESULTS[n] == "passed")
         excluded = len(_RESULTS) - len(runnable)
         terminalreporter.write_sep("=", "onnx node conformance")
-        terminalreporter.write_line(f"onnx node tests on arm: {passed}/{len(runnable)} float32 cases pass, "
-                                    f"{excluded} excluded")
+        if _RESULTS:
+            terminalreporter.write_line(f"onnx node tests on arm: {passed}/{len(runnable)} float32 cases pass, "
+                                        f"{excluded} excluded")
+        if _RESULTS_GPU:
+            values = list(_RESULTS_GPU.values())
+            terminalreporter.write_line(
+                f"onnx node tests with opencl first: {values.count('gpu')} ran on opencl (PoCL) and pass, "
+                f"{values.count('host')} fell back to arm by placement and pass, {values.count('failed')} fail")
 
 
 @pytest.fixture(scope="session")
@@ -144,11 +151,40 @@ def test_node_case(name, node_data):
         _RESULTS[name] = "excluded"
         pytest.skip(reason)
     _RESULTS[name] = "failed"
+    _run_case(name, node_data, "arm")
+    _RESULTS[name] = "passed"
+
+
+def _gpu_cases() -> list[str]:
+    """Cases whose every op has an OpenCL kernel (the ones the opencl target may claim)."""
+    import optcli.gpu.ops  # noqa: F401
+    from optcli.gpu.registry import gpu_ops
+
+    claimed = {op for domain, op in gpu_ops() if domain == ""}
+    return sorted(n for n, c in _CASES.items()
+                  if all(node.op_type in claimed and node.domain in ("", "ai.onnx") for node in c.model.graph.node))
+
+
+@pytest.mark.parametrize("name", _gpu_cases())
+def test_node_case_opencl(name, node_data):
+    """The same cases with the GPU first: what opencl claims runs on PoCL and must match; what it
+    refuses (a reason in the report) falls back to the host and must still match."""
+    if exclusion_reason(_CASES[name]) is not None:
+        pytest.skip(exclusion_reason(_CASES[name]))
+    _RESULTS_GPU[name] = "failed"
+    result = _run_case(name, node_data, "opencl,arm")
+    on_gpu = any(s["target"] == "opencl" and s["domain"] == "" for s in result.report["steps"])
+    _RESULTS_GPU[name] = "gpu" if on_gpu else "host"
+
+
+def _run_case(name: str, node_data: Path, targets: str):
     case_dir = node_data / name
     model = onnx.load(str(case_dir / "model.onnx"))
     ins, outs = model.graph.input, model.graph.output
-    result = optcli.optimize(model=model, valid_targets="arm")
-    predictor = optcli.load(result.data)
+    result = optcli.optimize(model=model, valid_targets=targets, disabled_passes={"keep_small_islands_on_host"}
+                             if "opencl" in targets else ())
+    predictor = optcli.load(result.data, require_gpu="opencl" in targets and any(
+        s["target"] == "opencl" for s in result.report["steps"]))
     sets = list(_data_sets(case_dir, len(ins), len(outs)))
     assert sets, f"no test data generated for {name}"
     for k, (inputs, expected) in enumerate(sets):
@@ -166,7 +202,7 @@ def test_node_case(name, node_data):
                 same_inf = np.array_equal(np.isinf(a), np.isinf(e))
                 pytest.fail(f"data set {k}, output '{vi.name}': max abs error {err:.3g} over scale "
                             f"{scale:.3g} (same nan/inf positions: {same_nan}/{same_inf}); kernels {kernels}")
-    _RESULTS[name] = "passed"
+    return result
 
 
 def test_exclusions_are_real_cases():
