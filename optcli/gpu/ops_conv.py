@@ -1,4 +1,4 @@
-"""GPU kernels for 2-D Conv and ConvTranspose (``kernels/conv.cl``).
+"""GPU kernels for 2-D Conv and ConvTranspose (``kernels/conv.cl``, ``kernels/winograd.cl``).
 
 Conv has five variants, each registered on its own so kernel selection can rank the ones that
 fit a node by ``cost`` (MACs over an efficiency factor, plus a per-launch overhead):
@@ -30,6 +30,7 @@ from optcli.ir import Graph, Node
 from optcli.ops.spatial import Window, conv_transpose_geometry, window
 
 SOURCE = "conv.cl"
+WINOGRAD = "winograd.cl"
 _LAUNCH_COST = 2e4  # MAC-equivalents one launch costs (dispatch, a pass over the tiles)
 _MEM_COST = 2.0  # MAC-equivalents per float written to or read from a scratch buffer
 
@@ -287,11 +288,12 @@ def conv_winograd(ctx, node) -> list[Launch]:
     ph, pw = win.pad_begin
     defines = epilogue_defines(node.attrs)
     return [
-        Launch(SOURCE, "winograd_input", [packed_input(ctx, node, 0), v, ci, xs[2], xs[3], ph, pw, th, tw, t], (t, ci),
+        Launch(WINOGRAD, "winograd_input", [packed_input(ctx, node, 0), v, ci, xs[2], xs[3], ph, pw, th, tw, t],
+               (t, ci),
                defines),
-        Launch(SOURCE, "winograd_product", [v, ctx.weight(f"{node.name}/u", ub), mm, ci, co, t],
+        Launch(WINOGRAD, "winograd_product", [v, ctx.weight(f"{node.name}/u", ub), mm, ci, co, t],
                (-(-t // 4), co, 16), defines),
-        Launch(SOURCE, "winograd_output", [mm, _bias(ctx, node, m), ctx.tensor(out), m, oh, ow, th, tw, t],
+        Launch(WINOGRAD, "winograd_output", [mm, _bias(ctx, node, m), ctx.tensor(out), m, oh, ow, th, tw, t],
                (t, co), defines),
     ]
 

@@ -98,3 +98,59 @@ def test_rejects():
     assert "bool tensors stay on the host" in _check("And", graph, node)
     graph, node = one_node_graph("Add", {"x": x.reshape(2, 6, 3, 4, 1), "y": x.reshape(2, 6, 3, 4, 1)})
     assert "rank 5" in _check("Add", graph, node)
+
+
+# --------------------------------------------------------------------------- padding lanes
+def _raw_outputs(graph, node, inputs):
+    """Run a node's GPU kernel with its outputs pre-filled with garbage; the raw packed data."""
+    from optcli.gpu.layout import pack, packed_elements
+    from optcli.runtime.opencl import ClLaunchContext, cl
+    from tests.gpu.harness import device
+
+    dev = device()
+    kern = next(k for k in gpu_kernels_for(node.op_type, node.domain) if k.check(node, graph) is None)
+    shapes = {n: tuple(graph.shape_of(n)) for n in [*node.inputs, *node.outputs] if n and n not in graph.initializers}
+    flags = cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR
+    buffers = {n: cl.Buffer(dev.context, flags, hostbuf=pack(x)) for n, x in inputs.items()}
+    for n in node.outputs:
+        buffers[n] = cl.Buffer(dev.context, flags, hostbuf=np.full(packed_elements(shapes[n]), 7.0, np.float32))
+    ctx = ClLaunchContext(dev, shapes, dict(graph.initializers), buffers)
+    for launch in kern.launch(ctx, node):
+        ctx.bind(launch, node.name).enqueue(dev.queue)
+    out = []
+    for n in node.outputs:
+        host = np.empty(packed_elements(shapes[n]), np.float32)
+        cl.enqueue_copy(dev.queue, host, buffers[n])
+        out.append((host, shapes[n]))
+    dev.queue.finish()
+    return out
+
+
+PADDED = [  # every kernel family on channel counts that leave padding lanes
+    ("Exp", {"x": _r(2, 5, 2, 3)}, {}, {}),
+    ("Add", {"x": _r(2, 5, 2, 3)}, {"b": np.array(1.5, np.float32)}, {}),
+    ("Div", {"x": _r(2, 5, 2, 3), "y": _r(2, 5, 2, 3)}, {}, {}),
+    ("AveragePool", {"x": _r(2, 5, 4, 4)}, {}, {"kernel_shape": [2, 2], "pads": [1, 1, 1, 1],
+                                                 "count_include_pad": 1}),
+    ("Concat", {"x": _r(2, 3, 2, 2), "y": _r(2, 2, 2, 2)}, {}, {"axis": 1}),
+    ("Pad", {"x": _r(2, 3, 2, 2)}, {"p": np.array([0, 1, 0, 0, 0, 1, 1, 1], np.int64),
+                                    "v": np.array(2.0, np.float32)}, {}),
+    ("Transpose", {"x": _r(2, 3, 5, 2)}, {}, {"perm": [0, 2, 3, 1]}),
+    ("Reshape", {"x": _r(2, 6, 5)}, {"s": np.array([2, 5, 6], np.int64)}, {}),
+    ("Softmax", {"x": _r(2, 5, 3)}, {}, {"axis": 2}),
+    ("Softmax", {"x": _r(2, 5)}, {}, {"axis": 1}),
+    ("ReduceMean", {"x": _r(2, 5, 2, 3)}, {"a": np.array([1], np.int64)}, {"keepdims": 0}),
+    ("ReduceSum", {"x": _r(2, 5, 2, 3)}, {"a": np.array([3], np.int64)}, {"keepdims": 0}),
+]
+
+
+@pytest.mark.parametrize("case", range(len(PADDED)))
+def test_padding_lanes_are_zero(case):
+    from optcli.gpu.layout import c4, dims4
+
+    op, inputs, consts, attrs = PADDED[case]
+    graph, node = one_node_graph(op, inputs, consts, attrs, opset=18)
+    for host, shape in _raw_outputs(graph, node, inputs):
+        n, c, h, w = dims4(shape)
+        lanes = host.reshape(n, c4(c), h, w, 4).transpose(0, 1, 4, 2, 3).reshape(n, c4(c) * 4, h, w)
+        assert np.all(lanes[:, c:] == 0), f"{op}: padding lanes {np.unique(lanes[:, c:])}"

@@ -31,9 +31,20 @@ def test_pool(op, attrs, precision):
     check_gpu(graph, node, {"x": X}, precision)
 
 
+@pytest.mark.parametrize("op, attrs", [
+    ("MaxPool", {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+    ("AveragePool", {"kernel_shape": [3], "strides": [2], "pads": [1, 0], "count_include_pad": 1}),
+    ("GlobalAveragePool", {}),
+])
+def test_pool_1d(op, attrs):
+    x = X[:, :, 0].copy()
+    graph, node = one_node_graph(op, {"x": x}, attrs=attrs)
+    check_gpu(graph, node, {"x": x})
+
+
 def test_rejects():
-    x3 = X[:, :, :, 0].copy()
-    graph, node = one_node_graph("MaxPool", {"x": x3}, attrs={"kernel_shape": [2]})
-    assert "spatial" in gpu_kernels_for("MaxPool")[0].check(node, graph)
+    x5 = X[:, :, :, :, None].copy()
+    graph, node = one_node_graph("MaxPool", {"x": x5}, attrs={"kernel_shape": [2, 2, 1]})
+    assert "rank 5" in gpu_kernels_for("MaxPool")[0].check(node, graph)
     graph, node = one_node_graph("MaxPool", {"x": X}, attrs={"kernel_shape": [2, 2]}, n_outputs=2)
     assert "Indices" in gpu_kernels_for("MaxPool")[0].check(node, graph)
