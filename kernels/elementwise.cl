@@ -72,13 +72,6 @@ INLINE FLOAT4 mask_channels(FLOAT4 v, int s, int channels) {
     return F4(v.x, c + 1 < channels ? v.y : 0.0f, c + 2 < channels ? v.z : 0.0f, c + 3 < channels ? v.w : 0.0f);
 }
 
-KERNEL(unary4, IN(x), OUT(y), INT(count))
-{
-    const int i = GID(0);
-    if (i >= count) return;
-    STORE4(activate(LOAD4(x, i)), y, i);
-}
-
 // unary_op then the epilogue; `plane` = H * W of the packed tensor, `channels` its C.
 KERNEL(map4, IN(x), OUT(y), INT(count), INT(channels), INT(plane))
 {

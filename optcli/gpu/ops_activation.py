@@ -1,5 +1,6 @@
-"""GPU kernels for stand-alone activations: one element-wise kernel (``unary4``) whose operation
-is the same ``activate`` epilogue the fused kernels use, selected by a define."""
+"""GPU kernels for stand-alone activations: the element-wise ``map4`` kernel (identity
+``UNARY_OP``) with the same ``activate`` epilogue the fused kernels use, selected by a define.
+``map4`` zeroes the padding channels, which activations such as Sigmoid would otherwise fill."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from optcli.gpu.dialect import ACTIVATION_CODES
-from optcli.gpu.layout import packed_elements
+from optcli.gpu.layout import dims4, packed_elements
 from optcli.gpu.registry import Launch, common_check, gpu_kernel
 from optcli.ir import Graph, Node
 
@@ -49,9 +50,12 @@ def _check(node: Node, graph: Graph) -> str | None:
 @gpu_kernel(["Relu", "Sigmoid", "Tanh", "HardSwish", "LeakyRelu", "HardSigmoid", "Clip"], check=_check)
 def unary_activation(ctx, node) -> list[Launch]:
     name, alpha, beta = _epilogue_of(node, ctx.const)
-    count = packed_elements(ctx.shape(node.outputs[0])) // 4
-    return [Launch("elementwise.cl", "unary4", [ctx.tensor(node.inputs[0]), ctx.tensor(node.outputs[0]), count],
-                   (count,), {"ACTIVATION": ACTIVATION_CODES[name], "ACT_ALPHA": alpha, "ACT_BETA": beta})]
+    shape = ctx.shape(node.outputs[0])
+    _, channels, h, w = dims4(shape)
+    count = packed_elements(shape) // 4
+    return [Launch("elementwise.cl", "map4", [ctx.tensor(node.inputs[0]), ctx.tensor(node.outputs[0]), count,
+                                              channels, h * w], (count,),
+                   {"UNARY_OP": 0, "ACTIVATION": ACTIVATION_CODES[name], "ACT_ALPHA": alpha, "ACT_BETA": beta})]
 
 
 gpu_kernel("Swish", domain="optcli", check=_check)(unary_activation)

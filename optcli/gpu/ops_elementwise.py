@@ -124,13 +124,8 @@ def unary(ctx, node) -> list[Launch]:
                    {"UNARY_OP": UNARY_CODES[node.op_type]})]
 
 
-def _reject_bool(node: Node, graph: Graph) -> str | None:
-    return f"{node.op_type} works on bool tensors, and bool tensors stay on the host"
-
-
-@gpu_kernel(["And", "Or", "Xor", "Not"], check=_reject_bool)
-def _logic(ctx, node) -> list[Launch]:  # never selected: check always refuses
-    raise NotImplementedError(node.op_type)
+# And/Or/Xor/Not have no GPU kernel: they work on bool tensors, and GPU tensors are float
+# (fp32/fp16 storage); placement keeps them on the host with "no opencl kernel for And".
 
 
 __all__ = ["BINARY_CODES", "UNARY_CODES", "data_check", "logical_axis_to4", "plane"]

@@ -26,3 +26,25 @@ def test_swish_and_low_rank():
     x = X.reshape(2, 30, 7)[:, :, 0].copy()  # rank 2: packed as N, C
     graph, node = one_node_graph("Swish", {"x": x}, domain="optcli")
     check_gpu(graph, node, {"x": x})
+
+
+def test_padding_channels_stay_zero():
+    """Sigmoid(0) = 0.5: the kernel must still write zeros into the padding lanes (5 channels -> 3 pads)."""
+    from optcli.gpu.layout import pack
+    from optcli.gpu.registry import gpu_kernels_for
+    from optcli.runtime.opencl import ClLaunchContext, cl
+    from tests.gpu.harness import device
+
+    x = X[:, :5]
+    graph, node = one_node_graph("Sigmoid", {"x": x})
+    dev = device()
+    flags = cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR
+    buffers = {"x": cl.Buffer(dev.context, flags, hostbuf=pack(x)),
+               "y0": cl.Buffer(dev.context, flags, hostbuf=np.full(pack(x).size, 7.0, np.float32))}
+    ctx = ClLaunchContext(dev, {"x": x.shape, "y0": x.shape}, {}, buffers)
+    for launch in gpu_kernels_for("Sigmoid")[0].launch(ctx, node):
+        ctx.bind(launch, "sigmoid").enqueue(dev.queue)
+    raw = np.empty(pack(x).size, np.float32)
+    cl.enqueue_copy(dev.queue, raw, buffers["y0"])
+    lanes = raw.reshape(2, 2, 5, 7, 4)
+    assert np.all(lanes[:, 1, :, :, 1:] == 0.0)

@@ -71,9 +71,11 @@ def test_prelu(slope_shape, precision):
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("op", ["Exp", "Neg", "Abs", "Sqrt", "Log", "Reciprocal", "Erf", "Softplus", "Floor"])
 def test_unary(op, precision):
-    if op == "Floor" and precision == "fp16":
-        pytest.skip("floor is discontinuous: rounding the input to half moves values across integers")
     x = _r(2, 6, 3, 5, positive=op in ("Sqrt", "Log", "Reciprocal"))
+    if op == "Floor" and precision == "fp16":
+        # Floor is discontinuous: feed values half stores exactly (quarters), so storage cannot
+        # move an input across an integer.
+        x = np.round(x * 4) / 4 + np.float32(0.25)
     graph, node = one_node_graph(op, {"x": x})
     check_gpu(graph, node, {"x": x}, precision)
 
@@ -94,8 +96,7 @@ def test_rejects():
     assert "broadcast pattern" in _check("Add", graph, node)
     graph, node = one_node_graph("Max", {"x": x, "y": x, "z": x})
     assert "3 inputs" in _check("Max", graph, node)
-    graph, node = one_node_graph("And", {"p": x > 0, "q": x < 1})
-    assert "bool tensors stay on the host" in _check("And", graph, node)
+    assert not gpu_kernels_for("And")  # bool tensors stay on the host
     graph, node = one_node_graph("Add", {"x": x.reshape(2, 6, 3, 4, 1), "y": x.reshape(2, 6, 3, 4, 1)})
     assert "rank 5" in _check("Add", graph, node)
 
