@@ -28,7 +28,8 @@ class GpuTarget(Target):
             if reason is None:
                 return True, f"{self.name} kernel"
             reasons.append(reason)
-        return False, f"{self.name} {node.op_type} kernel does not apply: {reasons[0]}"
+        # The most general variant (lowest priority) refuses only for fundamental reasons.
+        return False, f"{self.name} {node.op_type} kernel does not apply: {reasons[-1]}"
 
     def select_kernel(self, node: Node, graph: Graph) -> str:
         fitting = [k for k in _kernels(node) if k.check(node, graph) is None]
