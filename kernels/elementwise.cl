@@ -61,6 +61,10 @@ INLINE FLOAT4 binary_op(FLOAT4 a, FLOAT4 b) {
     return fmin(a, b);
 #elif BINARY_OP == 6
     return select(a * b, a, a >= F4S(0.0f));
+#elif BINARY_OP == 7
+    // And on bool tensors, stored as 0/1 in float storage
+    return F4(a.x != 0.0f && b.x != 0.0f ? 1.0f : 0.0f, a.y != 0.0f && b.y != 0.0f ? 1.0f : 0.0f,
+              a.z != 0.0f && b.z != 0.0f ? 1.0f : 0.0f, a.w != 0.0f && b.w != 0.0f ? 1.0f : 0.0f);
 #else
     return a + b;
 #endif

@@ -20,16 +20,17 @@ from optcli.gpu.layout import dims4, pack, packed_elements
 from optcli.gpu.registry import Launch, common_check, epilogue_defines, gpu_kernel
 from optcli.ir import Graph, Node
 
-BINARY_CODES = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Max": 4, "Min": 5, "PRelu": 6}
+BINARY_CODES = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Max": 4, "Min": 5, "PRelu": 6, "And": 7}
 UNARY_CODES = {"Exp": 1, "Neg": 2, "Abs": 3, "Sqrt": 4, "Log": 5, "Reciprocal": 6, "Erf": 7, "Softplus": 8,
                "Floor": 9, "Ceil": 10, "Gelu": 11}
 _EPILOGUE_OPS = ("Add", "Sub", "Mul")
 
 
-def data_check(node: Any, graph: Graph, inputs: list[str] | None = None) -> str | None:
+def data_check(node: Any, graph: Graph, inputs: list[str] | None = None,
+               dtypes: tuple[str, ...] = ("float32",)) -> str | None:
     """``common_check`` on the data inputs only (shape/axes inputs are int64 and often constant)."""
     picked = [node.inputs[0]] if inputs is None else inputs
-    reason = common_check(SimpleNamespace(inputs=picked, outputs=node.outputs), graph)
+    reason = common_check(SimpleNamespace(inputs=picked, outputs=node.outputs), graph, dtypes=dtypes)
     if reason is None:
         for name in [*picked, *node.outputs]:
             if name and 0 in graph.shape_of(name):
@@ -71,7 +72,7 @@ def _binary_check(node: Node, graph: Graph) -> str | None:
         return f"{node.op_type} with {len(inputs)} inputs (the GPU kernel takes 2)"
     if "activation" in node.attrs and node.op_type not in _EPILOGUE_OPS:
         return f"{node.op_type} with a fused activation"
-    reason = data_check(node, graph, inputs)
+    reason = data_check(node, graph, inputs, ("bool",) if node.op_type == "And" else ("float32",))
     if reason:
         return reason
     out = tuple(graph.shape_of(node.outputs[0]))
@@ -124,8 +125,8 @@ def unary(ctx, node) -> list[Launch]:
                    {"UNARY_OP": UNARY_CODES[node.op_type]})]
 
 
-# And/Or/Xor/Not have no GPU kernel: they work on bool tensors, and GPU tensors are float
-# (fp32/fp16 storage); placement keeps them on the host with "no opencl kernel for And".
+# And runs on bool tensors stored as 0/1 in the float storage (uploads convert bool to 0/1,
+# downloads convert back); Or/Xor/Not have no GPU kernel (not in the GPU op set we cover).
 
 
 __all__ = ["BINARY_CODES", "UNARY_CODES", "data_check", "logical_axis_to4", "plane"]

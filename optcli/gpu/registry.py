@@ -121,8 +121,9 @@ def all_gpu_kernels() -> list[GpuKernel]:
 
 
 # --------------------------------------------------------------------------- shared helpers
-def common_check(node: Node, graph: Graph, max_rank: int = 4) -> str | None:
-    """The checks every GPU kernel needs: float32 tensors of static shape and rank <= 4."""
+def common_check(node: Node, graph: Graph, max_rank: int = 4, dtypes: tuple[str, ...] = ("float32",)) -> str | None:
+    """The checks every GPU kernel needs: float32 tensors (bool for logical ops: stored as 0/1 in
+    the float storage) of static shape and rank <= 4."""
     for name in [*node.inputs, *node.outputs]:
         if not name:
             continue
@@ -131,8 +132,8 @@ def common_check(node: Node, graph: Graph, max_rank: int = 4) -> str | None:
             return f"'{name}' has a dynamic shape (pin it with --input_shapes)"
         if len(shape) > max_rank:
             return f"'{name}' has rank {len(shape)} (GPU kernels take rank <= {max_rank})"
-        if dtype != "float32":
-            return f"'{name}' is {dtype} (GPU kernels take float32 tensors)"
+        if dtype not in dtypes:
+            return f"'{name}' is {dtype} (this GPU kernel takes {' or '.join(dtypes)} tensors)"
     return None
 
 

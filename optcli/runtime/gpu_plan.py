@@ -120,7 +120,8 @@ class GpuSteps:
             host = np.empty(shape, dtype=self.storage)
             cl.enqueue_copy(queue, host, self.buffers[step.inputs[0]], is_blocking=True)
             self._keep.clear()
-            env[step.outputs[0]] = host.astype(np.float32, copy=False)
+            dtype = self.plan.values[step.outputs[0]].dtype  # float32, or bool stored as 0/1
+            env[step.outputs[0]] = host.astype(dtype if dtype != "unknown" else np.float32, copy=False)
         else:
             for launch in self.bound[i]:
                 launch.enqueue(queue)

@@ -7,7 +7,7 @@ import pytest
 
 import optcli.gpu.ops  # noqa: F401  (registers the kernels)
 from optcli.gpu.registry import gpu_kernels_for
-from tests.gpu.harness import check_gpu, one_node_graph
+from tests.gpu.harness import check_gpu, one_node_graph, run_gpu
 
 RNG = np.random.default_rng(1)
 
@@ -96,7 +96,9 @@ def test_rejects():
     assert "broadcast pattern" in _check("Add", graph, node)
     graph, node = one_node_graph("Max", {"x": x, "y": x, "z": x})
     assert "3 inputs" in _check("Max", graph, node)
-    assert not gpu_kernels_for("And")  # bool tensors stay on the host
+    graph, node = one_node_graph("Add", {"x": x, "y": x})
+    graph.values[node.outputs[0]].dtype = "float64"
+    assert "takes float32 tensors" in _check("Add", graph, node)
     graph, node = one_node_graph("Add", {"x": x.reshape(2, 6, 3, 4, 1), "y": x.reshape(2, 6, 3, 4, 1)})
     assert "rank 5" in _check("Add", graph, node)
 
@@ -155,3 +157,29 @@ def test_padding_lanes_are_zero(case):
         n, c, h, w = dims4(shape)
         lanes = host.reshape(n, c4(c), h, w, 4).transpose(0, 1, 4, 2, 3).reshape(n, c4(c) * 4, h, w)
         assert np.all(lanes[:, c:] == 0), f"{op}: padding lanes {np.unique(lanes[:, c:])}"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_and_on_bool_tensors(precision):
+    x = _r(2, 6, 3, 4)
+    p, q = x > 0, x < 0.5
+    graph, node = one_node_graph("And", {"p": p, "q": q})
+    out = run_gpu(graph, node, {"p": p, "q": q}, precision)[0]
+    np.testing.assert_array_equal(out != 0, p & q)
+
+
+def test_and_end_to_end_returns_bool():
+    from onnx import TensorProto, helper
+
+    import optcli
+
+    g = helper.make_graph([helper.make_node("And", ["p", "q"], ["y"])], "g",
+                          [helper.make_tensor_value_info(n, TensorProto.BOOL, [2, 5, 3]) for n in "pq"],
+                          [helper.make_tensor_value_info("y", TensorProto.BOOL, None)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    result = optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes={"keep_small_islands_on_host"})
+    assert [s["target"] for s in result.report["steps"] if s["op"] == "And"] == ["opencl"]
+    p, q = _r(2, 5, 3) > 0, _r(2, 5, 3) > 0.3
+    y = optcli.load(result.data, require_gpu=True).run({"p": p, "q": q})["y"]
+    assert y.dtype == np.bool_
+    np.testing.assert_array_equal(y, p & q)
