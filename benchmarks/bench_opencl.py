@@ -119,7 +119,7 @@ def write_docs(rows: list[dict], args, device_name: str) -> Path:
         lines.append(f"| {r['label']} | {r['gpu_steps']}/{r['steps']} | {t['uploads']}+{t['downloads']} | "
                      f"{t['bytes_per_run']} | {r['opencl_ms']:.1f} | {r['arm_ms']:.1f} | {r['ort_ms']:.1f} | "
                      f"{r['opencl_ms'] / r['ort_ms']:.2f}x | {r['cold_load_s']:.2f} | {r['warm_load_s']:.2f} | "
-                     f"{r['warm_load_s'] / r['cold_load_s']:.0%} | {r['rel_err']:.1e} |")
+                     f"{r['warm_load_s'] / r['cold_load_s']:.1%} | {r['rel_err']:.1e} |")
     lines += ["", "Cold load: empty optcli program cache and empty PoCL kernel cache, fresh process; warm load: "
               "the same again with the caches the cold load filled. `warm/cold` below 10% meets the aim of a 90% "
               "shorter warm load.", ""]

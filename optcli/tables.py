@@ -67,3 +67,21 @@ def kernels_table(report: dict) -> str:
 
 
 __all__ = ["passes_table", "supported_ops_table", "all_ops_table", "model_ops_table", "kernels_table", "TARGETS"]
+
+
+def coverage_markdown() -> str:
+    """The op coverage table of docs/targets.md, generated from the kernel registries."""
+    from optcli.targets import TARGETS
+
+    targets = [TARGETS["arm"], TARGETS["opencl"]]
+    ops = sorted({op for t in targets for op in t.supported_ops()})
+    lines = ["| op | arm | opencl / metal (GPU kernel library) |", "| --- | :---: | :---: |"]
+    for op in ops:
+        marks = ["native" if op in t.supported_ops() else ("fallback" if _fallback_mark(t, op) == "f" else "-")
+                 for t in targets]
+        lines.append(f"| {_op_label(*op)} | {marks[0]} | {marks[1]} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m optcli.tables > coverage.md
+    print(coverage_markdown())

@@ -279,7 +279,8 @@ def conv_winograd(ctx, node) -> list[Launch]:
     th, tw = -(-oh // 2), -(-ow // 2)
     t = on * th * tw
     ci, co = c4(c), c4(m)
-    u = np.einsum("ik,mckl,jl->ijmc", _G, w, _G).reshape(16, m, c)  # G g G^T per (m, c)
+    # G g G^T per (m, c), as two broadcast matmuls (BLAS) rather than one einsum: load time matters.
+    u = np.matmul(np.matmul(_G, w.astype(np.float32, copy=False)), _G.T).transpose(2, 3, 0, 1).reshape(16, m, c)
     ub = np.zeros((16, co * 4, ci * 4), np.float32)
     ub[:, :m, :c] = u
     ub = ub.reshape(16, co, 4, ci, 4).transpose(0, 1, 3, 4, 2)  # [16][O4][C4][4 in][4 out]
