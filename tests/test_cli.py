@@ -130,3 +130,25 @@ def test_console_script_help():
                          capture_output=True, text=True, check=True).stdout
     for flag in ("--model_dir", "--valid_targets", "--optimize_out", "--input_shapes", "--report"):
         assert flag in out
+
+
+def test_placement_config_json_and_bad_file(model_file, tmp_path, capsys):
+    cfg = tmp_path / "placement.json"
+    cfg.write_text('{"Conv": "arm"}')
+    report = tmp_path / "r.json"
+    code, _, err = run([f"--model_file={model_file}", "--valid_targets=opencl,arm", "--input_shapes=input:1,3,32,32",
+                        f"--placement_config={cfg}", f"--optimize_out={tmp_path}/p", f"--report={report}"], capsys)
+    assert code == 0, err
+    steps = json.loads(report.read_text())["steps"]
+    assert all(s["target"] == "arm" for s in steps if s["op"] == "Conv")
+    cfg.write_text('{"Conv": "gpu9000"}')
+    code, _, err = run([f"--model_file={model_file}", f"--placement_config={cfg}", f"--optimize_out={tmp_path}/q"],
+                       capsys)
+    assert code == 2 and "unknown target 'gpu9000'" in err
+
+
+def test_devices_command(capsys):
+    code, out, _ = run(["devices"], capsys, main=optcli_main)
+    assert code == 0 and "usable" in out and "recommended: --precision=" in out
+    code, out, _ = run(["devices", "--json"], capsys, main=optcli_main)
+    assert code == 0 and json.loads(out)[0]["max_work_group_size"] > 0

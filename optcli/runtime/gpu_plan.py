@@ -104,6 +104,10 @@ class GpuSteps:
         queue = self.queue
         if step.op_type == "Upload":
             value = env[step.inputs[0]]
+            if isinstance(value, cl.Buffer):  # raw device buffer, plain NCHW in storage precision
+                nbytes = int(np.prod(self.shapes[step.outputs[0]], dtype=np.int64)) * self.storage.itemsize
+                cl.enqueue_copy(queue, self.buffers[step.outputs[0]], value, byte_count=nbytes)
+                return
             if isinstance(value, cl_array.Array):  # already on this device: copy on the device
                 cl.enqueue_copy(queue, self.buffers[step.outputs[0]], self._device_input(value, step).data)
                 return

@@ -122,7 +122,7 @@ class Predictor:
             raise UsageError("outputs_on_device=True needs the plan's GPU steps running on a GPU; this predictor "
                              "runs on the CPU")
         arrays = self._check_inputs(feeds)
-        key = tuple(tuple(arrays[v.name].shape) for v in self.plan.inputs)
+        key = tuple(tuple(getattr(arrays[v.name], "shape", v.shape)) for v in self.plan.inputs)
         record = {} if self.plan.memory.arena_bytes is None and key not in self._shape_plans else None
         with self._lock, self._limiter():
             if self.gpu is not None:
@@ -144,7 +144,7 @@ class Predictor:
 
     def _replan(self, key: tuple, feeds: dict[str, np.ndarray], sizes: dict[str, int]) -> None:
         mem = self.plan.memory
-        sizes = {**{k: a.nbytes for k, a in feeds.items()}, **sizes}
+        sizes = {**{k: getattr(a, "nbytes", 0) for k, a in feeds.items()}, **sizes}
         sizes = {k: s for k, s in sizes.items() if k in mem.lifetimes}
         offsets, arena = plan_offsets({k: mem.lifetimes[k] for k in sizes}, sizes)
         self._shape_plans[key] = MemoryPlan(mem.lifetimes, mem.free_after, offsets, sizes, arena,
@@ -175,6 +175,10 @@ class Predictor:
         result = {}
         for spec in specs:
             x = feeds[spec.name]
+            if _is_device_buffer(x):
+                self._check_device_buffer(spec, x)
+                result[spec.name] = x
+                continue
             if _is_device_array(x):
                 if self.gpu is None or x.context != self.gpu.dev.context:
                     raise InputError(f"input '{spec.name}' is a pyopencl array of another context; create it "
@@ -188,6 +192,22 @@ class Predictor:
                 self._check_shape(spec, x.shape, bound)
             result[spec.name] = x
         return result
+
+    def _check_device_buffer(self, spec: Value, buf) -> None:
+        """A raw cl.Buffer holds the input in plain NCHW layout, in storage precision, with the
+        model's (static) shape: nothing in the buffer says otherwise, so check what can be."""
+        if self.gpu is None or buf.context != self.gpu.dev.context:
+            raise InputError(f"input '{spec.name}' is an OpenCL buffer of another context (or this predictor runs "
+                             "on the CPU); create it with predictor.context")
+        if spec.shape is None or not all(isinstance(d, int) for d in spec.shape):
+            raise InputError(f"input '{spec.name}' has dynamic dims: pass a pyopencl array (it has a shape) or a "
+                             "numpy array, not a raw buffer")
+        need = int(np.prod(spec.shape, dtype=np.int64)) * self.gpu.storage.itemsize
+        if buf.size < need:
+            raise InputError(f"input '{spec.name}': the OpenCL buffer holds {buf.size} bytes, the model needs "
+                             f"{need} ({_show(spec.shape)} in {self.gpu.storage.name})")
+        if not any(s.op_type == "Upload" and s.inputs[0] == spec.name for s in self.plan.steps):
+            raise InputError(f"input '{spec.name}' is read on the host only; pass a numpy array")
 
     @staticmethod
     def _check_shape(spec: Value, shape: tuple, bound: dict[str, tuple[int, str]]) -> None:
@@ -204,6 +224,10 @@ class Predictor:
                     raise InputError(f"input '{spec.name}' dim {i} ('{want}') is {got}, but '{want}' is "
                                      f"{size} in input '{other}'; dims with one name must agree")
                 bound.setdefault(want, (got, spec.name))
+
+
+def _is_device_buffer(x) -> bool:
+    return type(x).__name__ == "Buffer" and type(x).__module__.startswith("pyopencl")
 
 
 def _is_device_array(x) -> bool:

@@ -160,3 +160,32 @@ def test_tuning_picks_a_variant_and_a_tuned_load_reuses_it(tmp_path, monkeypatch
     monkeypatch.setattr(tuning, "_time", lambda *a, **k: calls.append(1) or 1.0)
     optcli.load(result.data, tune="normal")
     assert not calls, "a tuned load must reuse the tuning cache, not time again"
+
+
+def test_raw_device_buffer_input(mixed):
+    import pyopencl as cl
+
+    from optcli.errors import InputError
+
+    model, expected = mixed
+    p = optcli.load(optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data)
+    buf = cl.Buffer(p.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=X)
+    assert_close(p.run({"x": buf})["y"], expected)
+    small = cl.Buffer(p.context, cl.mem_flags.READ_ONLY, 16)
+    with pytest.raises(InputError, match="holds 16 bytes"):
+        p.run({"x": small})
+
+
+def test_out_of_device_memory_falls_back_with_the_reason(mixed, monkeypatch):
+    model, expected = mixed
+    data = optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data
+
+    def no_memory(*args, **kwargs):
+        raise opencl.cl.MemoryError("clCreateBuffer failed: MEM_OBJECT_ALLOCATION_FAILURE (test)")
+
+    monkeypatch.setattr(opencl.cl, "Buffer", no_memory)
+    monkeypatch.setattr("optcli.runtime.predictor._WARNED", set())
+    with pytest.warns(RuntimeWarning, match="MEM_OBJECT_ALLOCATION_FAILURE"):
+        p = optcli.load(data)
+    assert p.gpu is None
+    assert_close(p.run({"x": X})["y"], expected)
