@@ -94,6 +94,22 @@ def _split_passes(values: tuple[str, ...]) -> set[str]:
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="Storage precision of GPU tensors: fp16 stores half (vload_half) and accumulates in fp32. "
                    "The host CPU always computes fp32.")
+@click.option("--quant_model", help="Store weights compressed (with --quant_type): the .nb shrinks about 4x "
+              "(QUANT_INT8) or 2x (QUANT_INT16); weights are restored to float once at load.", **BOOL_FLAG)
+@click.option("--quant_type", type=click.Choice(["QUANT_INT8", "QUANT_INT16"]), default="QUANT_INT8",
+              show_default=True, help="Weight-only quantization with --quant_model: symmetric, per output channel.")
+@click.option("--enable_fp16", help="Store weights as fp16 (about 2x smaller) and GPU tensors as half "
+              "(same as --precision=fp16 for the GPU).", **BOOL_FLAG)
+@click.option("--verify", help="Run the original model (onnxruntime, else the fp32 arm plan) and the optimized "
+              ".nb on --calib_data samples (else seeded random inputs) and report per output max error, cosine "
+              "similarity and top-1 agreement. A failure exits with code 3 and writes no .nb.", **BOOL_FLAG)
+@click.option("--verify_tolerance", type=float, default=None, metavar="REL",
+              help="Largest error relative to each output's scale that --verify accepts (default: the budget of "
+                   "the plan's precision: fp32 1e-4, fp16 1e-2, int8 5e-2).")
+@click.option("--calib_data", metavar="DIR", help="Samples for --verify (and calibration): one per file, .npy, .npz "
+              "keyed by input name, or images (with --calib_preprocess; needs optcli[images]).")
+@click.option("--calib_preprocess", metavar="SPEC", help='Image preprocessing, e.g. "resize=224,mean=0.485,0.456,'
+              '0.406,std=0.229,0.224,0.225,layout=NCHW".')
 @click.option("--tune", type=click.Choice(["fast", "normal", "exhaustive"]), default=None,
               help="Time GPU kernel variants and work-group sizes on this machine's device and keep the fastest "
                    "(run it on the machine whose GPU you tune; winners are also cached for tuned loads).")
@@ -101,7 +117,8 @@ def _split_passes(values: tuple[str, ...]) -> set[str]:
 @click.version_option(__version__, "--version", message=f"opt (optcli) %(version)s, .nb format v{FORMAT_VERSION}")
 def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out_type, input_shapes,
                 disable_pass, placement_config, report_path, print_supported_ops, print_all_ops,
-                print_model_ops, display_kernels, print_passes, precision, tune, quiet):
+                print_model_ops, display_kernels, print_passes, precision, tune, quant_model, quant_type,
+                enable_fp16, verify, verify_tolerance, calib_data, calib_preprocess, quiet):
     """Optimize an ONNX model for the given targets and write one compact NAME.nb file.
 
     \b
@@ -133,7 +150,9 @@ def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out
     result = compile_model(model_file=model_file, model_dir=model_dir, valid_targets=valid_targets,
                            input_shapes=input_shapes, disabled_passes=_split_passes(disable_pass),
                            placement_overrides=_load_placement_config(placement_config), progress=show,
-                           precision=precision, tune=tune)
+                           precision=precision, tune=tune, quant_type=quant_type if quant_model else None,
+                           enable_fp16=enable_fp16, verify=verify, verify_tolerance=verify_tolerance,
+                           calib_data=calib_data, calib_preprocess=calib_preprocess)
     if show:
         click.echo("\r\033[K", nl=False, err=True)
     if not quiet:
@@ -148,6 +167,13 @@ def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out
         out = Path(optimize_out if optimize_out.endswith(".nb") else optimize_out + ".nb")
         if out.is_dir():
             raise UsageError(f"--optimize_out: {out} is a directory; give a file name")
+    checked = result.report.get("verify")
+    if checked is not None:
+        from optcli.verify import format_verify
+
+        click.echo(format_verify(checked), err=True)
+        if not checked["passed"]:
+            out = None  # a model that fails verification is not shipped; the report says why
     if out:
         write_atomic(result.data, out)
     if report_path:
@@ -166,6 +192,13 @@ def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out
                     f"{mem['naive_activation_bytes'] / 1e6:.2f} MB)" if mem["peak_activation_bytes"] else "")
             click.echo(f"wrote {out} ({len(result.data) / 1e6:.2f} MB): {r['nodes_before']} nodes -> "
                        f"{r['nodes_after']} steps on {', '.join(r['targets'])}{peak}", err=True)
+    if checked is not None and not checked["passed"]:
+        from optcli.verify import VerifyError
+
+        failed = [o["name"] for o in checked["outputs"] if not o["passed"]]
+        raise VerifyError(f"verification failed for output(s) {', '.join(failed)} (relative tolerance "
+                          f"{checked['tolerance']:.0e}); no .nb written. Use a higher precision, or "
+                          "--verify_tolerance if the error is acceptable")
 
 
 def _run_cli(command: click.Command, prog: str) -> None:

@@ -46,9 +46,21 @@ def compile_model(
     progress: Callable[[str], None] | None = None,
     precision: str = "fp32",
     tune: str | None = None,
+    quant_type: str | None = None,
+    enable_fp16: bool = False,
+    verify: bool = False,
+    verify_tolerance: float | None = None,
+    calib_data: str | Path | None = None,
+    calib_preprocess: str | None = None,
+    verify_samples: int = 8,
 ) -> CompileResult:
+    """Optimize a model.  ``quant_type``: QUANT_INT8 / QUANT_INT16 (weight-only, per output channel);
+    ``enable_fp16``: weights stored as fp16 and GPU tensors in half (``precision="fp16"``)."""
+    if enable_fp16:
+        precision = "fp16"
     if precision not in PRECISIONS:
         raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{precision}'")
+    weight_scheme = _weight_scheme(quant_type, enable_fp16)
     targets = parse_targets(valid_targets)
     shapes = parse_input_shapes(input_shapes) if isinstance(input_shapes, str) or input_shapes is None \
         else dict(input_shapes)
@@ -56,17 +68,39 @@ def compile_model(
                        shapes, model=model)
     before = graph.op_counts()
     nodes_before = len(graph.nodes)
-    ctx = PassContext(targets=targets, options={"placement_overrides": dict(placement_overrides or {})})
+    ctx = PassContext(targets=targets, options={"placement_overrides": dict(placement_overrides or {}),
+                                                "weight_scheme": weight_scheme})
     records = pipeline.optimize(graph, ctx, set(disabled_passes), progress=progress)
     graph.metadata["precision"] = precision
-    plan = lower(graph, [t.name for t in targets], ctx.options.get("memory"))
+    plan = lower(graph, [t.name for t in targets], ctx.options.get("memory"), ctx.options.get("weight_formats"))
     _check_dtypes(plan, graph.metadata.get("source", "model"))
     tuning = _tune(plan, tune) if tune else None
     data = to_bytes(plan)
     report = build_report(graph, plan, ctx, records, before, nodes_before, data)
     if tuning is not None:
         report["tuning"] = tuning
+    if verify:
+        from optcli.calib import load_samples, random_samples
+        from optcli.frontend.onnx_reader import find_model_file, load_onnx
+        from optcli.verify import verify as run_verify
+
+        original = model if model is not None else load_onnx(find_model_file(
+            str(model_file) if model_file else None, str(model_dir) if model_dir else None))
+        samples = (load_samples(calib_data, plan.inputs, calib_preprocess) if calib_data
+                   else random_samples(plan.inputs, verify_samples))
+        report["verify"] = run_verify(original, data, samples, verify_tolerance, shapes)
     return CompileResult(plan, data, report, list(ctx.warnings))
+
+
+WEIGHT_QUANT_TYPES = {"QUANT_INT8": "int8", "QUANT_INT16": "int16"}
+
+
+def _weight_scheme(quant_type: str | None, enable_fp16: bool) -> str | None:
+    if quant_type is not None and quant_type not in WEIGHT_QUANT_TYPES:
+        raise UsageError(f"--quant_type must be one of {', '.join(WEIGHT_QUANT_TYPES)}, got '{quant_type}'")
+    if quant_type and enable_fp16:
+        raise UsageError("--quant_model and --enable_fp16 both choose how weights are stored; give one")
+    return WEIGHT_QUANT_TYPES.get(quant_type) if quant_type else ("fp16" if enable_fp16 else None)
 
 
 def _tune(plan: Plan, level: str) -> dict:
@@ -113,7 +147,7 @@ def build_report(graph: Graph, plan: Plan, ctx: PassContext, records: list[dict]
         steps.append({"index": i, "name": s.name, "op": s.op_type, "domain": s.domain, "target": s.target,
                       "kernel": s.kernel, "fallback": fallback,
                       "reason": placement.get(s.name, {}).get("reason", "")})
-    weights_bytes = sum(int(w.nbytes) for w in plan.weights.values())
+    weights_bytes = _stored_weight_bytes(plan)
     mem = plan.memory
     return {
         "tool_version": __version__,
@@ -148,8 +182,20 @@ def _transfers(plan: Plan) -> dict[str, int | None]:
             "bytes_per_run": None if any(b is None for b in sizes) else sum(sizes)}
 
 
+_STORED_ITEMSIZE = {"int8": 1, "int16": 2, "fp16": 2}
+_STORED_DTYPE = {"int8": "int8", "int16": "int16", "fp16": "float16"}
+
+
+def _stored_weight_bytes(plan: Plan) -> int:
+    return sum(_by_dtype(plan).values())
+
+
 def _by_dtype(plan: Plan) -> dict[str, int]:
+    """Weight bytes as stored in the file, per stored dtype."""
     out: dict[str, int] = {}
-    for w in plan.weights.values():
-        out[w.dtype.name] = out.get(w.dtype.name, 0) + int(w.nbytes)
+    for name, w in plan.weights.items():
+        scheme = plan.weight_formats.get(name, (None, 0))[0]
+        dtype = _STORED_DTYPE.get(scheme, w.dtype.name)
+        nbytes = int(w.size) * _STORED_ITEMSIZE[scheme] if scheme else int(w.nbytes)
+        out[dtype] = out.get(dtype, 0) + nbytes
     return dict(sorted(out.items()))

@@ -42,6 +42,7 @@ class Plan:
     targets: list[str]
     memory: MemoryPlan
     metadata: dict[str, str] = field(default_factory=dict)
+    weight_formats: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (scheme, axis) in the file
 
     def step_io(self) -> list[tuple[list[str], list[str]]]:
         return [(s.inputs, s.outputs) for s in self.steps]
@@ -66,7 +67,8 @@ def _renamed_proto(proto: bytes | None, inputs: list[str], outputs: list[str]) -
     return node.SerializeToString(deterministic=True)
 
 
-def lower(graph: Graph, targets: list[str], memory: MemoryPlan | None = None) -> Plan:
+def lower(graph: Graph, targets: list[str], memory: MemoryPlan | None = None,
+          weight_formats: dict[str, tuple[str, int]] | None = None) -> Plan:
     """Turn a placed, kernel-selected graph into a Plan."""
     missing = [n.describe() for n in graph.nodes if not n.kernel or not n.target]
     if missing:
@@ -79,5 +81,6 @@ def lower(graph: Graph, targets: list[str], memory: MemoryPlan | None = None) ->
     values = {k: v for k, v in graph.values.items() if k in produced and k not in weights}
     for v in [*graph.inputs, *graph.outputs]:
         values.setdefault(v.name, v)
+    formats = {k: v for k, v in (weight_formats or {}).items() if k in weights}
     return Plan(graph.name, list(graph.inputs), list(graph.outputs), steps, weights, values,
-                dict(graph.opsets), list(targets), memory or plan_graph(graph), dict(graph.metadata))
+                dict(graph.opsets), list(targets), memory or plan_graph(graph), dict(graph.metadata), formats)

@@ -15,6 +15,7 @@ from google.protobuf.message import DecodeError
 from optcli.errors import NbFormatError
 from optcli.ir import Value
 from optcli.nb.layout import ALIGN, SUPPORTED_DTYPES
+from optcli.nb.quant import SCHEMES, dequantize
 from optcli.ops import get_kernel
 from optcli.passes.plan_memory import MemoryPlan, lifetimes_of
 from optcli.plan import Plan, Step
@@ -118,6 +119,7 @@ def plan_from_body(body: dict, blob: memoryview, source: str) -> Plan:
     raw_values = c.get(body, "values", list, "body")
     values = {v.name: v for v in (c.value(x, f"values[{i}]") for i, x in enumerate(raw_values))}
     weights: dict[str, np.ndarray] = {}
+    formats: dict[str, tuple[str, int]] = {}
     for i, w in enumerate(c.get(body, "weights", list, "body")):
         if not isinstance(w, dict):
             raise c.fail(f"weights[{i}]", "expected a map")
@@ -125,13 +127,34 @@ def plan_from_body(body: dict, blob: memoryview, source: str) -> Plan:
         if wname in weights:
             raise c.fail(f"weights[{i}]", f"duplicate weight '{wname}'")
         weights[wname] = c.tensor(w, blob, f"weights[{i}]")
+        quant = c.get(w, "quant", dict, f"weights[{i}]", optional=True)
+        if quant is not None:
+            scheme, axis = _check_quant(c, quant, weights[wname], f"weights[{i}].quant")
+            weights[wname] = dequantize(weights[wname], scheme, axis, quant["scales"])
+            formats[wname] = (scheme, axis)
     steps = [_step(c, s, i, targets) for i, s in enumerate(c.get(body, "steps", list, "body"))]
     _check_dataflow(c, inputs, outputs, weights, steps)
     memory = _memory(c, c.get(body, "memory", dict, "body"), inputs, outputs, weights, steps)
     metadata = c.get(body, "metadata", dict, "body")
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise c.fail("metadata", "expected a map of strings")
-    return Plan(name, inputs, outputs, steps, weights, values, opsets, targets, memory, metadata)
+    return Plan(name, inputs, outputs, steps, weights, values, opsets, targets, memory, metadata, formats)
+
+
+def _check_quant(c: _Checker, quant: dict, stored: np.ndarray, where: str) -> tuple[str, int]:
+    scheme = c.get(quant, "scheme", str, where)
+    if scheme not in SCHEMES or stored.dtype != np.dtype(SCHEMES[scheme]):
+        raise c.fail(where, f"scheme '{scheme:.20}' does not match stored dtype {stored.dtype}")
+    axis = c.get(quant, "axis", int, where)
+    scales = c.get(quant, "scales", list, where)
+    if scheme == "fp16":
+        if scales:
+            raise c.fail(where, "fp16 weights take no scales")
+        return scheme, 0
+    if not 0 <= axis < stored.ndim or len(scales) != stored.shape[axis] or not all(
+            isinstance(s, float) and np.isfinite(s) and s > 0 for s in scales):
+        raise c.fail(where, "per-channel scales do not match the weight")
+    return scheme, axis
 
 
 def _step(c: _Checker, s: Any, i: int, targets: list[str]) -> Step:

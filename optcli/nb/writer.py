@@ -19,6 +19,7 @@ from optcli import __version__
 from optcli.errors import OptError
 from optcli.ir import Value
 from optcli.nb.layout import FORMAT_VERSION, HEADER, HEADER_SIZE, MAGIC, SUPPORTED_DTYPES, align
+from optcli.nb.quant import quantize
 from optcli.plan import Plan
 
 
@@ -73,11 +74,16 @@ def to_bytes(plan: Plan) -> bytes:
         arr = np.ascontiguousarray(plan.weights[name])
         if arr.dtype.name not in SUPPORTED_DTYPES:
             raise OptError(f"weight '{name}' has dtype {arr.dtype}, which a .nb file cannot store")
+        entry: dict = {}
+        if name in plan.weight_formats:
+            scheme, axis = plan.weight_formats[name]
+            arr, scales = quantize(arr, scheme, axis)
+            entry["quant"] = {"scheme": scheme, "axis": axis, "scales": scales}
         offset = align(len(blob))
         blob.extend(b"\0" * (offset - len(blob)))
         blob.extend(arr.tobytes())
         tensors.append({"name": name, "dtype": arr.dtype.name, "shape": list(arr.shape),
-                        "offset": offset, "nbytes": arr.nbytes})
+                        "offset": offset, "nbytes": arr.nbytes, **entry})
     body = msgpack.packb(_body(plan, tensors), use_bin_type=True, use_single_float=False)
     blob_offset = align(HEADER_SIZE + len(body))
     header = HEADER.pack(MAGIC, FORMAT_VERSION, 0, __version__.encode("ascii")[:16], HEADER_SIZE, len(body),

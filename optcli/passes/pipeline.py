@@ -17,6 +17,7 @@ from optcli.errors import UsageError
 from optcli.ir import Graph
 from optcli.passes import (
     batchnorm_to_affine,
+    compress_weights,
     eliminate_identity,
     fold_constants,
     fold_pad_into_conv,
@@ -55,6 +56,7 @@ PASSES: list[ModuleType] = [
     keep_small_islands_on_host,
     insert_copies,
     select_kernels,
+    compress_weights,
     plan_memory,
 ]
 
