@@ -41,7 +41,7 @@ class Value:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
 
-@dataclass
+@dataclass(eq=False)  # nodes are compared by identity: two ops with equal fields are still two ops
 class Node:
     """One operation.  ``target`` and ``kernel`` are filled by placement and kernel selection.
 

@@ -36,11 +36,11 @@ class OutputCheck:
 
 
 def default_tolerance(plan) -> float:
-    if any(scheme == "int8" for scheme, _ in plan.weight_formats.values()) or plan.metadata.get("quant") == "int8":
+    if any(scheme == "int8" for scheme, *_ in plan.weight_formats.values()) or plan.metadata.get("quant") == "int8":
         return RELATIVE["int8"]
-    if plan.metadata.get("precision") == "fp16" or any(s == "fp16" for s, _ in plan.weight_formats.values()):
+    if plan.metadata.get("precision") == "fp16" or any(s == "fp16" for s, *_ in plan.weight_formats.values()):
         return RELATIVE["fp16"]
-    if any(scheme == "int16" for scheme, _ in plan.weight_formats.values()):
+    if any(scheme == "int16" for scheme, *_ in plan.weight_formats.values()):
         return 1e-3
     return RELATIVE["fp32"]
 

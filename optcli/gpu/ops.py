@@ -8,6 +8,7 @@ from optcli.gpu import (  # noqa: F401
     ops_layout,
     ops_lstm,
     ops_pool,
+    ops_quant,
     ops_reduce,
     ops_resize,
     ops_softmax,

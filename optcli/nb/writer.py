@@ -76,8 +76,8 @@ def to_bytes(plan: Plan) -> bytes:
             raise OptError(f"weight '{name}' has dtype {arr.dtype}, which a .nb file cannot store")
         entry: dict = {}
         if name in plan.weight_formats:
-            scheme, axis = plan.weight_formats[name]
-            arr, scales = quantize(arr, scheme, axis)
+            scheme, axis, *given = plan.weight_formats[name]
+            arr, scales = quantize(arr, scheme, axis, given[0] if given else None)
             entry["quant"] = {"scheme": scheme, "axis": axis, "scales": scales}
         offset = align(len(blob))
         blob.extend(b"\0" * (offset - len(blob)))

@@ -14,6 +14,8 @@ from optcli.ops import (  # noqa: F401  (imported for their registrations)
     gemm,
     normalization,
     pool,
+    quant,
+    quant_contrib,
     reduce,
     resize,
     tensor,

@@ -35,15 +35,17 @@ def _gemm_axis(node) -> tuple[int, int]:
 
 def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
     scheme = ctx.options.get("weight_scheme")  # "int8", "int16", "fp16" or None
-    formats: dict[str, tuple[str, int]] = {}
+    # Weights that arrived quantized (fold_qdq) keep their own integers and scales.
+    formats: dict[str, tuple] = {k: v for k, v in ctx.options.get("weight_hints", {}).items()
+                                 if k in graph.initializers}
     if not scheme:
         ctx.options["weight_formats"] = formats
-        return {}
+        return {"weights": len(formats)} if formats else {}
     readers = graph.consumers()
     if scheme == "fp16":
         for name, w in graph.initializers.items():
             if w.dtype.name == "float32" and w.size >= MIN_ELEMENTS:
-                formats[name] = ("fp16", 0)
+                formats.setdefault(name, ("fp16", 0))
     else:
         for node in graph.nodes:
             key = (node.domain, node.op_type)
@@ -52,7 +54,7 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
                 continue
             name = node.inputs[spec[0]]
             w = graph.const(name)
-            if w is None or w.dtype.name != "float32" or w.size < MIN_ELEMENTS or w.ndim < 2:
+            if name in formats or w is None or w.dtype.name != "float32" or w.size < MIN_ELEMENTS or w.ndim < 2:
                 continue
             # A weight shared with a reader that is not a weight slot keeps float: one format per tensor.
             if any(r is not node and r.op_type not in ("Conv", "ConvTranspose", "Gemm", "MatMul", "FullyConnected")

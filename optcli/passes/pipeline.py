@@ -21,6 +21,7 @@ from optcli.passes import (
     eliminate_identity,
     fold_constants,
     fold_pad_into_conv,
+    fold_qdq,
     fold_shape_chains,
     fuse_activation_patterns,
     fuse_conv_bias_activation,
@@ -30,11 +31,15 @@ from optcli.passes import (
     keep_small_islands_on_host,
     place_nodes,
     plan_memory,
+    qoperator_to_qdq,
     remove_dead_nodes,
     select_kernels,
 )
 
 PASSES: list[ModuleType] = [
+    # pre-quantized models: QOperator ops -> QDQ; QDQ pairs -> FakeQuant, dequantized weights -> int8 storage
+    qoperator_to_qdq,
+    fold_qdq,
     # cleanup
     fold_constants,
     eliminate_identity,
