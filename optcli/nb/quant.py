@@ -12,7 +12,8 @@ SCHEMES = {"int8": np.int8, "int16": np.int16, "fp16": np.float16}
 _QMAX = {"int8": 127, "int16": 32767}
 
 
-def quantize(w: np.ndarray, scheme: str, axis: int, scales: list[float] | None = None) -> tuple[np.ndarray, list[float]]:
+def quantize(w: np.ndarray, scheme: str, axis: int,
+             scales: list[float] | None = None) -> tuple[np.ndarray, list[float]]:
     """(stored array, per-channel scales) for a float weight; ``scales`` given (a model quantized
     before it came here) keeps its integers exactly."""
     if scheme == "fp16":

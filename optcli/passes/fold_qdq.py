@@ -91,10 +91,11 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
     hints = ctx.options.setdefault("weight_hints", {})
     weights = pairs = 0
     for node in list(graph.nodes):
-        if node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx") and any(n is node for n in graph.nodes):
+        if node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx"):
             weights += _fold_weight(graph, node, hints)
     consumers = graph.consumers()
     for node in list(graph.nodes):
+        # A pair already folded took its DequantizeLinear readers out of the graph; Quantize nodes stay.
         if node.op_type == "QuantizeLinear" and node.domain in ("", "ai.onnx") and any(n is node for n in graph.nodes):
             pairs += _fold_pair(graph, node, consumers)
     if weights or pairs:
