@@ -15,6 +15,9 @@ from pathlib import Path
 import click
 
 from optcli import __version__
+from optcli.commands.bench import bench_command
+from optcli.commands.inspect import inspect_command
+from optcli.commands.run import run_command
 from optcli.errors import OptError, UsageError
 from optcli.nb.layout import FORMAT_VERSION
 
@@ -91,13 +94,19 @@ def _split_passes(values: tuple[str, ...]) -> set[str]:
               "and which use the generic fallback.", **BOOL_FLAG)
 @click.option("--display_kernels", help="Print the kernel chosen for every step.", **BOOL_FLAG)
 @click.option("--print_passes", help="Print the pass pipeline in order and exit.", **BOOL_FLAG)
-@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
-              help="Storage precision of GPU tensors: fp16 stores half (vload_half) and accumulates in fp32. "
-                   "The host CPU always computes fp32.")
+@click.option("--advise", help="Print performance advice: what in this model will be slow on the chosen GPU "
+              "target, why, the estimated cost and the nodes (also in --report as 'advice').", **BOOL_FLAG)
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "auto"]), default="fp32", show_default=True,
+              help="Storage precision of GPU tensors: fp16 stores half (vload_half) and accumulates in fp32; the "
+                   "host CPU always computes fp32. auto: int8 per op where the measured error stays inside the "
+                   "budget (--verify_tolerance, default 5e-2), float elsewhere (needs --calib_data).")
 @click.option("--quant_model", help="Store weights compressed (with --quant_type): the .nb shrinks about 4x "
               "(QUANT_INT8) or 2x (QUANT_INT16); weights are restored to float once at load.", **BOOL_FLAG)
-@click.option("--quant_type", type=click.Choice(["QUANT_INT8", "QUANT_INT16"]), default="QUANT_INT8",
-              show_default=True, help="Weight-only quantization with --quant_model: symmetric, per output channel.")
+@click.option("--quant_type", type=click.Choice(["QUANT_INT8", "QUANT_INT16", "INT8"]), default=None,
+              help="QUANT_INT8/QUANT_INT16 (with --quant_model): weight-only, symmetric, per output channel. "
+                   "INT8: full post-training quantization (int8 weights and activations) calibrated on --calib_data.")
+@click.option("--calibrator", type=click.Choice(["minmax", "percentile", "entropy"]), default="percentile",
+              show_default=True, help="How INT8 activation ranges come from the calibration samples.")
 @click.option("--enable_fp16", help="Store weights as fp16 (about 2x smaller) and GPU tensors as half "
               "(same as --precision=fp16 for the GPU).", **BOOL_FLAG)
 @click.option("--verify", help="Run the original model (onnxruntime, else the fp32 arm plan) and the optimized "
@@ -117,8 +126,8 @@ def _split_passes(values: tuple[str, ...]) -> set[str]:
 @click.version_option(__version__, "--version", message=f"opt (optcli) %(version)s, .nb format v{FORMAT_VERSION}")
 def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out_type, input_shapes,
                 disable_pass, placement_config, report_path, print_supported_ops, print_all_ops,
-                print_model_ops, display_kernels, print_passes, precision, tune, quant_model, quant_type,
-                enable_fp16, verify, verify_tolerance, calib_data, calib_preprocess, quiet):
+                print_model_ops, display_kernels, print_passes, advise, precision, tune, quant_model, quant_type,
+                enable_fp16, verify, verify_tolerance, calib_data, calib_preprocess, calibrator, quiet):
     """Optimize an ONNX model for the given targets and write one compact NAME.nb file.
 
     \b
@@ -140,7 +149,7 @@ def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out
         return
     if not model_dir and not model_file:
         raise UsageError("no model given; use --model_file=FILE or --model_dir=DIR (see opt --help)")
-    if not optimize_out and not (print_model_ops or display_kernels):
+    if not optimize_out and not (print_model_ops or display_kernels or advise):
         raise UsageError("no output given; use --optimize_out=NAME to write NAME.nb")
 
     from optcli.compiler import compile_model
@@ -150,7 +159,8 @@ def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out
     result = compile_model(model_file=model_file, model_dir=model_dir, valid_targets=valid_targets,
                            input_shapes=input_shapes, disabled_passes=_split_passes(disable_pass),
                            placement_overrides=_load_placement_config(placement_config), progress=show,
-                           precision=precision, tune=tune, quant_type=quant_type if quant_model else None,
+                           precision=precision, tune=tune, calibrator=calibrator,
+                           quant_type=(quant_type or "QUANT_INT8") if quant_model else quant_type,
                            enable_fp16=enable_fp16, verify=verify, verify_tolerance=verify_tolerance,
                            calib_data=calib_data, calib_preprocess=calib_preprocess)
     if show:
@@ -162,6 +172,10 @@ def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out
         click.echo(tables.model_ops_table(result.report))
     if display_kernels:
         click.echo(tables.kernels_table(result.report))
+    if advise:
+        from optcli.advice import format_advice
+
+        click.echo(format_advice(result.report.get("advice", [])))
     out = None
     if optimize_out:
         out = Path(optimize_out if optimize_out.endswith(".nb") else optimize_out + ".nb")
@@ -234,6 +248,9 @@ def optcli_group():
 
 
 optcli_group.add_command(opt_command, name="opt")
+optcli_group.add_command(inspect_command)
+optcli_group.add_command(run_command)
+optcli_group.add_command(bench_command)
 
 
 @optcli_group.command(name="devices")

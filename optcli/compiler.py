@@ -13,6 +13,7 @@ from pathlib import Path
 import onnx
 
 from optcli import __version__
+from optcli.advice import advise
 from optcli.errors import ModelError, UsageError
 from optcli.frontend.onnx_reader import read_model
 from optcli.frontend.shapes import parse_input_shapes
@@ -53,14 +54,16 @@ def compile_model(
     calib_data: str | Path | None = None,
     calib_preprocess: str | None = None,
     verify_samples: int = 8,
+    calibrator: str = "percentile",
 ) -> CompileResult:
     """Optimize a model.  ``quant_type``: QUANT_INT8 / QUANT_INT16 (weight-only, per output channel);
     ``enable_fp16``: weights stored as fp16 and GPU tensors in half (``precision="fp16"``)."""
     if enable_fp16:
         precision = "fp16"
-    if precision not in PRECISIONS:
-        raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{precision}'")
-    weight_scheme = _weight_scheme(quant_type, enable_fp16)
+    if precision not in (*PRECISIONS, "auto"):
+        raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, auto; got '{precision}'")
+    full_int8 = quant_type == "INT8" or precision == "auto"
+    weight_scheme = None if full_int8 else _weight_scheme(quant_type, enable_fp16)
     targets = parse_targets(valid_targets)
     shapes = parse_input_shapes(input_shapes) if isinstance(input_shapes, str) or input_shapes is None \
         else dict(input_shapes)
@@ -70,6 +73,16 @@ def compile_model(
     nodes_before = len(graph.nodes)
     ctx = PassContext(targets=targets, options={"placement_overrides": dict(placement_overrides or {}),
                                                 "weight_scheme": weight_scheme})
+    if full_int8:
+        from optcli.calib import load_samples
+
+        if not calib_data:
+            raise UsageError("int8 quantization (--quant_type=INT8 or --precision=auto) calibrates on real inputs: "
+                             "give --calib_data=DIR")
+        ctx.options.update(int8_calibrator=calibrator, precision_auto=precision == "auto",
+                           auto_budget=verify_tolerance,
+                           calib_samples=load_samples(calib_data, graph.inputs, calib_preprocess))
+        precision = "fp32"
     records = pipeline.optimize(graph, ctx, set(disabled_passes), progress=progress)
     graph.metadata["precision"] = precision
     plan = lower(graph, [t.name for t in targets], ctx.options.get("memory"), ctx.options.get("weight_formats"))
@@ -77,8 +90,12 @@ def compile_model(
     tuning = _tune(plan, tune) if tune else None
     data = to_bytes(plan)
     report = build_report(graph, plan, ctx, records, before, nodes_before, data)
+    report["advice"] = advise(plan, report)
     if tuning is not None:
         report["tuning"] = tuning
+    if full_int8:
+        report["int8"] = {"calibrator": calibrator, "samples": len(ctx.options["calib_samples"]),
+                          "kept_float": ctx.options.get("int8_kept_float", [])}
     if verify:
         from optcli.calib import load_samples, random_samples
         from optcli.frontend.onnx_reader import find_model_file, load_onnx
@@ -92,7 +109,7 @@ def compile_model(
     return CompileResult(plan, data, report, list(ctx.warnings))
 
 
-WEIGHT_QUANT_TYPES = {"QUANT_INT8": "int8", "QUANT_INT16": "int16"}
+WEIGHT_QUANT_TYPES = {"QUANT_INT8": "int8", "QUANT_INT16": "int16"}  # weight-only; INT8 is full int8 PTQ
 
 
 def _weight_scheme(quant_type: str | None, enable_fp16: bool) -> str | None:

@@ -32,6 +32,7 @@ from optcli.passes import (
     place_nodes,
     plan_memory,
     qoperator_to_qdq,
+    quantize_int8,
     remove_dead_nodes,
     select_kernels,
 )
@@ -52,6 +53,8 @@ PASSES: list[ModuleType] = [
     fuse_matmul_add,
     fuse_conv_bias_activation,
     fold_shape_chains,
+    # int8 post-training quantization (--quant_type=INT8): calibrated on the fused graph
+    quantize_int8,
     # cleanup again
     fold_constants,
     eliminate_identity,

@@ -1,0 +1,72 @@
+"""Full int8 post-training quantization: calibrators, top-1 agreement with fp32, both targets,
+and --precision=auto keeping sensitive ops in float."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import optcli
+from optcli.errors import UsageError
+from optcli.tolerance import RELATIVE, max_error
+from optcli.zoo import build, sample_inputs
+
+
+def _calib_dir(tmp_path_factory, model, n=32):
+    folder = tmp_path_factory.mktemp("calib")
+    for i in range(n):
+        np.save(folder / f"{i:03d}.npy", sample_inputs(model, seed=1000 + i)["input"])
+    return folder
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "resnet18", "efficientnet_lite0"])
+def test_top1_agreement_on_200_seeded_inputs(name, tmp_path_factory):
+    model = build(name, resolution=32)
+    calib = _calib_dir(tmp_path_factory, model)
+    fp32 = optcli.load(optcli.optimize(model=model).data)
+    result = optcli.optimize(model=model, quant_type="INT8", calib_data=calib)
+    int8 = optcli.load(result.data)
+    tests = [sample_inputs(model, seed=i) for i in range(200)]
+    ref = np.concatenate([fp32.run(x)["output"] for x in tests])
+    got = np.concatenate([int8.run(x)["output"] for x in tests])
+    assert np.mean(ref.argmax(1) == got.argmax(1)) >= 0.98
+    assert result.report["sizes"]["weights_by_dtype"]["int8"] > 0
+    ops = result.report["ops_after"]
+    assert ops["FakeQuant"] >= ops["Conv"] // 2
+
+
+@pytest.mark.parametrize("calibrator", ["minmax", "percentile", "entropy"])
+def test_calibrators_and_gpu(calibrator, tmp_path_factory):
+    model = build("mobilenet_v2", resolution=32, width=0.25)
+    calib = _calib_dir(tmp_path_factory, model, n=8)
+    feeds = sample_inputs(model, seed=5)
+    reference = optcli.load(optcli.optimize(model=model).data).run(feeds)["output"]
+    host = optcli.optimize(model=model, quant_type="INT8", calib_data=calib, calibrator=calibrator)
+    gpu = optcli.optimize(model=model, valid_targets="opencl,arm", quant_type="INT8", calib_data=calib,
+                          calibrator=calibrator, disabled_passes={"keep_small_islands_on_host"})
+    a = optcli.load(host.data).run(feeds)["output"]
+    b = optcli.load(gpu.data, require_gpu=True).run(feeds)["output"]
+    cosine = float(a.ravel() @ reference.ravel() / (np.linalg.norm(a) * np.linalg.norm(reference)))
+    assert cosine > 0.9, "int8 stays close to fp32 (a tiny 8-channel net: accuracy is tested on real widths above)"
+    err, scale = max_error(b, a)
+    assert err / scale <= RELATIVE["int8"], "the GPU's float view of int8 matches the host's"
+
+
+def test_precision_auto_keeps_sensitive_ops_in_float(tmp_path_factory):
+    model = build("mobilenet_v2", resolution=32, width=0.25)
+    calib = _calib_dir(tmp_path_factory, model, n=8)
+    loose = optcli.optimize(model=model, precision="auto", calib_data=calib, verify_tolerance=1.0)
+    tight = optcli.optimize(model=model, precision="auto", calib_data=calib, verify_tolerance=1e-2)
+    assert loose.report["int8"]["kept_float"] == []
+    kept = tight.report["int8"]["kept_float"]
+    assert kept and all(k["with_others"] > 1e-2 for k in kept)
+    assert tight.report["ops_after"].get("FakeQuant", 0) < loose.report["ops_after"]["FakeQuant"]
+    feeds = sample_inputs(model, seed=3)
+    reference = optcli.load(optcli.optimize(model=model).data).run(feeds)["output"]
+    err, scale = max_error(optcli.load(tight.data).run(feeds)["output"], reference)
+    assert err / scale < 5e-2
+
+
+def test_int8_needs_calibration_data():
+    with pytest.raises(UsageError, match="--calib_data"):
+        optcli.optimize(model=build("mobilenet_v2", resolution=32, width=0.25), quant_type="INT8")
