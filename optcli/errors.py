@@ -34,6 +34,11 @@ class TargetError(OptError):
     """A target is unknown or cannot be used on this machine."""
 
 
+class DeviceError(TargetError):
+    """The GPU failed while running (device lost, out of resources) and the call cannot be
+    finished on the CPU instead (``require_gpu=True``, or inputs/outputs living on the device)."""
+
+
 def where(node_name: str | None = None, op_type: str | None = None, file: str | None = None) -> str:
     """Format the 'where' part of a message: ``file, node 'conv1' (Conv)``."""
     parts = []

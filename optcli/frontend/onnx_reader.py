@@ -15,7 +15,7 @@ import onnx
 from onnx import external_data_helper, helper, numpy_helper
 
 from optcli.errors import ModelError
-from optcli.frontend.shapes import apply_input_shapes, infer_shapes
+from optcli.frontend.shapes import MAX_ELEMENTS, apply_input_shapes, infer_shapes
 from optcli.ir import Graph, Node, Value, subgraph_outer_refs
 from optcli.ops.registry import has_native_kernel
 
@@ -76,8 +76,16 @@ def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
         if not target.is_file():
             raise ModelError(f"{path}: tensor '{tensor.name}' needs external data file '{location}', which is "
                              "missing; copy it beside the model")
-        end = int(info.get("offset", 0) or 0) + int(info.get("length", 0) or 0)
-        if end > target.stat().st_size:
+        try:
+            offset, length = int(info.get("offset", 0) or 0), int(info.get("length", 0) or 0)
+        except ValueError:
+            raise ModelError(f"{path}: tensor '{tensor.name}' has a non-numeric external data offset or "
+                             f"length ({info.get('offset')!r:.40}, {info.get('length')!r:.40}); the model is "
+                             "damaged") from None
+        if offset < 0 or length < 0:
+            raise ModelError(f"{path}: tensor '{tensor.name}' has a negative external data offset or length; "
+                             "the model is damaged")
+        if offset + length > target.stat().st_size:
             raise ModelError(f"{path}: tensor '{tensor.name}' reads past the end of '{location}'; "
                              "the external data file is truncated")
 
@@ -111,18 +119,80 @@ def read_model(
     opsets = check_opsets(model, path)
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
+    check_dataflow(model.graph, path)
     apply_input_shapes(model, input_shapes or {}, path)
     # Inference first: it fills in output types exporters leave out, which the checker demands.
     model = infer_shapes(model, path)
     try:
         onnx.checker.check_model(_typed_outputs_for_checker(model))
     except onnx.checker.ValidationError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
-        raise ModelError(f"{path}: the ONNX checker rejects the model: {first}") from None
+        # The checker's messages span lines (they print the node): one line, bounded, for the CLI.
+        text = " ".join(str(exc).split()) or "invalid model"
+        raise ModelError(f"{path}: the ONNX checker rejects the model: {text[:300]}") from None
+    check_static_sizes(model, path)
     graph = to_ir(model, opsets)
     graph.metadata["source"] = path.name
     graph.toposort()
     return graph
+
+
+def check_dataflow(graph: onnx.GraphProto, path: Path) -> None:
+    """Every node input is defined (graph input, initializer or node output), and the nodes have
+    an order in which each runs after what it reads: no cycles.  Clear messages for what the
+    ONNX checker reports as "not topologically sorted"."""
+    defined = {vi.name for vi in graph.input} | {t.name for t in graph.initializer} | {""}
+    defined |= {t.values.name for t in graph.sparse_initializer}
+    producer: dict[str, int] = {}
+    for i, node in enumerate(graph.node):
+        for out in node.output:
+            if out:
+                producer[out] = i
+    for i, node in enumerate(graph.node):
+        for name in node.input:
+            if name not in defined and name not in producer:
+                raise ModelError(f"{path}: {_label(node, i)} reads '{name:.80}', which no node, graph input or "
+                                 "initializer defines; the model is incomplete (missing initializer?)")
+    # Kahn's algorithm over the explicit inputs.
+    waiting = [len({producer[n] for n in node.input if n in producer and n not in defined}) for node in graph.node]
+    readers: dict[int, list[int]] = {}
+    for i, node in enumerate(graph.node):
+        for src in {producer[n] for n in node.input if n in producer and n not in defined}:
+            readers.setdefault(src, []).append(i)
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    done = 0
+    while ready:
+        i = ready.pop()
+        done += 1
+        for j in readers.get(i, []):
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                ready.append(j)
+    if done != len(graph.node):
+        stuck = [_label(graph.node[i], i) for i, w in enumerate(waiting) if w > 0][:3]
+        raise ModelError(f"{path}: the graph has a cycle (nodes that wait on each other's outputs), involving "
+                         f"{', '.join(stuck)}; an ONNX graph must be acyclic")
+
+
+def check_static_sizes(model: onnx.ModelProto, path: Path) -> None:
+    """Refuse values whose inferred static shape is absurd (more elements than any device holds):
+    a Reshape or Expand to a typo'd shape would otherwise reach the planner and the runtime."""
+    g = model.graph
+    for vi in [*g.input, *g.value_info, *g.output]:
+        t = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type") or not t.HasField("shape"):
+            continue
+        count = 1
+        for d in t.shape.dim:
+            if d.HasField("dim_value"):
+                count *= max(d.dim_value, 1)
+        if count > MAX_ELEMENTS:
+            dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
+            raise ModelError(f"{path}: value '{vi.name:.80}' has an absurd shape {dims} ({count} elements); "
+                             "fix the model or pin smaller dims with --input_shapes")
+
+
+def _label(node: onnx.NodeProto, index: int) -> str:
+    return f"node '{node.name or f'{node.op_type}_{index}'}' ({node.op_type})"
 
 
 def to_ir(model: onnx.ModelProto, opsets: dict[str, int]) -> Graph:

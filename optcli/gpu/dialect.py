@@ -140,5 +140,74 @@ def render_opencl(source_name: str, defines: dict) -> str:
     return f"{head}\n{OPENCL_PRELUDE}\n{EPILOGUE}\n{body}"
 
 
+METAL_PRELUDE = r"""
+#include <metal_stdlib>
+using namespace metal;
+#define INLINE inline
+#define GID(i) ((int)_gid[i])
+#define GSIZE(i) ((int)_gsize[i])
+#define LID(i) ((int)_lid[i])
+#define FLOAT4 float4
+#define F4(a, b, c, d) float4((a), (b), (c), (d))
+#define F4S(a) float4(a)
+#define FMA(a, b, c) fma((a), (b), (c))
+#if STORAGE_HALF
+#define STORAGE half
+#define STORAGE4 half4
+#else
+#define STORAGE float
+#define STORAGE4 float4
+#endif
+// Packed tensors are read and written as whole vectors: float4 i of p is p[4i..4i+3] (as in
+// the OpenCL rendering); buffers start at offset 0, so the vector pointers are aligned.
+#define LOAD4(p, i) float4(((device const STORAGE4*)(p))[i])
+#define STORE4(v, p, i) (((device STORAGE4*)(p))[i] = STORAGE4(v))
+#define LOAD1(p, i) float((p)[i])
+#define STORE1(v, p, i) ((p)[i] = STORAGE(v))
+"""
+
+# Thread-position parameters a Metal kernel gets when its body uses the matching macro.
+_METAL_THREAD_PARAMS = (("GID", "uint3 _gid [[thread_position_in_grid]]"),
+                        ("GSIZE", "uint3 _gsize [[threads_per_grid]]"),
+                        ("LID", "uint3 _lid [[thread_position_in_threadgroup]]"))
+
+
+def _metal_signature(name: str, params: list[Param], body: str) -> str:
+    """Buffers and scalars take the argument-table slots in head order: ``[[buffer(i)]]`` is the
+    i-th parameter, so the runtime binds launch argument i at index i."""
+    parts = []
+    for i, p in enumerate(params):
+        if p.kind == "IN":
+            parts.append(f"device const STORAGE* {p.name} [[buffer({i})]]")
+        elif p.kind == "OUT":
+            parts.append(f"device STORAGE* {p.name} [[buffer({i})]]")
+        elif p.kind == "INT":
+            parts.append(f"constant int& {p.name} [[buffer({i})]]")
+        else:
+            parts.append(f"constant float& {p.name} [[buffer({i})]]")
+    parts += [decl for macro, decl in _METAL_THREAD_PARAMS if re.search(rf"\b{macro}\(", body)]
+    return f"kernel void {name}({', '.join(parts)})"
+
+
+def _kernel_bodies(source: str) -> dict[str, str]:
+    """The text of each kernel, from its head up to the next head (enough to see which thread
+    ids it uses)."""
+    heads = list(_KERNEL_HEAD.finditer(source))
+    return {m.group(1): source[m.end(): heads[k + 1].start() if k + 1 < len(heads) else len(source)]
+            for k, m in enumerate(heads)}
+
+
+def render_metal(source_name: str, defines: dict) -> str:
+    """Full Metal Shading Language library text for one kernel source and one set of defines:
+    the same source and epilogue as ``render_opencl``, another prelude and signature generator."""
+    source = load_source(source_name)
+    bodies = _kernel_bodies(source)
+    body = _KERNEL_HEAD.sub(lambda m: _metal_signature(m.group(1), [Param(k, n) for k, n in
+                                                                    _PARAM.findall(m.group(2))],
+                                                       bodies[m.group(1)]), source)
+    head = "\n".join(_format_define(k, defines[k]) for k in sorted(defines))
+    return f"{head}\n{METAL_PRELUDE}\n{EPILOGUE}\n{body}"
+
+
 def source_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]

@@ -70,13 +70,24 @@ def unpack_body(buf, header: dict, source: str) -> dict:
     start = header["body_offset"]
     raw = bytes(buf[start:start + header["body_length"]])
     n = len(raw)
+    limits = {"max_str_len": n, "max_bin_len": n, "max_array_len": n, "max_map_len": n, "max_ext_len": 0}
     try:
-        # Every length is bounded by the body's own size: no allocation beyond the file.
-        body = msgpack.unpackb(raw, raw=False, strict_map_key=True, ext_hook=_ext_hook, use_list=True,
-                               max_str_len=n, max_bin_len=n, max_array_len=n,
-                               max_map_len=n, max_ext_len=0)
+        # Every length is bounded by the body's own size, and the document is walked once without
+        # building anything (``skip``) before it is decoded: the decoder preallocates each array
+        # from its header, so a truncated body of nested arrays each claiming ``n`` items would
+        # otherwise allocate ~depth * n pointers.  A complete document holds every item it claims
+        # (one byte at least), which bounds the decoder's allocation by the body's size.
+        scan = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=max(n, 1), **limits)
+        scan.feed(raw)
+        scan.skip()
+        if scan.tell() != n:
+            raise NbFormatError(f"{source}: body has {n - scan.tell()} bytes of extra data after the msgpack map")
+        body = msgpack.unpackb(raw, raw=False, strict_map_key=True, ext_hook=_ext_hook, use_list=True, **limits)
     except NbFormatError:
         raise
+    except msgpack.exceptions.OutOfData:
+        raise NbFormatError(f"{source}: body is not valid msgpack (it ends inside a value); the file is "
+                            "truncated or corrupted") from None
     except (ValueError, TypeError, msgpack.exceptions.ExtraData, msgpack.exceptions.UnpackException,
             RecursionError, UnicodeDecodeError) as exc:
         raise NbFormatError(f"{source}: body is not valid msgpack ({type(exc).__name__}: {exc})") from None
@@ -91,6 +102,7 @@ def load_bytes(buf, source: str = "<bytes>") -> tuple[Plan, dict]:
     verify_checksum(buf, source)
     body = unpack_body(buf, header, source)
     blob = memoryview(buf)[header["blob_offset"]:header["blob_offset"] + header["blob_length"]]
+    header["sha256"] = bytes(buf[len(buf) - CHECKSUM_SIZE:]).hex()
     return plan_from_body(body, blob, source), header
 
 

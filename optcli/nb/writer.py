@@ -26,7 +26,7 @@ from optcli.plan import Plan
 def encode_attr(value: Any) -> Any:
     """Attributes as msgpack-native values; tensors become a tagged map."""
     if isinstance(value, np.ndarray):
-        arr = np.ascontiguousarray(value)
+        arr = np.require(value, requirements="C")
         if arr.dtype.name not in SUPPORTED_DTYPES:
             raise OptError(f"attribute tensor of dtype {arr.dtype} cannot be stored in a .nb file")
         return {"$tensor": {"dtype": arr.dtype.name, "shape": list(arr.shape), "data": arr.tobytes()}}
@@ -71,7 +71,7 @@ def to_bytes(plan: Plan) -> bytes:
     blob = bytearray()
     tensors = []
     for name in sorted(plan.weights):
-        arr = np.ascontiguousarray(plan.weights[name])
+        arr = np.require(plan.weights[name], requirements="C")  # keeps 0-d weights 0-d
         if arr.dtype.name not in SUPPORTED_DTYPES:
             raise OptError(f"weight '{name}' has dtype {arr.dtype}, which a .nb file cannot store")
         entry: dict = {}

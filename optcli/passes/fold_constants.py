@@ -27,6 +27,11 @@ NONDETERMINISTIC = frozenset(
     {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
 )
 
+# Ops whose output size follows input *values* (a small constant can ask for terabytes): folded
+# only when shape inference gives their output a static shape, so folding never allocates more
+# than MAX_ELEMENTS per result.
+SIZED_BY_VALUES = frozenset({"OneHot", "Pad", "Resize", "Upsample", "CenterCropPad", "Col2Im"})
+
 
 def _has_subgraph(node: Node) -> bool:
     if node.proto is None:
@@ -80,6 +85,15 @@ def _expected_elements(graph: Graph, node: Node) -> int | None:
         sizes.append(int(np.prod(shape, dtype=np.int64)))
     else:
         return max(sizes, default=0)
+    if node.op_type == "Range":
+        try:
+            start, limit, delta = (graph.const(node.input(k)) for k in range(3))
+            count = np.ceil((float(limit) - float(start)) / float(delta))
+            return int(max(count, 0)) if np.isfinite(count) else MAX_ELEMENTS + 1
+        except (TypeError, ValueError, ZeroDivisionError, OverflowError):
+            return None  # a malformed Range: evaluating it fails cleanly
+    if node.op_type in SIZED_BY_VALUES:
+        return MAX_ELEMENTS + 1  # output size set by input values: not folded without a known shape
     if node.op_type in ("ConstantOfShape", "Expand", "Tile"):
         x = graph.const(node.input(0))
         arg = graph.const(node.input(1)) if node.op_type != "ConstantOfShape" else x

@@ -27,7 +27,8 @@ class Executor:
         self.fns = [None if i in on_gpu else bind_step(s, plan.opsets) for i, s in enumerate(plan.steps)]
         self.free_after = plan.memory.free_after
 
-    def run(self, feeds: dict[str, np.ndarray], record_sizes: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    def run(self, feeds: dict[str, np.ndarray], record_sizes: dict[str, int] | None = None,
+            record_shapes: dict[str, tuple] | None = None) -> dict[str, np.ndarray]:
         env: dict[str, object] = dict(self.plan.weights)
         env.update(feeds)
         try:
@@ -35,7 +36,7 @@ class Executor:
                 if fn is None:
                     self.gpu.run_step(i, step, env)
                 else:
-                    self._host_step(i, step, fn, env, record_sizes)
+                    self._host_step(i, step, fn, env, record_sizes, record_shapes)
                 for name in self.free_after[i]:
                     env.pop(name, None)
         finally:
@@ -43,7 +44,7 @@ class Executor:
                 self.gpu.finish()
         return {v.name: env[v.name] for v in self.plan.outputs}
 
-    def _host_step(self, i, step, fn, env, record_sizes) -> None:
+    def _host_step(self, i, step, fn, env, record_sizes, record_shapes=None) -> None:
         # A device input read on the host (its first reader is a host step) comes over here.
         args = [_host(env[n]) if n else None for n in step.inputs]
         try:
@@ -63,3 +64,5 @@ class Executor:
                 env[name] = arr if isinstance(arr, (np.ndarray, list)) or arr is None else np.asarray(arr)
                 if record_sizes is not None and isinstance(env[name], np.ndarray):
                     record_sizes[name] = env[name].nbytes
+                if record_shapes is not None and isinstance(env[name], np.ndarray):
+                    record_shapes[name] = tuple(env[name].shape)

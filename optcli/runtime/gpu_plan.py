@@ -13,16 +13,17 @@ from typing import Any
 
 import numpy as np
 
-from optcli.gpu.layout import packed_elements
 from optcli.gpu.ops_layout import TRANSFER_OPS
 from optcli.gpu.registry import get_gpu_kernel
 from optcli.plan import Plan, Step
+from optcli.runtime.cpu import StepError
+from optcli.runtime.device_buffers import LINEAR_OPS, device_values, share_buffers
 from optcli.runtime.opencl import BoundLaunch, ClDevice, ClLaunchContext, cl
 
 if cl is not None:
     import pyopencl.array as cl_array
 
-LINEAR_OPS = ("Upload", "Unpack")  # steps whose output is a plain (unpacked) device buffer
+__all__ = ["GpuSteps", "LINEAR_OPS"]
 
 
 class GpuSteps:
@@ -44,6 +45,7 @@ class GpuSteps:
             if step.op_type not in TRANSFER_OPS:
                 self.bound[i] = self.bind_step(i, get_gpu_kernel(step.kernel))
         self._keep: list[np.ndarray] = []
+        self.events: list | None = None  # (step index, cl.Event) of every enqueue, while profiling
         self.outputs_on_device = False
         self.graph_outputs = {v.name for v in plan.outputs}
 
@@ -61,74 +63,59 @@ class GpuSteps:
             bound.append(self.ctx.bind(launch, f"step {i} {step.name}"))
         return bound
 
-    # ------------------------------------------------------------------ buffers
-    def _nbytes(self, step: Step, name: str, produced_linear: set[str]) -> int:
-        shape = self.shapes[name]
-        if name in produced_linear:
-            return max(16, int(np.prod(shape, dtype=np.int64)) * self.storage.itemsize)
-        return max(16, packed_elements(shape) * self.storage.itemsize)
+    def enable_profiling(self) -> None:
+        """Enqueue on a profiling queue from now on and keep each step's events in ``events``
+        (``optcli bench`` reads their device times)."""
+        self.queue.finish()
+        self.queue = self.dev.new_queue(profiling=True)
+        self.events = []
 
+    # ------------------------------------------------------------------ buffers
     def _allocate(self, plan: Plan, indices: list[int]) -> tuple[dict[str, Any], int]:
         """Buffers for device values, shared between values whose lifetimes do not overlap."""
-        produced_linear = {o for i in indices for o in plan.steps[i].outputs
-                           if plan.steps[i].op_type in LINEAR_OPS}
-        device_values: dict[str, tuple[int, int, int]] = {}  # name -> (first, last, nbytes)
-        for i in indices:
-            step = plan.steps[i]
-            names = [*step.outputs] + ([] if step.op_type == "Upload" else list(step.inputs))
-            for name in names:
-                if not name or name in plan.weights or (step.op_type == "Download" and name in step.outputs):
-                    continue
-                first, last = plan.memory.lifetimes.get(name, (i, i))
-                device_values[name] = (first, last, self._nbytes(step, name, produced_linear))
-        free: list[tuple[int, Any]] = []  # (nbytes, buffer)
-        releases: dict[int, list[tuple[int, Any]]] = {}
-        buffers: dict[str, Any] = {}
-        total = 0
-        for name, (first, last, nbytes) in sorted(device_values.items(), key=lambda kv: (kv[1][0], kv[0])):
-            for step_index in sorted(k for k in releases if k < first):
-                free.extend(releases.pop(step_index))
-            fits = sorted((b for b in free if b[0] >= nbytes), key=lambda b: b[0])
-            if fits:
-                chosen = fits[0]
-                free.remove(chosen)
-            else:
-                chosen = (nbytes, cl.Buffer(self.dev.context, cl.mem_flags.READ_WRITE, nbytes))
-                total += nbytes
-            buffers[name] = chosen[1]
-            releases.setdefault(last, []).append(chosen)
-        return buffers, total
+        values = device_values(plan, indices, self.shapes, self.storage.itemsize)
+        return share_buffers(values, lambda nbytes: cl.Buffer(self.dev.context, cl.mem_flags.READ_WRITE, nbytes))
 
     # -------------------------------------------------------------------- running
     def run_step(self, i: int, step: Step, env: dict[str, Any]) -> None:
-        queue = self.queue
+        queue, record = self.queue, self._record(i)
         if step.op_type == "Upload":
             value = env[step.inputs[0]]
             if isinstance(value, cl.Buffer):  # raw device buffer, plain NCHW in storage precision
                 nbytes = int(np.prod(self.shapes[step.outputs[0]], dtype=np.int64)) * self.storage.itemsize
-                cl.enqueue_copy(queue, self.buffers[step.outputs[0]], value, byte_count=nbytes)
+                record(cl.enqueue_copy(queue, self.buffers[step.outputs[0]], value, byte_count=nbytes))
                 return
             if isinstance(value, cl_array.Array):  # already on this device: copy on the device
-                cl.enqueue_copy(queue, self.buffers[step.outputs[0]], self._device_input(value, step).data)
+                record(cl.enqueue_copy(queue, self.buffers[step.outputs[0]], self._device_input(value, step).data))
                 return
-            host = np.ascontiguousarray(value, dtype=self.storage)
+            host = np.asarray(value, dtype=self.storage, order="C")  # (ascontiguousarray makes 0-d 1-d)
+            if host.shape != self.shapes[step.outputs[0]]:
+                # The device buffer was sized from the plan: never copy more (or less) into it.
+                raise StepError(f"step {i} {step.name}: '{step.inputs[0]}' has shape {list(host.shape)} at run time, "
+                                f"the GPU plan was made for {list(self.shapes[step.outputs[0]])}")
             self._keep.append(host)  # alive until the copy is done (the run's end at the latest)
-            cl.enqueue_copy(queue, self.buffers[step.outputs[0]], host, is_blocking=False)
+            record(cl.enqueue_copy(queue, self.buffers[step.outputs[0]], host, is_blocking=False))
         elif step.op_type == "Download":
             shape = self.shapes[step.outputs[0]]
             if self.outputs_on_device and step.outputs[0] in self.graph_outputs:
                 out = cl_array.empty(queue, shape, self.storage)
-                cl.enqueue_copy(queue, out.data, self.buffers[step.inputs[0]])
+                record(cl.enqueue_copy(queue, out.data, self.buffers[step.inputs[0]]))
                 env[step.outputs[0]] = out
                 return
             host = np.empty(shape, dtype=self.storage)
-            cl.enqueue_copy(queue, host, self.buffers[step.inputs[0]], is_blocking=True)
+            record(cl.enqueue_copy(queue, host, self.buffers[step.inputs[0]], is_blocking=True))
             self._keep.clear()
             dtype = self.plan.values[step.outputs[0]].dtype  # float32, or bool stored as 0/1
             env[step.outputs[0]] = host.astype(dtype if dtype != "unknown" else np.float32, copy=False)
         else:
             for launch in self.bound[i]:
-                launch.enqueue(queue)
+                record(launch.enqueue(queue))
+
+    def _record(self, i: int):
+        events = self.events
+        if events is None:
+            return _ignore
+        return lambda event: events.append((i, event))
 
     def _device_input(self, value, step: Step):
         if value.dtype != self.storage:
@@ -140,6 +127,10 @@ class GpuSteps:
     def finish(self) -> None:
         self.queue.finish()
         self._keep.clear()
+
+
+def _ignore(event) -> None:
+    pass
 
 
 def _fit_local(local: tuple[int, ...], grid: tuple[int, ...]) -> tuple[int, ...] | None:

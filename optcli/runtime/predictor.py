@@ -4,6 +4,10 @@
 a symbolic dim has one size across all inputs), executes the plan and returns the outputs.
 Plans with dynamic dims are re-planned per new input shape (memory offsets from the observed
 sizes) and the result cached, so a repeated shape costs nothing extra.
+
+Threads: a Predictor may be shared by threads.  ``run`` holds the predictor's lock for the whole
+run (the GPU queue, the device buffers and the BLAS thread limit are per predictor), so calls on
+one predictor serialise; for parallel throughput give each thread its own predictor.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from optcli.errors import InputError, TargetError, UsageError
+from optcli.errors import DeviceError, InputError, TargetError, UsageError
 from optcli.ir import Value
 from optcli.passes.plan_memory import MemoryPlan, plan_offsets
 from optcli.plan import Plan
@@ -55,9 +59,10 @@ class Predictor:
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise UsageError(f"threads must be a positive whole number, got {threads!r}")
         self.threads = threads
+        self.require_gpu = require_gpu
         self.gpu = self._start_gpu(require_gpu, device)
         self.tuning = {}
-        if tune is not None and self.gpu is not None:
+        if tune is not None and self.gpu is not None and getattr(self.gpu, "tunable", True):
             from optcli.runtime.tuning import tune as run_tuning
 
             self.tuning = run_tuning(self.gpu, tune)
@@ -67,20 +72,24 @@ class Predictor:
         self._limiter = _thread_limiter(threads)
 
     def _start_gpu(self, require_gpu: bool, device: str | None):
-        """Prepare the plan's GPU steps on an OpenCL device, or say why the CPU runs them."""
+        """Prepare the plan's GPU steps on an OpenCL or Metal device, or say why the CPU runs them."""
         gpu_targets = {s.target for s in self.plan.steps if TARGETS[s.target].device == "gpu"}
-        usable = {t for t in gpu_targets if t in self.targets and t == "opencl"}
+        usable = {t for t in gpu_targets if t in self.targets and t in ("opencl", "metal")}
         if not gpu_targets:
             if require_gpu:
                 raise TargetError(f"{self.source}: require_gpu=True, but the plan has no GPU steps; optimize "
                                   "with --valid_targets=opencl,arm")
             return None
+        if usable:
+            from optcli.runtime.shape_check import check_recorded_shapes
+
+            check_recorded_shapes(self.plan, self.header.get("sha256"), self.source)
         reason = None
         if not usable:
             why = ("load(targets=...) leaves out" if not gpu_targets & set(self.targets)
                    else "this runtime cannot drive on this machine")
             reason = f"the plan's GPU steps are for {', '.join(sorted(gpu_targets))}, which {why}"
-        else:
+        elif "opencl" in usable:
             from optcli.runtime.gpu_plan import GpuSteps
             from optcli.runtime.opencl import ClDevice, DeviceUnavailable
 
@@ -90,6 +99,16 @@ class Predictor:
                 reason = str(exc)
             except Exception as exc:  # build failure, out of device memory, lost device
                 reason = f"the OpenCL device failed ({type(exc).__name__}: {str(exc).strip().splitlines()[0]})"
+        else:
+            from optcli.runtime.metal import DeviceUnavailable as MetalUnavailable
+            from optcli.runtime.metal import MetalDevice, MetalSteps
+
+            try:
+                return MetalSteps(self.plan, MetalDevice.shared(device), self.precision, usable)
+            except MetalUnavailable as exc:
+                reason = f"the plan's GPU steps are for metal, and {exc}"
+            except Exception as exc:  # library build failure, out of device memory
+                reason = f"the Metal device failed ({type(exc).__name__}: {str(exc).strip().splitlines()[0]})"
         if require_gpu:
             raise TargetError(f"{self.source}: require_gpu=True, but {reason}")
         _warn_once(f"optcli: {reason}; running the GPU steps on the CPU")
@@ -125,12 +144,38 @@ class Predictor:
         key = tuple(tuple(getattr(arrays[v.name], "shape", v.shape)) for v in self.plan.inputs)
         record = {} if self.plan.memory.arena_bytes is None and key not in self._shape_plans else None
         with self._lock, self._limiter():
-            if self.gpu is not None:
-                self.gpu.outputs_on_device = outputs_on_device
-            outputs = self._executor.run(arrays, record)
+            outputs = self._run_locked(arrays, record, outputs_on_device)
         if record is not None:
             self._replan(key, arrays, record)
         return {k: _owned(v) for k, v in outputs.items()}
+
+    def _run_locked(self, arrays, record, outputs_on_device: bool) -> dict:
+        """One run; a device failure mid-run (lost device, out of resources) never yields a partial
+        or wrong answer: the predictor drops its GPU for good, warns, and runs the call again on the
+        CPU, or raises ``DeviceError`` where the CPU cannot stand in (``require_gpu=True``, inputs or
+        outputs on the device)."""
+        if self.gpu is None:
+            return self._executor.run(arrays, record)
+        self.gpu.outputs_on_device = outputs_on_device
+        try:
+            return self._executor.run(arrays, record)
+        except Exception as exc:
+            failure = _device_failure(exc)
+            if failure is None:
+                raise
+        reason = f"the GPU failed during run ({type(failure).__name__}: {_first_line(failure)})"
+        self.gpu = None  # later calls, and this one, run on the CPU: the device state is unknown
+        self._executor = Executor(self.plan, None)
+        on_device = outputs_on_device or any(_is_device_buffer(a) or _is_device_array(a) for a in arrays.values())
+        if self.require_gpu or on_device:
+            why = "require_gpu=True" if self.require_gpu else "its inputs or outputs live on the device"
+            raise DeviceError(f"{self.source}: {reason}; the call cannot run on the CPU instead ({why}). "
+                              "Load the model again to retry the device") from None
+        warnings.warn(f"optcli: {self.source}: {reason}; this predictor now runs on the CPU", RuntimeWarning,
+                      stacklevel=3)
+        if record is not None:
+            record.clear()  # sizes from the failed run are incomplete
+        return self._executor.run(arrays, record)
 
     @property
     def context(self):
@@ -224,6 +269,21 @@ class Predictor:
                     raise InputError(f"input '{spec.name}' dim {i} ('{want}') is {got}, but '{want}' is "
                                      f"{size} in input '{other}'; dims with one name must agree")
                 bound.setdefault(want, (got, spec.name))
+
+
+def _device_failure(exc: BaseException) -> BaseException | None:
+    """The OpenCL error behind ``exc`` (itself, or a cause: host steps wrap what they raise)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if type(exc).__module__.startswith("pyopencl") or isinstance(exc, DeviceError):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else "no message"
 
 
 def _is_device_buffer(x) -> bool:

@@ -64,8 +64,14 @@ class TuningCache:
         e = self.entries.get(key)
         if not isinstance(e, dict) or not isinstance(e.get("kernel"), str):
             return None
-        local = e.get("local_size")
-        return Choice(e["kernel"], tuple(local) if isinstance(local, list) else None, float(e.get("time_us", 0)))
+        local, time_us = e.get("local_size"), e.get("time_us", 0)
+        # An entry of the wrong shape (another version's file) is ignored and tuned again.
+        if local is not None and not (isinstance(local, list) and 1 <= len(local) <= 3 and all(
+                isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 4096 for n in local)):
+            return None
+        if not isinstance(time_us, (int, float)) or isinstance(time_us, bool):
+            return None
+        return Choice(e["kernel"], tuple(local) if local is not None else None, float(time_us))
 
     def put(self, key: str, choice: Choice) -> None:
         self.entries[key] = {"kernel": choice.kernel, "local_size": list(choice.local_size) if choice.local_size

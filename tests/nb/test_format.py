@@ -114,3 +114,17 @@ def test_missing_and_empty_files(tmp_path):
         load_file(tmp_path / "empty.nb")
     with pytest.raises(NbFormatError, match="directory"):
         load_file(tmp_path)
+
+
+def test_scalar_weights_keep_rank_zero():
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = helper.make_graph([helper.make_node("Mul", ["x", "s"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(np.array(3.0, np.float32), "s")])
+    data = optcli.optimize(model=helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]),
+                           disabled_passes={"fold_constants"}).data
+    plan, _ = load_bytes(data)
+    assert plan.weights["s"].shape == ()

@@ -1,0 +1,57 @@
+"""Device buffers for the GPU part of a plan, shared by the GPU backends (OpenCL, Metal).
+
+Every device value gets a buffer; values whose lifetimes (the memory plan's) do not overlap
+share one, chosen best fit.  Values are packed (NC4HW4) except the outputs of the steps that
+produce a plain NCHW buffer (``Upload``, ``Unpack``); sizes are in storage precision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from optcli.gpu.layout import packed_elements
+from optcli.plan import Plan
+
+LINEAR_OPS = ("Upload", "Unpack")  # steps whose output is a plain (unpacked) device buffer
+
+
+def device_values(plan: Plan, indices: list[int], shapes: dict[str, tuple[int, ...]],
+                  itemsize: int) -> dict[str, tuple[int, int, int]]:
+    """name -> (first step, last step, bytes) of every value living on the device."""
+    linear = {o for i in indices for o in plan.steps[i].outputs if plan.steps[i].op_type in LINEAR_OPS}
+    values: dict[str, tuple[int, int, int]] = {}
+    for i in indices:
+        step = plan.steps[i]
+        names = [*step.outputs] + ([] if step.op_type == "Upload" else list(step.inputs))
+        for name in names:
+            if not name or name in plan.weights or (step.op_type == "Download" and name in step.outputs):
+                continue
+            first, last = plan.memory.lifetimes.get(name, (i, i))
+            elements = int(np.prod(shapes[name], dtype=np.int64)) if name in linear else packed_elements(shapes[name])
+            values[name] = (first, last, max(16, elements * itemsize))
+    return values
+
+
+def share_buffers(values: dict[str, tuple[int, int, int]],
+                  new_buffer: Callable[[int], Any]) -> tuple[dict[str, Any], int]:
+    """(name -> buffer, bytes allocated): one buffer per value, reused once its value is dead."""
+    free: list[tuple[int, Any]] = []  # (nbytes, buffer)
+    releases: dict[int, list[tuple[int, Any]]] = {}
+    buffers: dict[str, Any] = {}
+    total = 0
+    for name, (first, last, nbytes) in sorted(values.items(), key=lambda kv: (kv[1][0], kv[0])):
+        for step_index in sorted(k for k in releases if k < first):
+            free.extend(releases.pop(step_index))
+        fits = sorted((b for b in free if b[0] >= nbytes), key=lambda b: b[0])
+        if fits:
+            chosen = fits[0]
+            free.remove(chosen)
+        else:
+            chosen = (nbytes, new_buffer(nbytes))
+            total += nbytes
+        buffers[name] = chosen[1]
+        releases.setdefault(last, []).append(chosen)
+    return buffers, total

@@ -1,0 +1,179 @@
+"""Representative nodes for every GPU kernel, to run through the Metal shim.
+
+The case tables of the OpenCL tests (``tests/gpu``) are reused where they are module constants,
+so a shape or attribute combination the OpenCL kernels are checked on is checked on the Metal
+rendering too; the rest are listed here.  Every registered GPU kernel (the Upload / Download
+copies aside), every kernel entry, every unary / binary op and every fused epilogue appears.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+import optcli.gpu.ops  # noqa: F401  (registers the kernels)
+from optcli.gpu.ops_elementwise import BINARY_CODES, UNARY_CODES
+from tests.gpu import test_conv, test_elementwise, test_gemm, test_pool, test_resize, test_tensor
+from tests.gpu.harness import one_node_graph
+from tests.gpu.test_conv import EPILOGUES, conv_case, ir_graph
+
+RNG = np.random.default_rng(11)
+I64, F32 = np.int64, np.float32
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    build: Callable[[], tuple]  # -> (graph, node, inputs, kernel id or None)
+
+
+def _r(*shape, positive=False, scale=1.0):
+    x = (RNG.standard_normal(shape) * scale).astype(F32)
+    return np.abs(x) + F32(0.5) if positive else x
+
+
+def _onnx(op, inputs, consts=None, attrs=None, kid=None, **kw):
+    def build():
+        graph, node = one_node_graph(op, inputs, consts, attrs, **kw)
+        return graph, node, inputs, kid
+    return build
+
+
+def _ir(op, inputs, consts, attrs, kid=None, **kw):
+    def build():
+        graph, node = ir_graph(op, inputs, consts, attrs, **kw)
+        return graph, node, inputs, kid
+    return build
+
+
+def _epilogue(name: str) -> dict:
+    alpha, beta = EPILOGUES[name]
+    return {"activation": name, "activation_alpha": alpha, "activation_beta": beta}
+
+
+def _cases() -> list[Case]:
+    out: list[Case] = []
+    x = _r(2, 6, 5, 7, scale=3.0)
+    # ---- stand-alone activations (map4 + every epilogue), Clip with an open upper bound
+    for op, attrs, consts in [("Relu", {}, {}), ("Sigmoid", {}, {}), ("Tanh", {}, {}), ("HardSwish", {}, {}),
+                              ("LeakyRelu", {"alpha": 0.1}, {}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}, {}),
+                              ("Clip", {}, {"lo": np.array(-1.0, F32), "hi": np.array(6.0, F32)}),
+                              ("Clip", {}, {"lo": np.array(-1.0, F32)})]:
+        out.append(Case(f"act-{op}-{len(consts)}", _onnx(op, {"x": x}, consts, attrs)))
+    out.append(Case("act-Swish", _onnx("Swish", {"x": x[:, :, 0]}, domain="optcli")))
+    # ---- unary maths
+    for op in UNARY_CODES:
+        u = _r(2, 6, 3, 5, positive=op in ("Sqrt", "Log", "Reciprocal"))
+        if op in ("Floor", "Ceil"):  # quarters: half stores them exactly, no input crosses an integer
+            u = np.round(u * 4) / 4 + F32(0.25)
+        attrs = {"approximate": "none"} if op == "Gelu" else None
+        out.append(Case(f"unary-{op}", _onnx(op, {"x": u}, attrs=attrs, opset=20 if op == "Gelu" else 17)))
+    # ---- binary ops: same shape, broadcasts (OpenCL table), fused epilogues
+    for op in BINARY_CODES:
+        if op in ("PRelu", "And"):
+            continue
+        a, b = _r(2, 6, 3, 4), _r(2, 6, 1, 1, positive=op == "Div")
+        out.append(Case(f"binary-{op}-bcast", _onnx(op, {"a": a, "b": b})))
+        b2 = _r(2, 6, 3, 4, positive=op == "Div")
+        out.append(Case(f"binary-{op}-same", _onnx(op, {"a": a, "b": b2})))
+    for k, (a_shape, b_shape, const) in enumerate(test_elementwise.BROADCASTS):
+        a, b = _r(*a_shape), _r(*b_shape)
+        inputs, consts = ({"a": a}, {"b": b}) if const else ({"a": a, "b": b}, {})
+        out.append(Case(f"add-broadcast-{k}", _onnx("Add", inputs, consts)))
+    for k, act in enumerate(sorted(EPILOGUES)):
+        op = ("Add", "Sub", "Mul")[k % 3]
+        a, b = _r(2, 5, 3, 3), _r(5, 1, 1)
+        out.append(Case(f"binary-{op}-{act}", _ir(op, {"a": a}, {"b": b}, _epilogue(act))))
+    out.append(Case("prelu", _onnx("PRelu", {"x": _r(2, 5, 3, 4)}, {"s": _r(5, 1, 1)})))
+    bools = RNG.random((2, 5, 3, 4)) > 0.5
+    out.append(Case("and", _onnx("And", {"a": bools, "b": RNG.random((2, 5, 3, 4)) > 0.3})))
+    # ---- conv family: every OpenCL case, and every epilogue on two variants
+    for variant, cases in test_conv.CASES.items():
+        for k, (x_shape, m, kern, group, attrs) in enumerate(cases):
+            xc, consts, attrs = conv_case(x_shape, m, kern, group, bias=k != 1, **attrs)
+            out.append(Case(f"conv-{variant}-{k}", _ir("Conv", {"x": xc}, consts, attrs, f"gpu.onnx.Conv.{variant}")))
+    for act, variant in test_conv.ROTATION:
+        x_shape, m, kern, group, attrs = test_conv.CASES[variant][0]
+        xc, consts, attrs = conv_case(x_shape, m, kern, group, **{**attrs, **_epilogue(act)})
+        out.append(Case(f"conv-{variant}-{act}", _ir("Conv", {"x": xc}, consts, attrs, f"gpu.onnx.Conv.{variant}")))
+    for act in sorted(EPILOGUES):  # the three winograd launches carry the epilogue define too
+        if (act, "winograd") not in test_conv.ROTATION:
+            x_shape, m, kern, group, attrs = test_conv.CASES["winograd"][2]
+            xc, consts, attrs = conv_case(x_shape, m, kern, group, **{**attrs, **_epilogue(act)})
+            out.append(Case(f"conv-winograd-{act}", _ir("Conv", {"x": xc}, consts, attrs, "gpu.onnx.Conv.winograd")))
+    xt = _r(1, 4, 4, 5)
+    out.append(Case("conv-transpose", _ir("ConvTranspose", {"x": xt}, {"w": _r(4, 3, 3, 3), "b": _r(3)},
+                                          {"strides": [2, 2], "pads": [1, 0, 1, 1], **_epilogue("relu")})))
+    out.append(Case("conv-transpose-group", _ir("ConvTranspose", {"x": _r(1, 6, 3, 4)}, {"w": _r(6, 2, 2, 3)},
+                                                {"group": 2, "strides": [1, 2]})))
+    # ---- gemm family
+    for x_shape, n in [((5, 7), 6), ((2, 5, 7), 6), ((2, 3, 5, 9), 3)]:
+        xm = _r(*x_shape)
+        out.append(Case(f"matmul-{len(x_shape)}d", _ir("MatMul", {"x": xm}, {"w": _r(x_shape[-1], n)}, {})))
+    for k, (attrs, c_shape) in enumerate(test_gemm.GEMM_CASES):
+        b = _r(6, 7) if attrs.get("transB") else _r(7, 6)
+        consts = {"b": b, **({"c": _r(*c_shape)} if c_shape is not None else {})}
+        out.append(Case(f"gemm-{k}", _ir("Gemm", {"a": _r(5, 7)}, consts, attrs)))
+    for act in sorted(EPILOGUES):
+        for x_shape in ((6, 9), (2, 5, 9)):
+            out.append(Case(f"fc-{act}-{len(x_shape)}d", _ir("FullyConnected", {"x": _r(*x_shape)},
+                                                            {"w": _r(9, 7), "b": _r(7)}, _epilogue(act),
+                                                            domain="optcli")))
+    c = 5
+    out.append(Case("batchnorm", _ir("BatchNormalization", {"x": _r(2, c, 4, 3)},
+                                     {"s": _r(c), "b": _r(c), "mean": _r(c), "var": np.abs(_r(c)) + F32(0.1)},
+                                     {"epsilon": 1e-3})))
+    out.append(Case("channel-affine", _ir("ChannelAffine", {"x": _r(2, 7, 3, 5)}, {"s": _r(7), "t": _r(7)},
+                                          _epilogue("hard_sigmoid"), domain="optcli", input_names=["x", "s", "t"])))
+    # ---- pooling, reductions, softmax, resize, data movement, LSTM
+    for k, (op, attrs) in enumerate(test_pool.CASES):
+        out.append(Case(f"pool-{op}-{k}", _onnx(op, {"x": test_pool.X}, attrs=attrs,
+                                                opset=19 if "dilations" in attrs else 17)))
+    for op in ("ReduceMean", "ReduceMax", "ReduceSum", "ReduceMin"):
+        for shape, axes, keep in [((2, 6, 3, 4), [2, 3], 1), ((2, 5, 3, 4), [1], 0), ((2, 5, 3, 4), [0, 3], 0),
+                                  ((2, 3, 3, 4), None, 0)]:
+            consts = {} if axes is None else {"axes": np.array(axes, I64)}
+            out.append(Case(f"{op}-{shape}-{axes}-{keep}", _onnx(op, {"x": _r(*shape)}, consts, {"keepdims": keep},
+                                                               opset=18)))
+    for op in ("Softmax", "LogSoftmax"):
+        for shape, axis in [((2, 10), -1), ((2, 5, 6), 1), ((2, 5, 3, 4), 2), ((2, 3, 3, 4), 0)]:
+            out.append(Case(f"{op}-{shape}-{axis}", _onnx(op, {"x": _r(*shape, scale=3.0)}, attrs={"axis": axis})))
+    for k, (attrs, consts) in enumerate(test_resize.CASES):
+        out.append(Case(f"resize-{k}", _onnx("Resize", {"x": test_resize.X}, consts, attrs, opset=19,
+                                             input_names=["x", *consts])))
+    out.append(Case("upsample", _onnx("Upsample", {"x": test_resize.X}, {"s": np.array([1, 1, 2, 3], F32)},
+                                      {"mode": "linear"}, opset=9)))
+    for k, (op, xin, consts, attrs) in enumerate(test_tensor.CASES):
+        out.append(Case(f"tensor-{op}-{k}", _onnx(op, {"x": xin}, consts, attrs)))
+    out.append(Case("identity", _onnx("Identity", {"x": x})))
+    concats = [([(2, 3, 4, 5), (2, 5, 4, 5), (2, 2, 4, 5)], 1), ([(2, 6, 4, 5), (2, 6, 1, 5)], 2),
+               ([(1, 3, 4, 5), (2, 3, 4, 5)], 0)]
+    for k, (shapes, axis) in enumerate(concats):
+        inputs = {f"x{i}": _r(*s) for i, s in enumerate(shapes)}
+        out.append(Case(f"concat-{k}", _onnx("Concat", inputs, attrs={"axis": axis})))
+    seq, batch, inp, hidden = 4, 5, 3, 5
+    weights = {"W": RNG.uniform(-0.5, 0.5, (1, 4 * hidden, inp)).astype(F32),
+               "R": RNG.uniform(-0.5, 0.5, (1, 4 * hidden, hidden)).astype(F32),
+               "B": RNG.uniform(-0.5, 0.5, (1, 8 * hidden)).astype(F32)}
+    lstm_in = {"x": _r(seq, batch, inp), "h0": _r(1, batch, hidden), "c0": _r(1, batch, hidden)}
+    out.append(Case("lstm", _onnx("LSTM", lstm_in, weights, {"hidden_size": hidden}, n_outputs=3,
+                                  input_names=["x", "W", "R", "B", "", "h0", "c0"])))
+    out.append(Case("fake-quant", _fake_quant))
+    return out
+
+
+def _fake_quant():
+    from optcli.ir import Graph, Node, Value
+
+    x = _r(2, 6, 3, 5, scale=2.0)
+    node = Node("FakeQuant", ["x"], ["y0"], {"scale": 0.05, "zero_point": 3.0, "qmin": -128, "qmax": 127}, "n0",
+                "optcli")
+    graph = Graph("g", [node], [Value("x", "float32", x.shape)], [], {}, {}, {"": 17})
+    graph.values = {"x": graph.inputs[0], "y0": Value("y0", "float32", x.shape)}
+    graph.outputs = [graph.values["y0"]]
+    return graph, node, {"x": x}, None
+
+
+CASES = _cases()

@@ -1,0 +1,116 @@
+"""Shared pieces of the `.nb` fuzz tests: seed files, resealing, and the one allowed outcome.
+
+``load_or_clear_error`` is the oracle: a file either loads or raises ``NbFormatError``; any other
+exception fails the test, and so does a load that takes longer than ``TIME_BUDGET_S`` (a hang
+guard) or whose peak Python allocation exceeds ``alloc_bound(len(data))``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import tracemalloc
+
+import msgpack
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+import optcli
+import optcli.gpu.ops  # noqa: F401  (registered up front: imports must not count as a load's allocation)
+from optcli.errors import NbFormatError
+from optcli.nb.layout import CHECKSUM_SIZE, FORMAT_VERSION, HEADER, HEADER_SIZE, MAGIC, align
+from optcli.nb.reader import load_bytes
+
+TIME_BUDGET_S = 2.0
+
+
+def alloc_bound(size: int) -> int:
+    """Peak bytes a load may allocate for a file of ``size`` bytes.  The msgpack body decodes to
+    Python objects (a one-byte item can become a ~100-byte object), weights are views of the file,
+    attribute tensors are copied once; plus a fixed allowance for the schema's own bookkeeping."""
+    return 128 * size + (4 << 20)
+
+
+def reseal(without_checksum: bytes) -> bytes:
+    return without_checksum + hashlib.sha256(without_checksum).digest()
+
+
+def rebuild(body: object, blob: bytes, version: int = FORMAT_VERSION, raw_body: bytes | None = None) -> bytes:
+    """A well-formed container (header, padding, checksum) around ``body`` and ``blob``."""
+    packed = raw_body if raw_body is not None else msgpack.packb(body, use_bin_type=True)
+    blob_off = align(HEADER_SIZE + len(packed))
+    header = HEADER.pack(MAGIC, version, 0, b"0.1.0", HEADER_SIZE, len(packed), blob_off, len(blob))
+    return reseal(header + packed + b"\0" * (blob_off - HEADER_SIZE - len(packed)) + blob)
+
+
+def parts(data: bytes) -> tuple[dict, bytes]:
+    _, _, _, _, _, body_len, blob_off, blob_len = HEADER.unpack_from(data)
+    return msgpack.unpackb(data[HEADER_SIZE:HEADER_SIZE + body_len]), data[blob_off:blob_off + blob_len]
+
+
+def load_or_clear_error(data: bytes, measure_memory: bool = True) -> str:
+    """'ok' or the NbFormatError's message; fails on anything else, on a hang, on over-allocation."""
+    if measure_memory:
+        tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        load_bytes(data)
+        outcome = "ok"
+    except NbFormatError as exc:
+        outcome = str(exc)
+        assert outcome and "\n" not in outcome, f"error message is not one clear line: {outcome!r}"
+    finally:
+        elapsed = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1] if measure_memory else 0
+        if measure_memory:
+            tracemalloc.stop()
+    assert elapsed < TIME_BUDGET_S, f"load took {elapsed:.2f} s (hang guard {TIME_BUDGET_S} s)"
+    if measure_memory:
+        assert peak <= alloc_bound(len(data)), f"load of {len(data)} bytes allocated {peak} bytes at peak"
+    return outcome
+
+
+def seed_models() -> dict[str, bytes]:
+    """Small `.nb` files covering every part of the schema: weights, attributes (ints, floats,
+    lists, a tagged tensor), a generic-fallback step with its NodeProto, GPU steps with host
+    fallback kernels, dynamic dims."""
+    w = numpy_helper.from_array(np.ones((2, 1, 3, 3), np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("LeakyRelu", ["c"], ["r"], alpha=0.2),
+             helper.make_node("Einsum", ["r", "r"], ["z"], equation="nchw,nchw->nchw")]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 4, 4])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], [w])
+    cpu = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["z"])]
+    graph = helper.make_graph(nodes, "gpu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], [w])
+    gpu = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return {"arm": optcli.optimize(model=cpu).data,
+            "opencl": optcli.optimize(model=gpu, valid_targets="opencl,arm",
+                                      disabled_passes={"keep_small_islands_on_host"}).data}
+
+
+def body_paths(node, path=()):
+    """Every path (tuple of keys / indices) into a decoded body, containers first."""
+    yield path
+    if isinstance(node, dict):
+        for k in sorted(node, key=str):
+            yield from body_paths(node[k], (*path, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from body_paths(v, (*path, i))
+
+
+def replaced(body, path, value):
+    """A deep copy of ``body`` with the item at ``path`` replaced by ``value``."""
+    copy = msgpack.unpackb(msgpack.packb(body, use_bin_type=True))
+    if not path:
+        return value
+    node = copy
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return copy
+
+
+CHECKSUM = CHECKSUM_SIZE

@@ -1,0 +1,84 @@
+"""The long `.nb` fuzz run: skipped unless ``OPTCLI_FUZZ_EXAMPLES`` is set.
+
+    OPTCLI_FUZZ_EXAMPLES=100000 .venv/bin/pytest tests/reliability/test_fuzz_long.py -q
+
+runs each test below for that many hypothesis examples (a few ms each); every load is
+checked by ``nbfuzz.load_or_clear_error`` (only NbFormatError, the hang guard, the allocation
+bound).  Hypothesis keeps failing examples in ``.hypothesis/`` and replays them first.
+"""
+
+from __future__ import annotations
+
+import os
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from optcli.nb.layout import CHECKSUM_SIZE, HEADER_SIZE
+from tests.reliability.nbfuzz import body_paths, load_or_clear_error, parts, rebuild, replaced, reseal, seed_models
+
+EXAMPLES = int(os.environ.get("OPTCLI_FUZZ_EXAMPLES", "0") or 0)
+pytestmark = pytest.mark.skipif(EXAMPLES <= 0, reason="long fuzz run: set OPTCLI_FUZZ_EXAMPLES=N to run it")
+LONG = settings(max_examples=max(EXAMPLES, 1), deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+msgpack_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=12)
+    | st.binary(max_size=24),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
+    max_leaves=20,
+)
+HEADERS = [b"\xdc", b"\xdd", b"\xde", b"\xdf", b"\xd9", b"\xda", b"\xdb", b"\xc4", b"\xc5", b"\xc6", b"\xc7", b"\xd4"]
+
+
+@pytest.fixture(scope="module")
+def seeds() -> dict[str, bytes]:
+    return seed_models()
+
+
+@LONG
+@given(data=st.data())
+def test_long_byte_mutations(seeds, data):
+    raw = bytearray(seeds[data.draw(st.sampled_from(sorted(seeds)))][:-CHECKSUM_SIZE])
+    for _ in range(data.draw(st.integers(1, 12))):
+        pos = data.draw(st.integers(0, len(raw) - 1))
+        kind = data.draw(st.sampled_from(["set", "flip", "insert", "delete", "truncate"]))
+        if kind == "set":
+            raw[pos] = data.draw(st.integers(0, 255))
+        elif kind == "flip":
+            raw[pos] ^= 1 << data.draw(st.integers(0, 7))
+        elif kind == "insert":
+            raw[pos:pos] = data.draw(st.binary(min_size=1, max_size=16))
+        elif kind == "delete":
+            del raw[pos:pos + data.draw(st.integers(1, 16))]
+        elif pos > HEADER_SIZE:
+            del raw[pos:]
+        if not raw:
+            break
+    load_or_clear_error(reseal(bytes(raw)) if data.draw(st.booleans()) else bytes(raw))
+
+
+@LONG
+@given(data=st.data())
+def test_long_structured_body_mutations(seeds, data):
+    body, blob = parts(seeds[data.draw(st.sampled_from(sorted(seeds)))])
+    for _ in range(data.draw(st.integers(1, 4))):
+        paths = list(body_paths(body))
+        body = replaced(body, data.draw(st.sampled_from(paths)), data.draw(msgpack_values))
+    load_or_clear_error(rebuild(body, blob))
+
+
+@LONG
+@given(data=st.data())
+def test_long_inflated_headers_in_the_body(seeds, data):
+    """A msgpack length header with a huge (or just wrong) count spliced into a real body."""
+    body, blob = parts(seeds[data.draw(st.sampled_from(sorted(seeds)))])
+    packed = bytearray(msgpack.packb(body, use_bin_type=True))
+    pos = data.draw(st.integers(0, len(packed) - 1))
+    head = data.draw(st.sampled_from(HEADERS))
+    width = {0xdc: 2, 0xde: 2, 0xda: 2, 0xc5: 2, 0xd9: 1, 0xc4: 1, 0xc7: 1, 0xd4: 1}.get(head[0], 4)
+    count = data.draw(st.integers(0, 2 ** (8 * width) - 1))
+    packed[pos:pos + data.draw(st.integers(0, 6))] = head + count.to_bytes(width, "big")
+    load_or_clear_error(rebuild(None, blob, raw_body=bytes(packed)))

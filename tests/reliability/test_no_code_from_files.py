@@ -1,0 +1,237 @@
+"""Loading a `.nb` never runs code from the file; caches are private and verified.
+
+While files load (and run) here, ``pickle``, ``marshal``, ``eval``, ``exec`` and ``compile`` raise:
+a reader that reached for any of them would fail these tests.  Kernel ids outside the runtime's
+own library are refused (see also ``tests/nb/test_format.py::test_unknown_kernel_is_rejected``);
+the binary cache's private directory and damaged-entry rebuild are tested in
+``tests/runtime/test_opencl_runtime.py::test_binary_cache_warm_hit_and_damaged_entry``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import marshal
+import os
+import pickle
+import stat
+import sys
+import types
+import warnings
+from unittest import mock
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import optcli
+from optcli.errors import NbFormatError
+from optcli.runtime.cl_cache import ProgramCache, private_dir, read_entry, write_entry
+from optcli.runtime.tuning import Choice, TuningCache
+from tests.reliability.nbfuzz import parts, rebuild, seed_models
+
+PAYLOAD = pickle.dumps(types.SimpleNamespace(x=1), protocol=2)  # what a hostile writer might plant
+
+
+@contextlib.contextmanager
+def watching_code_execution(data: bytes):
+    """Within the block, record every call that turns bytes or text into running code (pickle,
+    marshal, eval, exec, compile) as (function, calling module, whether its argument holds bytes
+    of ``data``).  Libraries below us use some of them on their own state (imports compile our
+    modules; pyopencl's invoker cache unpickles from its per-user directory), so the tests check
+    what matters: no call made by optcli's code, and no call fed with content of the file."""
+    calls: list[tuple[str, str, bool]] = []
+
+    def from_file(arg) -> bool:
+        if isinstance(arg, str):
+            arg = arg.encode("utf-8", "surrogatepass")
+        return isinstance(arg, (bytes, bytearray)) and len(arg) >= 4 and bytes(arg) in data
+
+    def watch(name, real):
+        def watched(*args, **kwargs):
+            caller = sys._getframe(1).f_globals.get("__name__", "?")
+            calls.append((name, caller, any(from_file(a) for a in args)))
+            return real(*args, **kwargs)
+        return watched
+
+    targets = [(pickle, n) for n in ("loads", "load")] + [(marshal, n) for n in ("loads", "load")]
+    targets += [(builtins, n) for n in ("eval", "exec", "compile")]
+    with contextlib.ExitStack() as stack:
+        for owner, name in targets:
+            stack.enter_context(mock.patch.object(owner, name, watch(f"{owner.__name__}.{name}",
+                                                                     getattr(owner, name))))
+        yield calls
+
+
+def assert_no_code_from(calls) -> None:
+    ours = [c for c in calls if c[1].startswith("optcli")]
+    fed = [c for c in calls if c[2]]
+    assert not ours, f"optcli code called {ours}"
+    assert not fed, f"file content reached {fed}"
+
+
+def _hostile(seed: bytes) -> bytes:
+    """A valid file whose strings and bytes look like code: a pickle in an attribute, Python in
+    the metadata and names.  All of it must stay data."""
+    body, blob = parts(seed)
+    body["metadata"]["source"] = "__import__('os').system('touch /tmp/optcli-pwned')"
+    body["metadata"]["payload"] = "cos\nsystem\n(S'touch /tmp/optcli-pwned'\ntR."
+    for step in body["steps"]:
+        step["attrs"]["planted"] = PAYLOAD
+    return rebuild(body, blob)
+
+
+def test_loading_and_running_never_unpickles_or_evaluates():
+    seeds = seed_models()
+    x = np.random.default_rng(0).standard_normal((1, 1, 4, 4)).astype(np.float32)
+    for seed in seeds.values():
+        data = _hostile(seed)
+        with warnings.catch_warnings(), watching_code_execution(data) as calls:
+            warnings.simplefilter("ignore")
+            p = optcli.load(data)
+            p.run({"x": x})  # arm seed: includes the onnx-reference fallback step (Einsum)
+        assert_no_code_from(calls)
+        assert p.plan.metadata["payload"].startswith("cos")
+        assert p.plan.steps[0].attrs["planted"] == PAYLOAD
+    assert not os.path.exists("/tmp/optcli-pwned")
+
+
+def test_the_watch_would_see_a_planted_pickle():
+    data = _hostile(seed_models()["arm"])
+    with watching_code_execution(data) as calls:
+        pickle.loads(PAYLOAD)
+    with pytest.raises(AssertionError, match="file content reached"):
+        assert_no_code_from(calls)
+
+
+@pytest.mark.parametrize("kernel", ["os.system.default", "onnx.Conv.__init__", "../../kernels/evil",
+                                    "builtins.eval.default", ""])
+@pytest.mark.parametrize("seed_name", ["arm", "opencl"])
+def test_kernels_outside_the_library_are_refused(kernel, seed_name):
+    seed = seed_models()[seed_name]
+    body, blob = parts(seed)
+    body["steps"][-1]["kernel"] = kernel
+    data = rebuild(body, blob)
+    with pytest.raises(NbFormatError), watching_code_execution(data) as calls:
+        optcli.load(data)
+    assert_no_code_from(calls)
+
+
+def test_fallback_proto_with_a_function_is_data():
+    """The reference fallback step's NodeProto is checked against its step; a NodeProto naming a
+    local function (code would be its body: more graph data) is refused when it does not match."""
+    seed = seed_models()["arm"]
+    body, blob = parts(seed)
+    step = next(s for s in body["steps"] if s.get("proto"))
+    node = helper.make_node("Evil", list(step["inputs"]), list(step["outputs"]), domain="custom")
+    step["proto"] = node.SerializeToString()
+    data = rebuild(body, blob)
+    with pytest.raises(NbFormatError, match="does not match"), watching_code_execution(data) as calls:
+        optcli.load(data)
+    assert_no_code_from(calls)
+
+
+# ---------------------------------------------------------------------------------------- caches
+class _Device:
+    name, driver_version, version = "Test Device", "1.0", "OpenCL 3.0"
+    platform = types.SimpleNamespace(version="OpenCL 3.0 test")
+
+
+def test_cache_directories_are_owner_only(tmp_path):
+    ProgramCache(tmp_path / "c")
+    TuningCache(_Device(), root=tmp_path / "c")
+    for sub in ("", "programs", "tuning"):
+        assert stat.S_IMODE((tmp_path / "c" / sub).stat().st_mode) == 0o700, sub
+
+
+def test_a_cache_directory_others_can_write_is_tightened(tmp_path):
+    d = tmp_path / "shared"
+    d.mkdir()
+    os.chmod(d, 0o777)
+    assert private_dir(d) == d
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700
+
+
+def test_damaged_tuning_entry_is_dropped_and_retuned(tmp_path):
+    cache = TuningCache(_Device(), root=tmp_path)
+    cache.put("conv-key", Choice("onnx.Conv.direct", (8, 8, 1), 12.5))
+    cache.save()
+    again = TuningCache(_Device(), root=tmp_path)
+    assert again.get("conv-key") == Choice("onnx.Conv.direct", (8, 8, 1), 12.5)
+    damaged = bytearray(again.path.read_bytes())
+    damaged[-3] ^= 0x20
+    again.path.write_bytes(bytes(damaged))
+    reloaded = TuningCache(_Device(), root=tmp_path)
+    assert reloaded.get("conv-key") is None, "a damaged tuning entry must not be trusted"
+    assert not reloaded.path.exists(), "a damaged entry is removed (then written again after tuning)"
+
+
+def test_tuning_entry_of_the_wrong_shape_is_ignored(tmp_path):
+    cache = TuningCache(_Device(), root=tmp_path)
+    write_entry(cache.path, b'{"k1": {"kernel": "onnx.Conv.direct", "local_size": ["x"], "time_us": 1},'
+                            b' "k2": {"kernel": "onnx.Conv.direct", "local_size": null, "time_us": "slow"},'
+                            b' "k3": {"kernel": "onnx.Conv.direct", "local_size": [99999999], "time_us": 1}}')
+    loaded = TuningCache(_Device(), root=tmp_path)
+    assert [loaded.get(k) for k in ("k1", "k2", "k3")] == [None, None, None]
+
+
+def test_damaged_binary_entry_reads_as_missing(tmp_path):
+    entry = tmp_path / "e.bin"
+    write_entry(entry, b"\x7fELF program binary")
+    assert read_entry(entry) == b"\x7fELF program binary"
+    data = bytearray(entry.read_bytes())
+    data[-1] ^= 1
+    entry.write_bytes(bytes(data))
+    assert read_entry(entry) is None and not entry.exists()
+
+
+def test_the_nb_attr_types_are_plain_data():
+    """The body decoder keeps msgpack extension types out (no object hooks)."""
+    seed = seed_models()["arm"]
+    body, blob = parts(seed)
+    import msgpack
+
+    raw = bytearray(msgpack.packb(body, use_bin_type=True))
+    key = msgpack.packb("name")
+    at = raw.index(key) + len(key)
+    # Replace the graph name's string with an ext type 1 holding a pickle.
+    end = at + len(msgpack.packb(body["name"]))
+    ext = msgpack.packb(msgpack.ExtType(1, PAYLOAD))
+    raw[at:end] = ext
+    with pytest.raises(NbFormatError, match="extension type|max_ext_len"):
+        optcli.load(rebuild(None, blob, raw_body=bytes(raw)))
+
+
+def test_inconsistent_recorded_shapes_are_refused_before_the_gpu(tmp_path, monkeypatch):
+    """A crafted file whose shapes are each valid but disagree must not reach GPU kernels."""
+    import hashlib
+
+    import msgpack
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    import optcli
+    from optcli.errors import NbFormatError
+    from optcli.nb.layout import HEADER, HEADER_SIZE, MAGIC, align
+
+    monkeypatch.setenv("OPTCLI_CACHE_DIR", str(tmp_path))
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Sigmoid", ["r"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    data = optcli.optimize(model=helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]),
+                           valid_targets="opencl,arm", disabled_passes={"keep_small_islands_on_host"}).data
+    _, _, _, _, _, body_len, blob_off, blob_len = HEADER.unpack_from(data)
+    body = msgpack.unpackb(data[HEADER_SIZE:HEADER_SIZE + body_len])
+    for v in body["values"]:
+        if v["name"].startswith("y@"):
+            v["shape"] = [1, 4, 800, 800]  # a GPU buffer a hundred times larger than its producer fills
+    packed = msgpack.packb(body, use_bin_type=True)
+    off = align(HEADER_SIZE + len(packed))
+    crafted = HEADER.pack(MAGIC, 1, 0, b"0.1.0", HEADER_SIZE, len(packed), off, blob_len) + packed + \
+        b"\0" * (off - HEADER_SIZE - len(packed)) + data[blob_off:blob_off + blob_len]
+    crafted += hashlib.sha256(crafted).digest()
+    with pytest.raises(NbFormatError, match="recorded as|does not run"):
+        optcli.load(crafted)
+    p = optcli.load(data)  # the honest file loads, and its check is remembered
+    assert p.run({"x": np.zeros((1, 4, 8, 8), np.float32)})["y"].shape == (1, 4, 8, 8)
+    assert any((tmp_path / "validated").iterdir())
