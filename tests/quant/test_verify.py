@@ -49,3 +49,30 @@ def test_bad_calibration_folder(model_file, tmp_path, capsys):
     code, _, err = run([f"--model_file={model_file}", "--verify", f"--calib_data={tmp_path}",
                         f"--optimize_out={tmp_path}/m"], capsys)
     assert code == 2 and "bad.npy" in err
+
+
+def test_verify_without_onnxruntime_uses_the_fp32_arm_plan(model_file, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_onnxruntime(name, *args, **kwargs):
+        if name == "onnxruntime" or name.startswith("onnxruntime."):
+            raise ImportError("onnxruntime is not installed (test)")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_onnxruntime)
+    report = optcli.optimize(model_file=model_file, enable_fp16=True, verify=True).report["verify"]
+    assert report["reference"] == "optcli arm fp32" and report["passed"]
+
+
+def test_calibration_from_images(tmp_path):
+    from PIL import Image
+
+    model = build("mobilenet_v2", resolution=32, width=0.25)
+    rng = np.random.default_rng(0)
+    for i in range(4):
+        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(tmp_path / f"img{i}.png")
+    result = optcli.optimize(model=model, quant_type="INT8", calib_data=tmp_path,
+                             calib_preprocess="resize=32,mean=0.485,0.456,0.406,std=0.229,0.224,0.225,layout=NCHW")
+    assert result.report["int8"]["samples"] == 4
