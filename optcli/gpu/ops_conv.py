@@ -272,15 +272,17 @@ def _cost_winograd(node, graph) -> float:
 def conv_winograd(ctx, node) -> list[Launch]:
     x, out = input_of(node, 0), node.outputs[0]
     xs = ctx.shape(x)
-    w = ctx.const(input_of(node, 1)).astype(np.float64)
+    w = ctx.const(input_of(node, 1)).astype(np.float32)
     m, c = w.shape[:2]
     win = _window(node.attrs, xs, w.shape)
     on, _, oh, ow = ctx.shape(out)
     th, tw = -(-oh // 2), -(-ow // 2)
     t = on * th * tw
     ci, co = c4(c), c4(m)
-    # G g G^T per (m, c), as two broadcast matmuls (BLAS) rather than one einsum: load time matters.
-    u = np.matmul(np.matmul(_G, w.astype(np.float32, copy=False)), _G.T).transpose(2, 3, 0, 1).reshape(16, m, c)
+    # G g G^T per (m, c) as two tensordots (one BLAS call each; a batched matmul over m*c tiny
+    # matrices or an einsum costs ~10x more): it runs at every load, so it is on the warm path.
+    u = np.tensordot(np.tensordot(_G, w, axes=([1], [2])), _G, axes=([3], [1]))  # [i, m, c, j]
+    u = u.transpose(0, 3, 1, 2).reshape(16, m, c)
     ub = np.zeros((16, co * 4, ci * 4), np.float32)
     ub[:, :m, :c] = u
     ub = ub.reshape(16, co, 4, ci, 4).transpose(0, 1, 3, 4, 2)  # [16][O4][C4][4 in][4 out]
