@@ -281,7 +281,8 @@ def conv_winograd(ctx, node) -> list[Launch]:
     ci, co = c4(c), c4(m)
     # G g G^T per (m, c) as two tensordots (one BLAS call each; a batched matmul over m*c tiny
     # matrices or an einsum costs ~10x more): it runs at every load, so it is on the warm path.
-    u = np.tensordot(np.tensordot(_G, w, axes=([1], [2])), _G, axes=([3], [1]))  # [i, m, c, j]
+    g32 = _G.astype(np.float32)
+    u = np.tensordot(np.tensordot(g32, w, axes=([1], [2])), g32, axes=([3], [1]))  # [i, m, c, j]
     u = u.transpose(0, 3, 1, 2).reshape(16, m, c)
     ub = np.zeros((16, co * 4, ci * 4), np.float32)
     ub[:, :m, :c] = u

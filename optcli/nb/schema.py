@@ -9,8 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import onnx
-from google.protobuf.message import DecodeError
 
 from optcli.errors import NbFormatError
 from optcli.ir import Value
@@ -180,6 +178,9 @@ def _step(c: _Checker, s: Any, i: int, targets: list[str]) -> Step:
         if (kern.op_type, kern.domain) != (op, domain):
             raise c.fail(where, f"kernel '{kid}' does not implement op {op}")
     elif proto is not None and kid == fallback_kernel_id(op, domain):
+        import onnx  # only files with fallback steps need protobuf parsing
+        from google.protobuf.message import DecodeError
+
         node = onnx.NodeProto()
         try:
             node.ParseFromString(proto)

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
 
 from optcli.ops.registry import kernel
 
@@ -229,6 +228,8 @@ def pad(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
 # ----------------------------------------------------------------------------- casts, constants
 
 def _np_dtype(to: int) -> np.dtype:
+    from onnx import TensorProto, helper
+
     if to == TensorProto.STRING:
         return np.dtype(object)
     return np.dtype(helper.tensor_dtype_to_np_dtype(to))
@@ -251,6 +252,8 @@ def _cast(x: np.ndarray, dtype: np.dtype, saturate: bool = True, round_mode: str
         return np.array([float(v) if dtype.kind == "f" else v for v in x.reshape(-1)],
                         dtype=np.float64 if dtype.kind == "f" else None).astype(dtype).reshape(x.shape)
     if dtype.name == "float8_e8m0fnu":  # power-of-two scales (Cast-24): ONNX's own rounding rules
+        from onnx import numpy_helper
+
         return numpy_helper.to_float8e8m0(x.astype(np.float32), saturate, round_mode)
     fmax = _FLOAT8_MAX.get(dtype.name)
     if fmax is not None and saturate and x.dtype.kind in "fV":

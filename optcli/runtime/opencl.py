@@ -169,7 +169,8 @@ class ClLaunchContext:
                 args.append(np.int32(a))
             else:
                 args.append(np.float32(a))
-        kern.set_args(*args)
+        for index, arg in enumerate(args):  # set_arg, not set_args: pyopencl would generate code per kernel
+            kern.set_arg(index, arg)
         return BoundLaunch(kern, tuple(int(g) for g in launch.global_size),
                            tuple(launch.local_size) if launch.local_size else None, label)
 

@@ -11,16 +11,17 @@ import threading
 from functools import lru_cache
 
 import numpy as np
-import onnx
-from onnx import helper
-from onnx.reference import ReferenceEvaluator
 
 _LOCK = threading.Lock()
 
 
 @lru_cache(maxsize=512)
 def _evaluator(proto: bytes, opsets: tuple[tuple[str, int], ...],
-               typed_names: tuple[tuple[str, int], ...]) -> tuple[ReferenceEvaluator, list[str]]:
+               typed_names: tuple[tuple[str, int], ...]) -> tuple[object, list[str]]:
+    import onnx  # imported on first use: plans without fallback steps never pay for onnx
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
     node = onnx.NodeProto()
     node.ParseFromString(proto)
     # Graph inputs: the node's explicit inputs plus the outer values its subgraphs read, typed
@@ -51,6 +52,9 @@ def _as_value(out):
 
 
 def _elem_type(x) -> int:
+    import onnx
+    from onnx import helper
+
     if not isinstance(x, np.ndarray):
         return onnx.TensorProto.UNDEFINED  # sequences, optionals: the reference infers them
     try:

@@ -7,8 +7,6 @@ targets send what they cannot run.
 
 from __future__ import annotations
 
-import onnx
-
 from optcli.ir import Graph, Node
 from optcli.ops import kernels_for, registered_ops
 from optcli.targets.base import Target
@@ -24,6 +22,8 @@ class HostTarget(Target):
     def can_run(self, node: Node, graph: Graph) -> tuple[bool, str]:
         if kernels_for(node.op_type, node.domain) and not _needs_proto(node):
             return True, "native numpy kernel"
+        import onnx
+
         if node.proto is not None and onnx.defs.has(node.op_type, node.domain):
             return True, "generic fallback (onnx reference implementation)"
         return False, f"no kernel for op '{node.op_type}' in domain '{node.domain or 'ai.onnx'}'"
