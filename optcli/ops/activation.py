@@ -54,6 +54,40 @@ def apply_activation(y: np.ndarray, name: str | None, alpha: float = 0.0, beta: 
 ACTIVATIONS = ("relu", "clip", "leaky_relu", "sigmoid", "tanh", "hard_sigmoid", "hard_swish", "swish")
 
 
+_SIMPLE = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "HardSwish": "hard_swish"}
+
+
+def activation_as_epilogue(node, const) -> tuple[str, float, float] | None:
+    """The (name, alpha, beta) epilogue a stand-alone activation node amounts to, or None.
+
+    ``const(name)`` gives a constant input's value (Clip's bounds must be constant scalars).
+    Used by the fusion pass and by the GPU kernel of stand-alone activations alike.
+    """
+    if node.domain == "optcli":
+        return ("swish", 0.0, 0.0) if node.op_type == "Swish" else None
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type in _SIMPLE:
+        return _SIMPLE[node.op_type], 0.0, 0.0
+    if node.op_type == "LeakyRelu":
+        return "leaky_relu", float(node.attrs.get("alpha", 0.01)), 0.0
+    if node.op_type == "HardSigmoid":
+        return "hard_sigmoid", float(node.attrs.get("alpha", 0.2)), float(node.attrs.get("beta", 0.5))
+    if node.op_type == "Clip":
+        bounds = []
+        for index, attr, default in ((1, "min", -np.inf), (2, "max", np.inf)):
+            name = node.inputs[index] if index < len(node.inputs) else ""
+            if name:
+                value = const(name)
+                if value is None or value.size != 1:
+                    return None
+                bounds.append(float(np.asarray(value).reshape(-1)[0]))
+            else:
+                bounds.append(float(node.attrs.get(attr, default)))
+        return "clip", bounds[0], bounds[1]
+    return None
+
+
 def epilogue(attrs: dict) -> tuple[str | None, float, float]:
     """The (name, alpha, beta) epilogue recorded on a fused node, or (None, 0, 0)."""
     return attrs.get("activation"), float(attrs.get("activation_alpha", 0.0)), float(attrs.get("activation_beta", 0.0))

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from optcli.ir import OPTCLI_DOMAIN, Graph, Node
+from optcli.ops.activation import activation_as_epilogue
 from optcli.passes import util
 from optcli.passes.util import (
     Names,
@@ -30,7 +31,6 @@ from optcli.passes.util import (
     has_epilogue,
     is_float,
     rank_of,
-    scalar_const,
     sole_consumer,
     sync_proto,
 )
@@ -42,7 +42,6 @@ DESCRIPTION = ("fold per-channel bias Add and one activation into Conv/ConvTrans
 PRODUCERS = {("", "Conv"), ("", "ConvTranspose"), ("", "Gemm"), (OPTCLI_DOMAIN, "FullyConnected"),
              (OPTCLI_DOMAIN, "ChannelAffine")}
 ELEMENTWISE = {("", "Add"), ("", "Sub"), ("", "Mul")}
-SIMPLE = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "HardSwish": "hard_swish"}
 
 
 def _layout(graph: Graph, node: Node) -> tuple[int | None, int, int, int] | None:
@@ -93,32 +92,6 @@ def _fold_bias(graph: Graph, names: Names, node: Node, add: Node) -> bool:
     return True
 
 
-def _epilogue(graph: Graph, act: Node) -> tuple[str, float, float] | None:
-    """The fused epilogue an activation node amounts to, or None."""
-    if act.domain == OPTCLI_DOMAIN:
-        return ("swish", 0.0, 0.0) if act.op_type == "Swish" else None
-    if act.domain not in ("", "ai.onnx"):
-        return None
-    if act.op_type in SIMPLE:
-        return SIMPLE[act.op_type], 0.0, 0.0
-    if act.op_type == "LeakyRelu":
-        return "leaky_relu", float(act.attrs.get("alpha", 0.01)), 0.0
-    if act.op_type == "HardSigmoid":
-        return "hard_sigmoid", float(act.attrs.get("alpha", 0.2)), float(act.attrs.get("beta", 0.5))
-    if act.op_type == "Clip":
-        bounds = []
-        for index, attr, default in ((1, "min", -np.inf), (2, "max", np.inf)):
-            if act.input(index):
-                value = scalar_const(graph, act.input(index))
-                if value is None:
-                    return None
-            else:
-                value = float(act.attrs.get(attr, default))
-            bounds.append(value)
-        return "clip", bounds[0], bounds[1]
-    return None
-
-
 def _absorb(graph: Graph, node: Node, reader: Node, gone: set[int]) -> None:
     """``node`` now produces what ``reader`` produced; ``reader`` goes."""
     drop_values(graph, node.outputs[0])
@@ -148,7 +121,7 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
             reader = sole_consumer(graph, consumers, node.outputs[0])
         if reader is None or reader.input(0) != node.outputs[0]:
             continue
-        epilogue = _epilogue(graph, reader)
+        epilogue = activation_as_epilogue(reader, graph.const)
         if epilogue is None or not activation_allowed(ctx, epilogue[0]):
             continue
         if node.proto is not None:

@@ -34,10 +34,11 @@ from optcli import __version__
 from optcli.errors import DeviceError, InputError, UsageError
 from optcli.gpu.dialect import kernel_params, load_source, render_metal
 from optcli.gpu.ops_layout import TRANSFER_OPS
-from optcli.gpu.registry import Launch, TempRef, TensorRef, WeightRef, get_gpu_kernel
+from optcli.gpu.registry import Launch, get_gpu_kernel
 from optcli.plan import Plan, Step
 from optcli.runtime.cl_cache import cache_root, private_dir, read_entry, write_entry
 from optcli.runtime.device_buffers import device_values, share_buffers
+from optcli.runtime.launch_context import LaunchContextBase
 
 
 class DeviceUnavailable(RuntimeError):
@@ -263,48 +264,20 @@ def _threadgroup(pipeline, grid: tuple[int, int, int], local: tuple[int, ...] | 
     return x, max(1, min(limit // x, grid[1])), 1
 
 
-class MetalLaunchContext:
+class MetalLaunchContext(LaunchContextBase):
     """``optcli.gpu.registry.LaunchContext`` over Metal buffers (shared storage)."""
 
     def __init__(self, dev: MetalDevice, shapes: dict[str, tuple[int, ...]], consts: dict[str, np.ndarray],
                  buffers: dict[str, Any], precision: str = "fp32"):
-        self.dev, self.shapes, self.consts, self.buffers = dev, shapes, consts, buffers
-        self.precision = precision
-        self.storage = np.float16 if precision == "fp16" else np.float32
-        self.weights: dict[str, Any] = {}
-        self.temps: dict[str, Any] = {}
-        self.weight_bytes = 0
-        self.namespace = ""
+        super().__init__(shapes, consts, buffers, precision)
+        self.dev = dev
 
-    def shape(self, name: str) -> tuple[int, ...]:
-        if name in self.consts:
-            return tuple(self.consts[name].shape)
-        return tuple(self.shapes[name])
+    def _upload(self, data: np.ndarray):
+        return self.dev.device.newBufferWithBytes_length_options_(
+            data.tobytes(), data.nbytes, self.dev.Metal.MTLResourceStorageModeShared)
 
-    def const(self, name: str) -> np.ndarray | None:
-        return self.consts.get(name) if name else None
-
-    def tensor(self, name: str) -> TensorRef:
-        return TensorRef(name)
-
-    def weight(self, key: str, array: np.ndarray) -> WeightRef:
-        key = f"{self.namespace}:{key}"
-        if key not in self.weights:
-            data = np.ascontiguousarray(array, dtype=self.storage)
-            if data.size == 0:
-                data = np.zeros(4, self.storage)
-            self.weights[key] = self.dev.device.newBufferWithBytes_length_options_(
-                data.tobytes(), data.nbytes, self.dev.Metal.MTLResourceStorageModeShared)
-            self.weight_bytes += data.nbytes
-        return WeightRef(key)
-
-    def temp(self, key: str, elements: int) -> TempRef:
-        key = f"{self.namespace}:{key}"
-        if key not in self.temps:
-            nbytes = max(16, elements * np.dtype(self.storage).itemsize)
-            self.temps[key] = self.dev.device.newBufferWithLength_options_(
-                nbytes, self.dev.Metal.MTLResourceStorageModeShared)
-        return TempRef(key)
+    def _allocate(self, nbytes: int):
+        return self.dev.device.newBufferWithLength_options_(nbytes, self.dev.Metal.MTLResourceStorageModeShared)
 
     def bind(self, launch: Launch, label: str) -> BoundDispatch:
         defines = {**launch.defines, "STORAGE_HALF": int(self.precision == "fp16")}
@@ -324,14 +297,6 @@ class MetalLaunchContext:
         grid = (tuple(int(g) for g in launch.global_size) + (1, 1, 1))[:3]
         return BoundDispatch(pipeline, args, grid, _threadgroup(pipeline, grid, launch.local_size), label)
 
-    def _buffer(self, ref: Any, label: str):
-        if isinstance(ref, TensorRef):
-            return self.buffers[ref.name]
-        if isinstance(ref, WeightRef):
-            return self.weights[ref.key]
-        if isinstance(ref, TempRef):
-            return self.temps[ref.key]
-        raise RuntimeError(f"{label}: buffer argument expected, got {ref!r}")
 
 
 def _view(buffer, dtype, count: int) -> np.ndarray:

@@ -16,8 +16,9 @@ import numpy as np
 
 from optcli.gpu.dialect import kernel_params, load_source, render_opencl
 from optcli.gpu.layout import packed_elements
-from optcli.gpu.registry import Launch, TempRef, TensorRef, WeightRef
+from optcli.gpu.registry import Launch
 from optcli.runtime.cl_cache import ProgramCache
+from optcli.runtime.launch_context import LaunchContextBase
 
 try:  # pyopencl is a dependency, but a machine may have no OpenCL platform at all
     import pyopencl as cl
@@ -109,49 +110,20 @@ class BoundLaunch:
         return cl.enqueue_nd_range_kernel(queue, self.kernel, self.global_size, self.local_size, wait_for=wait_for)
 
 
-class ClLaunchContext:
+class ClLaunchContext(LaunchContextBase):
     """Binds launches for values of known shape.  ``buffers`` maps value names to device buffers
     (packed layout); weights and temporaries are allocated here on first use."""
 
     def __init__(self, dev: ClDevice, shapes: dict[str, tuple[int, ...]], consts: dict[str, np.ndarray],
                  buffers: dict[str, Any], precision: str = "fp32"):
-        self.dev, self.shapes, self.consts, self.buffers = dev, shapes, consts, buffers
-        self.precision = precision
-        self.storage = np.float16 if precision == "fp16" else np.float32
-        self.weights: dict[str, Any] = {}
-        self.temps: dict[str, Any] = {}
-        self.weight_bytes = 0
-        self.namespace = ""  # set to the kernel id being bound
+        super().__init__(shapes, consts, buffers, precision)
+        self.dev = dev
 
-    # LaunchContext protocol
-    def shape(self, name: str) -> tuple[int, ...]:
-        if name in self.consts:
-            return tuple(self.consts[name].shape)
-        return tuple(self.shapes[name])
+    def _upload(self, data: np.ndarray):
+        return cl.Buffer(self.dev.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=data)
 
-    def const(self, name: str) -> np.ndarray | None:
-        return self.consts.get(name) if name else None
-
-    def tensor(self, name: str) -> TensorRef:
-        return TensorRef(name)
-
-    def weight(self, key: str, array: np.ndarray) -> WeightRef:
-        key = f"{self.namespace}:{key}"  # variants of one node may lay the same weight out differently
-        if key not in self.weights:
-            data = np.ascontiguousarray(array, dtype=self.storage)
-            if data.size == 0:
-                data = np.zeros(4, self.storage)
-            self.weights[key] = cl.Buffer(self.dev.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
-                                          hostbuf=data)
-            self.weight_bytes += data.nbytes
-        return WeightRef(key)
-
-    def temp(self, key: str, elements: int) -> TempRef:
-        key = f"{self.namespace}:{key}"
-        if key not in self.temps:
-            itemsize = np.dtype(self.storage).itemsize
-            self.temps[key] = cl.Buffer(self.dev.context, cl.mem_flags.READ_WRITE, max(16, elements * itemsize))
-        return TempRef(key)
+    def _allocate(self, nbytes: int):
+        return cl.Buffer(self.dev.context, cl.mem_flags.READ_WRITE, nbytes)
 
     # binding
     def bind(self, launch: Launch, label: str) -> BoundLaunch:
@@ -174,14 +146,6 @@ class ClLaunchContext:
         return BoundLaunch(kern, tuple(int(g) for g in launch.global_size),
                            tuple(launch.local_size) if launch.local_size else None, label)
 
-    def _buffer(self, ref: Any, label: str):
-        if isinstance(ref, TensorRef):
-            return self.buffers[ref.name]
-        if isinstance(ref, WeightRef):
-            return self.weights[ref.key]
-        if isinstance(ref, TempRef):
-            return self.temps[ref.key]
-        raise RuntimeError(f"{label}: buffer argument expected, got {ref!r}")
 
 
 def packed_nbytes(shape, precision: str) -> int:

@@ -1,0 +1,67 @@
+"""What every GPU backend's launch context shares: shapes and constants of the plan, weights
+uploaded once per (kernel variant, key), scratch buffers, and resolving launch arguments to
+buffers.  A backend says only how it allocates a buffer (``_upload``, ``_allocate``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from optcli.gpu.registry import TempRef, TensorRef, WeightRef
+
+
+class LaunchContextBase:
+    def __init__(self, shapes: dict[str, tuple[int, ...]], consts: dict[str, np.ndarray], buffers: dict[str, Any],
+                 precision: str = "fp32"):
+        self.shapes, self.consts, self.buffers = shapes, consts, buffers
+        self.precision = precision
+        self.storage = np.float16 if precision == "fp16" else np.float32
+        self.weights: dict[str, Any] = {}
+        self.temps: dict[str, Any] = {}
+        self.weight_bytes = 0
+        self.namespace = ""  # the kernel id being bound: variants of one node lay weights out differently
+
+    # the LaunchContext protocol (optcli.gpu.registry)
+    def shape(self, name: str) -> tuple[int, ...]:
+        if name in self.consts:
+            return tuple(self.consts[name].shape)
+        return tuple(self.shapes[name])
+
+    def const(self, name: str) -> np.ndarray | None:
+        return self.consts.get(name) if name else None
+
+    def tensor(self, name: str) -> TensorRef:
+        return TensorRef(name)
+
+    def weight(self, key: str, array: np.ndarray) -> WeightRef:
+        key = f"{self.namespace}:{key}"
+        if key not in self.weights:
+            data = np.ascontiguousarray(array, dtype=self.storage)
+            if data.size == 0:
+                data = np.zeros(4, self.storage)
+            self.weights[key] = self._upload(data)
+            self.weight_bytes += data.nbytes
+        return WeightRef(key)
+
+    def temp(self, key: str, elements: int) -> TempRef:
+        key = f"{self.namespace}:{key}"
+        if key not in self.temps:
+            self.temps[key] = self._allocate(max(16, elements * np.dtype(self.storage).itemsize))
+        return TempRef(key)
+
+    def _buffer(self, ref: Any, label: str):
+        if isinstance(ref, TensorRef):
+            return self.buffers[ref.name]
+        if isinstance(ref, WeightRef):
+            return self.weights[ref.key]
+        if isinstance(ref, TempRef):
+            return self.temps[ref.key]
+        raise RuntimeError(f"{label}: buffer argument expected, got {ref!r}")
+
+    # backend specifics
+    def _upload(self, data: np.ndarray) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _allocate(self, nbytes: int) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
