@@ -61,3 +61,21 @@ def assert_close(actual, expected, precision: str = "fp32", what: str = "") -> N
     if not within(actual, expected, precision):
         err, scale = max_error(actual, expected)
         raise AssertionError(f"{what}: max abs error {err:.3g} > {precision} budget on scale {scale:.3g}")
+
+
+def run_cli(main, prog: str, args: list[str], capsys) -> tuple[int, str, str]:
+    """Run a console entry point (``opt_main``, ``optcli_main``) in-process with ``args``:
+    (exit code, stdout, stderr).  Exit codes are the CLI's own (``_run_cli`` always exits)."""
+    import sys
+
+    import pytest
+
+    old = sys.argv
+    sys.argv = [prog, *args]
+    try:
+        with pytest.raises(SystemExit) as exc:
+            main()
+    finally:
+        sys.argv = old
+    out, err = capsys.readouterr()
+    return exc.value.code, out, err

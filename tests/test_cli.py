@@ -12,18 +12,11 @@ import pytest
 import optcli
 from optcli.cli import opt_main, optcli_main
 from optcli.zoo import build, sample_inputs
+from tests.helpers import run_cli
 
 
 def run(args: list[str], capsys, main=opt_main) -> tuple[int, str, str]:
-    old = sys.argv
-    sys.argv = ["opt", *args]
-    try:
-        with pytest.raises(SystemExit) as exc:
-            main()
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return exc.value.code, out, err
+    return run_cli(main, "opt", args, capsys)
 
 
 @pytest.fixture(scope="module")

@@ -2,29 +2,20 @@
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import onnx
 import pytest
 
 import optcli
 from optcli.zoo import build
+from tests.helpers import run_cli
 
 
 def cli(args: list[str], capsys) -> tuple[int, str, str]:
     """Run `optcli ARGS` in-process: (exit code, stdout, stderr)."""
     from optcli.cli import optcli_main
 
-    old = sys.argv
-    sys.argv = ["optcli", *args]
-    try:
-        with pytest.raises(SystemExit) as exc:
-            optcli_main()
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return exc.value.code, out, err
+    return run_cli(optcli_main, "optcli", args, capsys)
 
 
 @pytest.fixture(scope="session")

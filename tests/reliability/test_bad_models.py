@@ -18,6 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from optcli.cli import opt_main
+from tests.helpers import run_cli
 
 
 def _model(nodes, inits=(), x_shape=(1, 4), opset=17) -> onnx.ModelProto:
@@ -113,15 +114,8 @@ CASES = {
 
 
 def _run_opt(args: list[str], capsys) -> tuple[int, str]:
-    old = sys.argv
-    sys.argv = ["opt", *args]
-    try:
-        with pytest.raises(SystemExit) as exc:
-            opt_main()
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return exc.value.code, out + err
+    code, out, err = run_cli(opt_main, "opt", args, capsys)
+    return code, out + err
 
 
 def _snapshot(folder: Path) -> list[str]:
