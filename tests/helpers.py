@@ -79,3 +79,14 @@ def run_cli(main, prog: str, args: list[str], capsys) -> tuple[int, str, str]:
         sys.argv = old
     out, err = capsys.readouterr()
     return exc.value.code, out, err
+
+
+def assert_matches(got, expected, what: str = "") -> None:
+    """Same dtype and shape; floats within the fp32 budget, everything else exactly equal."""
+    got, expected = np.asarray(got), np.asarray(expected)
+    assert got.dtype == expected.dtype, f"{what}: dtype {got.dtype} != {expected.dtype}"
+    assert got.shape == expected.shape, f"{what}: shape {got.shape} != {expected.shape}"
+    if expected.dtype.kind == "f":
+        assert_close(got, expected, what=what)
+    else:
+        np.testing.assert_array_equal(got, expected, err_msg=what)

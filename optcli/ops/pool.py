@@ -28,6 +28,16 @@ def _window(x: np.ndarray, attrs: dict[str, Any]) -> Window:
     return window(attrs, x.shape[2:], attrs["kernel_shape"], ceil_mode=bool(attrs.get("ceil_mode", 0)))
 
 
+def _over_taps(xp: np.ndarray, win: Window, combine: np.ufunc) -> np.ndarray:
+    """Combine (max or add) the strided views of every kernel tap into a fresh output array."""
+    head = (slice(None), slice(None))
+    taps = iter(win.taps())
+    y = xp[head + win.tap_slices(next(taps))].copy()
+    for tap in taps:
+        combine(y, xp[head + win.tap_slices(tap)], out=y)
+    return y
+
+
 def _lowest(dtype: np.dtype) -> Any:
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
@@ -37,17 +47,7 @@ def max_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.
     """Max over the kernel taps of a -inf padded input (returns Y only, never Indices)."""
     x = inputs[0]
     win = _window(x, attrs)
-    xp = pad_input(x, win, _lowest(x.dtype))
-    head = (slice(None), slice(None))
-    y: np.ndarray | None = None
-    for tap in win.taps():
-        v = xp[head + win.tap_slices(tap)]
-        if y is None:
-            y = v.copy()
-        else:
-            np.maximum(y, v, out=y)
-    assert y is not None
-    return [y]
+    return [_over_taps(pad_input(x, win, _lowest(x.dtype)), win, np.maximum)]
 
 
 def _counts(win: Window, spatial: tuple[int, ...], include_pad: bool) -> np.ndarray:
@@ -72,16 +72,7 @@ def average_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list
     x = inputs[0]
     win = _window(x, attrs)
     ct = compute_dtype(x.dtype)
-    xp = pad_input(x.astype(ct, copy=False), win, 0.0)
-    head = (slice(None), slice(None))
-    y: np.ndarray | None = None
-    for tap in win.taps():
-        v = xp[head + win.tap_slices(tap)]
-        if y is None:
-            y = v.copy()
-        else:
-            y += v
-    assert y is not None
+    y = _over_taps(pad_input(x.astype(ct, copy=False), win, 0.0), win, np.add)
     counts = _counts(win, x.shape[2:], bool(attrs.get("count_include_pad", 0)))
     if np.all(counts == counts.flat[0]):
         y *= ct.type(1.0 / counts.flat[0])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from optcli.ops import kernels_for
-from tests.helpers import assert_close, run_ort, single_node_model
+from tests.helpers import assert_matches, run_ort, single_node_model
 
 RNG = np.random.default_rng(2)
 OPS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
@@ -30,12 +30,7 @@ def check(op: str, x: np.ndarray, axes: list[int] | None, opset: int, **attrs) -
     x.setflags(write=False)
     args = [x] + list(inits.values())
     got = kernels_for(op)[0].fn(args, {**node_attrs, "_opset": opset})[0]
-    assert got.dtype == expected.dtype, f"{op}: dtype {got.dtype} != {expected.dtype}"
-    assert got.shape == expected.shape, f"{op}: shape {got.shape} != {expected.shape}"
-    if expected.dtype.kind == "f":
-        assert_close(got, expected, what=op)
-    else:
-        np.testing.assert_array_equal(got, expected, err_msg=op)
+    assert_matches(got, expected, op)
     return got
 
 

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 from optcli.ops import kernels_for
-from tests.helpers import OPSET, assert_close, run_ort, single_node_model
+from tests.helpers import OPSET, assert_matches, run_ort, single_node_model
 
 RNG = np.random.default_rng(1)
 I64 = np.int64
@@ -38,13 +38,7 @@ def check(op: str, inputs: dict, attrs: dict | None = None, opset: int = OPSET, 
     got = kernels_for(op)[0].fn(args, k_attrs)
     assert len(got) == len(expected), f"{op}: {len(got)} outputs, expected {len(expected)}"
     for g, e in zip(got, expected):
-        g = np.asarray(g)
-        assert g.dtype == e.dtype, f"{op}: dtype {g.dtype} != {e.dtype}"
-        assert g.shape == e.shape, f"{op}: shape {g.shape} != {e.shape}"
-        if e.dtype.kind == "f":
-            assert_close(g, e, what=op)
-        else:
-            np.testing.assert_array_equal(g, e, err_msg=op)
+        assert_matches(g, e, op)
     return got
 
 
