@@ -14,11 +14,12 @@ import onnx
 
 from optcli import __version__
 from optcli.advice import advise
-from optcli.errors import ModelError, UsageError
+from optcli.errors import InternalError, ModelError, NbFormatError, UsageError
 from optcli.frontend.onnx_reader import read_model
 from optcli.frontend.shapes import parse_input_shapes
 from optcli.ir import Graph
 from optcli.nb.layout import FORMAT_VERSION, SUPPORTED_DTYPES
+from optcli.nb.reader import load_bytes
 from optcli.nb.writer import to_bytes
 from optcli.passes import pipeline
 from optcli.passes.base import PassContext
@@ -89,6 +90,7 @@ def compile_model(
     _check_dtypes(plan, graph.metadata.get("source", "model"))
     tuning = _tune(plan, tune) if tune else None
     data = to_bytes(plan)
+    _check_readable(data, graph.metadata.get("source", "model"))
     report = build_report(graph, plan, ctx, records, before, nodes_before, data)
     report["advice"] = advise(plan, report)
     if tuning is not None:
@@ -139,6 +141,16 @@ def _tune(plan: Plan, level: str) -> dict:
                       for i, c in sorted(choices.items())}}
 
 
+def _check_readable(data: bytes, source: str) -> None:
+    """Read the produced bytes back with the validation ``optcli.load`` applies: a file our own
+    reader refuses is our bug, and must never reach the disk."""
+    try:
+        load_bytes(data, "<the .nb being written>")
+    except NbFormatError as exc:
+        raise InternalError(f"{source}: opt produced a .nb its own reader refuses ({exc}); nothing was written. "
+                            "This is a bug in optcli: please report it with the model") from None
+
+
 def _check_dtypes(plan: Plan, source: str) -> None:
     """Refuse, at optimize time, tensors a `.nb` cannot describe (bfloat16, float8, int4...)."""
     for kind, items in (("input", plan.inputs), ("output", plan.outputs)):
@@ -186,6 +198,7 @@ def build_report(graph: Graph, plan: Plan, ctx: PassContext, records: list[dict]
                    "dynamic": mem.arena_bytes is None},
         "sizes": {"file_bytes": len(data), "weights_bytes": weights_bytes,
                   "weights_by_dtype": _by_dtype(plan)},
+        "fold_failures": list(ctx.options.get("fold_failures", [])),
         "warnings": list(ctx.warnings),
     }
 

@@ -39,6 +39,17 @@ class DeviceError(TargetError):
     finished on the CPU instead (``require_gpu=True``, or inputs/outputs living on the device)."""
 
 
+class InternalError(Exception):
+    """A bug in optcli, not in the user's input: the CLI says "internal error ... please report"
+    and exits 1.  Deliberately not an ``OptError``: code that catches bad input must not hide it."""
+
+    exit_code = 1
+
+
+class KernelError(InternalError):
+    """A kernel raised on inputs that passed every check (names, dtypes, shapes): our bug."""
+
+
 def where(node_name: str | None = None, op_type: str | None = None, file: str | None = None) -> str:
     """Format the 'where' part of a message: ``file, node 'conv1' (Conv)``."""
     parts = []

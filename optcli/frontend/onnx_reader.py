@@ -15,7 +15,7 @@ import onnx
 from onnx import external_data_helper, helper, numpy_helper
 
 from optcli.errors import ModelError
-from optcli.frontend.shapes import MAX_ELEMENTS, apply_input_shapes, infer_shapes
+from optcli.frontend.shapes import MAX_ELEMENTS, apply_input_shapes, infer_shapes, normalize_negative_dims
 from optcli.ir import Graph, Node, Value, subgraph_outer_refs
 from optcli.ops.registry import has_native_kernel
 
@@ -120,6 +120,7 @@ def read_model(
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
     check_dataflow(model.graph, path)
+    normalize_negative_dims(model)
     apply_input_shapes(model, input_shapes or {}, path)
     # Inference first: it fills in output types exporters leave out, which the checker demands.
     model = infer_shapes(model, path)

@@ -7,6 +7,7 @@ symbolic stay symbolic: the runtime binds them per call.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import onnx
@@ -14,6 +15,43 @@ import onnx
 from optcli.errors import ModelError, UsageError
 
 MAX_ELEMENTS = 1 << 36  # 64 Gi elements: beyond any device; a typo like 1,3,2240000,224
+
+
+def normalize_negative_dims(model: onnx.ModelProto) -> int:
+    """Turn negative ``dim_value``s (paddle2onnx and older exporters write ``-1`` for "any size")
+    into symbolic dims, on inputs, outputs and value_info of the main graph and every subgraph.
+
+    onnxruntime and ``onnx.checker`` accept ``-1``; to us it is simply a dynamic dim, so
+    ``--input_shapes`` can pin it and nothing downstream ever sees a negative size.  Each such dim
+    gets its own symbol: two ``-1``s say nothing about being equal.  Returns how many were fixed.
+    """
+    fixed = 0
+    for graph in _all_graphs(model.graph):
+        for vi in [*graph.input, *graph.output, *graph.value_info]:
+            if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+                continue
+            for i, d in enumerate(vi.type.tensor_type.shape.dim):
+                if d.HasField("dim_value") and d.dim_value < 0:
+                    d.Clear()
+                    d.dim_param = f"{_identifier(vi.name)}_dim{i}"
+                    fixed += 1
+    return fixed
+
+
+def _all_graphs(graph: onnx.GraphProto):
+    yield graph
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from _all_graphs(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    yield from _all_graphs(g)
+
+
+def _identifier(name: str) -> str:
+    """A symbol-friendly spelling of a value name (symbols show up in messages and reports)."""
+    return re.sub(r"\W", "_", name)[:40] or "value"
 
 
 def parse_input_shapes(spec: str | None) -> dict[str, list[int]]:
@@ -64,9 +102,7 @@ def apply_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]], pat
         dims = vi.type.tensor_type.shape.dim
         count = 1
         for d in dims:
-            if d.HasField("dim_value"):
-                if d.dim_value < 0:
-                    raise ModelError(f"{path}: input '{name}' has a negative dim {d.dim_value}")
+            if d.HasField("dim_value"):  # negative dims were made symbolic by normalize_negative_dims
                 count *= max(d.dim_value, 1)
         if count > MAX_ELEMENTS:
             raise ModelError(f"{path}: input '{name}' has an absurd shape "

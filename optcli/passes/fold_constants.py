@@ -6,6 +6,14 @@ fusions that want constant weights.  Nodes whose inputs are all initializers are
 the same numpy kernels the runtime uses; ``Constant`` nodes become initializers; ``Shape`` and
 ``Size`` of tensors whose shape is fully static are replaced by their value.  Random ops are
 never folded, nor are nodes with subgraphs, nor results larger than ``MAX_ELEMENTS``.
+
+Folding runs to a fixpoint: when a sweep folds nothing more, shapes are inferred again
+(``passes/shape_inference.py``), and if that made any shape more static, the next sweep can fold
+the ``Shape`` nodes that read it (run-time 'same' padding arithmetic folds away this way).
+
+A node that cannot be evaluated is never dropped silently: the kernel raised on constant inputs,
+so either the model's constants are wrong for the op or our kernel is.  Either way the node stays,
+a warning names it, and ``ctx.options["fold_failures"]`` (the report's ``fold_failures``) lists it.
 """
 
 from __future__ import annotations
@@ -16,7 +24,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from optcli.errors import OptError
 from optcli.ir import Graph, Node
+from optcli.ops.registry import has_native_kernel
+from optcli.passes.shape_inference import reinfer_shapes
 from optcli.passes.util import drop_values, remove_unused_initializers, static_shape
 
 NAME = "fold_constants"
@@ -110,7 +121,16 @@ def _expected_elements(graph: Graph, node: Node) -> int | None:
     return None
 
 
-def _fold(graph: Graph, node: Node, failed: set[int]) -> list[np.ndarray] | None:
+STANDARD_DOMAINS = ("", "ai.onnx")
+MAX_ROUNDS = 50  # each round makes something constant or static, so this bounds only bugs
+
+
+def _evaluable(node: Node) -> bool:
+    """Can the node be run at all here: a native kernel, or a standard op the reference knows."""
+    return node.domain in STANDARD_DOMAINS or has_native_kernel(node.op_type, node.domain, list(node.outputs))
+
+
+def _fold(graph: Graph, node: Node, failed: set[int], failures: list[dict]) -> list[np.ndarray] | None:
     """The node's outputs as constants, or None when it must stay a node."""
     if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
         value = _constant_value(node)
@@ -120,7 +140,7 @@ def _fold(graph: Graph, node: Node, failed: set[int]) -> list[np.ndarray] | None
         return None if value is None else [value]
     if node.op_type in NONDETERMINISTIC or id(node) in failed:
         return None
-    if not all(graph.is_constant(i) for i in node.inputs if i) or _has_subgraph(node):
+    if not all(graph.is_constant(i) for i in node.inputs if i) or _has_subgraph(node) or not _evaluable(node):
         return None
     expected = _expected_elements(graph, node)
     if expected is not None and expected > MAX_ELEMENTS:
@@ -129,8 +149,9 @@ def _fold(graph: Graph, node: Node, failed: set[int]) -> list[np.ndarray] | None
 
     try:
         results = evaluate_node(node, [graph.const(i) if i else None for i in node.inputs], graph.opsets)
-    except Exception:  # noqa: BLE001 - an op we cannot evaluate simply stays in the graph
+    except Exception as exc:  # noqa: BLE001 - recorded and reported, see _failure
         failed.add(id(node))
+        failures.append(_failure(node, exc))
         return None
     results = [np.asarray(r) for r in results]
     if any(r.size > MAX_ELEMENTS for r in results):
@@ -150,9 +171,47 @@ def _as_recorded_type(graph: Graph, name: str, value: np.ndarray) -> np.ndarray:
         return value  # a type numpy does not name ("unknown"): keep what the kernel made
 
 
+def _failure(node: Node, exc: Exception) -> dict:
+    """What the report and the warning say about a node that raised while being folded."""
+    if isinstance(exc, OptError):
+        kind, why = "model", "its constant inputs are invalid for the op; check the model"
+    elif isinstance(exc, NotImplementedError):
+        kind, why = "unsupported", "optcli cannot evaluate this form of the op yet; it runs at run time instead"
+    else:
+        kind, why = "bug", "this is a bug in optcli's kernel; please report it with the model"
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    return {"node": node.name, "op": node.op_type, "kind": kind,
+            "error": f"{type(exc).__name__}: {first}", "advice": why}
+
+
 def run(graph: Graph, ctx: Any) -> dict[str, int]:
-    counts = {"folded": 0, "constants": 0, "shapes": 0}
+    counts = {"folded": 0, "constants": 0, "shapes": 0, "inferred": 0}
     failed: set[int] = set()
+    failures: list[dict] = []
+    _sweep(graph, failed, failures, counts)
+    for _ in range(MAX_ROUNDS):
+        inferred = reinfer_shapes(graph)
+        counts["inferred"] += inferred
+        if not inferred or not _sweep(graph, failed, failures, counts):
+            break
+    remove_unused_initializers(graph)
+    _report(ctx, failures)
+    return counts
+
+
+def _report(ctx: Any, failures: list[dict]) -> None:
+    if ctx is None:
+        return
+    recorded = ctx.options.setdefault("fold_failures", [])
+    for f in failures:
+        if f not in recorded:
+            recorded.append(f)
+            ctx.warn(f"could not fold node '{f['node']}' ({f['op']}) over constants: {f['error']}; {f['advice']}")
+
+
+def _sweep(graph: Graph, failed: set[int], failures: list[dict], counts: dict[str, int]) -> bool:
+    """Fold until a sweep folds nothing; True when anything was folded."""
+    any_folded = False
     changed = True
     while changed:
         changed = False
@@ -162,7 +221,7 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
             # A graph output must stay produced by a node: the runtime binds outputs to steps.
             if any(o in outputs for o in node.outputs):
                 continue
-            results = _fold(graph, node, failed)
+            results = _fold(graph, node, failed, failures)
             if results is None:
                 continue
             for name, value in zip(node.outputs, results):
@@ -175,7 +234,6 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
             folded.add(id(node))
             key = {"Constant": "constants", "Shape": "shapes", "Size": "shapes"}.get(node.op_type, "folded")
             counts[key] += 1
-            changed = True
+            changed = any_folded = True
         graph.nodes = [n for n in graph.nodes if id(n) not in folded]
-    remove_unused_initializers(graph)
-    return counts
+    return any_folded

@@ -20,7 +20,8 @@ StepFn = Callable[[list[np.ndarray | None]], list[np.ndarray]]
 
 
 class StepError(OptError):
-    """A step failed at run time (bad input values for this op, e.g. an index out of range)."""
+    """A step failed at run time because of the input values (e.g. an index out of range): exit 2.
+    A kernel that raises on values that are valid is ours instead: ``errors.KernelError``."""
 
 
 def bind_step(step: Step, opsets: dict[str, int]) -> StepFn:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from optcli.errors import OptError
+from optcli.errors import KernelError, OptError
 from optcli.plan import Plan
 from optcli.runtime.cpu import StepError, bind_step
 
@@ -51,8 +51,15 @@ class Executor:
             outs = fn(args)
         except OptError:
             raise
+        except IndexError as exc:
+            # Indices are data (Gather, Scatter*, OneHot...): an index out of range is the input's fault.
+            raise StepError(f"step {i} {step.name} ({step.op_type}): an index in its input is out of range "
+                            f"({exc}); check the input values") from exc
         except Exception as exc:
-            raise StepError(f"step {i} {step.name} ({step.op_type}) failed: {type(exc).__name__}: {exc}") from exc
+            # The inputs passed every check (names, dtypes, shapes): a kernel that still raises is ours.
+            raise KernelError(f"step {i} {step.name} ({step.op_type}, kernel {step.kernel}) crashed: "
+                              f"{type(exc).__name__}: {exc}. This is a bug in optcli: please report it "
+                              "with the model and the input shapes") from exc
         wanted = step.outputs
         used = 1 + max((k for k, n in enumerate(wanted) if n), default=-1)
         if len(outs) < used:

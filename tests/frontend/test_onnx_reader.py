@@ -121,3 +121,15 @@ def test_unsupported_element_type_is_refused_at_optimize_time():
                           [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [2])])
     with pytest.raises(ModelError, match="input 'x' has element type bfloat16"):
         optcli.optimize(model=helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_negative_dims_are_dynamic_everywhere():
+    """-1 (paddle2onnx, older exporters) means "any size" on inputs, outputs and value_info."""
+    model = _matmul_model()
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = -1
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 4]))
+    g = read_model(model=model)
+    assert isinstance(g.inputs[0].shape[0], str) and g.inputs[0].shape[1] == 3
+    assert isinstance(g.outputs[0].shape[0], str)
+    pinned = read_model(model=model, input_shapes={"x": [7, 3]})
+    assert pinned.inputs[0].shape == (7, 3) and pinned.values["y"].shape == (7, 4)

@@ -1,10 +1,16 @@
 """fold_constants: constant subgraphs, Constant nodes and static Shape/Size become initializers."""
 
 import numpy as np
+import pytest
 from onnx import helper
 
+import optcli
 from optcli.passes import fold_constants
+from optcli.passes.base import PassContext
+from optcli.runtime import evaluate
+from tests.helpers import assert_close, run_ort
 from tests.passes.ir_build import const, model, node, ops, run_pass, to_graph
+from tests.passes.tf_same_padding import tf_same_padding_model
 
 
 def test_folds_constant_subgraph_and_constant_nodes():
@@ -20,7 +26,7 @@ def test_folds_constant_subgraph_and_constant_nodes():
     )
     graph, counts = run_pass(m, fold_constants)
     assert ops(graph) == ["Mul"]
-    assert counts == {"folded": 2, "constants": 1, "shapes": 0}
+    assert counts == {"folded": 2, "constants": 1, "shapes": 0, "inferred": 0}
     np.testing.assert_allclose(graph.initializers["w"], [2.25, 1.0, 25.0])
     assert set(graph.initializers) == {"w"}
 
@@ -90,3 +96,75 @@ def test_nodes_with_subgraphs_stay():
     )
     graph, counts = run_pass(m, fold_constants)
     assert ops(graph) == ["If", "Add"] and counts["folded"] == 0
+
+
+# ---------------------------------------------------------------- folding to a fixpoint
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "pinned"])
+def test_run_time_same_padding_folds_away(dynamic):
+    """TF-style padding arithmetic before two strided convs: the second conv's Shape reads the
+    first Pad's output, which is static only after the first pads were folded and shapes
+    inferred again.  Everything folds; both convs (with their pads) land on the GPU."""
+    m = tf_same_padding_model(dynamic=dynamic)
+    result = optcli.optimize(model=m, valid_targets="opencl,arm", input_shapes="x:1,3,15,15" if dynamic else None,
+                             disabled_passes={"keep_small_islands_on_host"})
+    steps = [(s["op"], s["target"]) for s in result.report["steps"] if s["domain"] != "optcli"]
+    assert steps == [("Conv", "opencl"), ("Conv", "opencl")]
+    x = np.random.default_rng(1).standard_normal((1, 3, 15, 15)).astype(np.float32)
+    assert_close(optcli.load(result.data).run({"x": x})["y"], run_ort(m, {"x": x})[0])
+
+
+def test_folding_without_reinference_leaves_the_second_pad(monkeypatch):
+    """The fixpoint is what folds the second block: without re-inference it stays."""
+    monkeypatch.setattr(fold_constants, "reinfer_shapes", lambda graph: 0)
+    result = optcli.optimize(model=tf_same_padding_model(), valid_targets="arm")
+    assert "Shape" in [s["op"] for s in result.report["steps"]]
+
+
+def test_symbolic_input_keeps_the_arithmetic():
+    """Unpinned dims: nothing is constant, and nothing is folded wrongly."""
+    m = tf_same_padding_model(dynamic=True)
+    result = optcli.optimize(model=m, valid_targets="arm")
+    assert "Shape" in [s["op"] for s in result.report["steps"]]
+    x = np.random.default_rng(2).standard_normal((1, 3, 17, 13)).astype(np.float32)
+    assert_close(optcli.load(result.data).run({"x": x})["y"], run_ort(m, {"x": x})[0])
+
+
+# ---------------------------------------------------------------- folding never fails silently
+
+
+def _crashing_kernel(monkeypatch, op_type: str, exc: Exception) -> None:
+    """Make evaluating ``op_type`` raise ``exc`` (the way a buggy kernel would)."""
+    real = evaluate.evaluate_node
+
+    def evaluate_node(node, inputs, opsets):
+        if node.op_type == op_type:
+            raise exc
+        return real(node, inputs, opsets)
+
+    monkeypatch.setattr(evaluate, "evaluate_node", evaluate_node)
+
+
+@pytest.mark.parametrize("exc, kind", [(ZeroDivisionError("oops"), "bug"),
+                                       (NotImplementedError("not this form"), "unsupported")])
+def test_a_kernel_raising_while_folding_is_reported(monkeypatch, exc, kind):
+    m = model([node("Neg", ["a"], ["n"]), node("Add", ["x", "n"], ["y"])], {"x": [3]},
+              initializers={"a": np.ones(3, np.float32)})
+    _crashing_kernel(monkeypatch, "Neg", exc)
+    graph = to_graph(m)
+    ctx = PassContext()
+    fold_constants.run(graph, ctx)
+    assert ops(graph) == ["Neg", "Add"]
+    [failure] = ctx.options["fold_failures"]
+    assert failure["node"] == graph.nodes[0].name and failure["op"] == "Neg" and failure["kind"] == kind
+    assert any("could not fold node" in w and "Neg" in w for w in ctx.warnings)
+
+
+def test_fold_failures_reach_the_report(monkeypatch):
+    m = model([node("Neg", ["a"], ["n"]), node("Add", ["x", "n"], ["y"])], {"x": [3]},
+              initializers={"a": np.ones(3, np.float32)})
+    _crashing_kernel(monkeypatch, "Neg", ValueError("broken kernel"))
+    report = optcli.optimize(model=m, valid_targets="arm").report
+    assert [f["op"] for f in report["fold_failures"]] == ["Neg"]
+    assert report["fold_failures"][0]["kind"] == "bug"
