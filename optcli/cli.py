@@ -73,8 +73,10 @@ def _split_passes(values: tuple[str, ...]) -> set[str]:
               "file, plus its external data files.")
 @click.option("--model_file", metavar="FILE", help="The .onnx model file.")
 @click.option("--valid_targets", default="arm", show_default=True, metavar="LIST",
-              help="Targets in priority order, commas or spaces: opencl, metal, arm (host, x86 and cpu also "
-                   "mean the host CPU, which is always added last so every op can run).")
+              help="Targets, commas or spaces: opencl, metal, arm (host, x86 and cpu also mean the host CPU). "
+                   "Each op goes to the first GPU target, in the order listed, that can run it; the host CPU is "
+                   "always the last resort, wherever it is listed and when it is left out, so every op can run "
+                   "(arm,opencl means opencl,arm).")
 @click.option("--optimize_out", metavar="NAME", help="Output path; '.nb' is appended when missing.")
 @click.option("--optimize_out_type", default="naive_buffer", show_default=True,
               type=click.Choice(["naive_buffer"]), help="Output format (only naive_buffer, the .nb file).")
@@ -85,7 +87,8 @@ def _split_passes(values: tuple[str, ...]) -> set[str]:
 @click.option("--placement_config", metavar="FILE", help="JSON or YAML mapping node names or op types to "
               "a target, overriding automatic placement.")
 @click.option("--report", "report_path", metavar="FILE.json", help="Write a machine-readable report: passes "
-              "and what each changed, nodes before/after, placement and kernel per step, sizes, warnings.")
+              "and what each changed, nodes before/after, placement and kernel per step, steps per target, why "
+              "ops could not go to a GPU target, nodes that failed to fold, sizes, warnings.")
 @click.option("--print_supported_ops", help="Print the op x target table of native kernels and exit.",
               **BOOL_FLAG)
 @click.option("--print_all_ops", help="Print every op known (ONNX standard and fused) with how each target "
@@ -205,7 +208,10 @@ def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out
             peak = (f"; peak activations {mem['peak_activation_bytes'] / 1e6:.2f} MB (naive "
                     f"{mem['naive_activation_bytes'] / 1e6:.2f} MB)" if mem["peak_activation_bytes"] else "")
             click.echo(f"wrote {out} ({len(result.data) / 1e6:.2f} MB): {r['nodes_before']} nodes -> "
-                       f"{r['nodes_after']} steps on {', '.join(r['targets'])}{peak}", err=True)
+                       f"{_steps_summary(r, r['steps_per_target'])}{peak}", err=True)
+            moved_all = _moved_to_host(r)
+            if moved_all:
+                click.echo(f"opt: {moved_all}", err=True)
     if checked is not None and not checked["passed"]:
         from optcli.verify import VerifyError
 
@@ -213,6 +219,34 @@ def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out
         raise VerifyError(f"verification failed for output(s) {', '.join(failed)} (relative tolerance "
                           f"{checked['tolerance']:.0e}); no .nb written. Use a higher precision, or "
                           "--verify_tolerance if the error is acceptable")
+
+
+def _steps_summary(report: dict, per_target: dict[str, int]) -> str:
+    """'N steps on arm', or 'N steps: K of N steps on opencl, M on arm' when the plan has GPU
+    targets: a GPU target listed is not a GPU target used, so say how much it got."""
+    from optcli.targets import TARGETS
+
+    n = report["nodes_after"]
+    gpu = [t for t in report["targets"] if TARGETS[t].device == "gpu"]
+    if not gpu:
+        return f"{n} steps on {', '.join(report['targets'])}"
+    parts = [f"{per_target.get(t, 0)} of {n} steps on {t}" for t in gpu]
+    parts += [f"{per_target.get(t, 0)} on {t}" for t in report["targets"] if t not in gpu]
+    return f"{n} steps: {', '.join(parts)}"
+
+
+def _moved_to_host(report: dict) -> str | None:
+    """When the cost model moved every GPU node back to the host: that, and the estimates why."""
+    from optcli.passes.keep_small_islands_on_host import NAME
+
+    record = next((p["changed"] for p in report["passes"] if p["name"] == NAME), {})
+    gpu_nodes = record.get("gpu_nodes", 0)
+    if not gpu_nodes or record.get("nodes_moved") != gpu_nodes:
+        return None
+    host = report["targets"][-1]
+    return (f"the cost model moved all {gpu_nodes} GPU node(s) to {host}: on the GPU they would save an estimated "
+            f"{record['saving_ns'] / 1e3:.1f} us per run, but copying their data there and back would cost "
+            f"{record['copy_ns'] / 1e3:.1f} us (keep them on the GPU with --disable_pass={NAME})")
 
 
 def _run_cli(command: click.Command, prog: str) -> None:

@@ -23,6 +23,7 @@ from optcli.nb.reader import load_bytes
 from optcli.nb.writer import to_bytes
 from optcli.passes import pipeline
 from optcli.passes.base import PassContext
+from optcli.passes.place_nodes import placement_report
 from optcli.plan import Plan, lower
 from optcli.targets import TARGETS, parse_targets
 
@@ -178,7 +179,7 @@ def build_report(graph: Graph, plan: Plan, ctx: PassContext, records: list[dict]
                       "reason": placement.get(s.name, {}).get("reason", "")})
     weights_bytes = _stored_weight_bytes(plan)
     mem = plan.memory
-    return {
+    report = {
         "tool_version": __version__,
         "format_version": FORMAT_VERSION,
         "source": graph.metadata.get("source", ""),
@@ -201,6 +202,8 @@ def build_report(graph: Graph, plan: Plan, ctx: PassContext, records: list[dict]
         "fold_failures": list(ctx.options.get("fold_failures", [])),
         "warnings": list(ctx.warnings),
     }
+    report.update(placement_report(report))  # steps_per_target, placement_reasons
+    return report
 
 
 def _transfers(plan: Plan) -> dict[str, int | None]:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
+import numpy as np
 import onnx
 import pytest
 
@@ -108,8 +110,10 @@ def test_gpu_target_without_kernels_warns_once_per_op_and_falls_back(model_file,
                         f"--optimize_out={tmp_path}/g"], capsys)
     assert code == 0
     warnings = [line for line in err.splitlines() if "warning" in line]
-    assert warnings and all("cannot run on opencl; it runs on arm" in w for w in warnings)
-    assert len(warnings) == len({w.split()[4] for w in warnings})  # once per op type
+    assert warnings and all("cannot run on opencl: dynamic shape (" in w and w.endswith(" on arm")
+                            for w in warnings)
+    ops = [re.search(r"warning: (?:\d+ )?(\w+) node", w).group(1) for w in warnings]
+    assert len(ops) == len(set(ops)) and "Conv" in ops  # once per (target, op type, reason)
 
 
 def test_optcli_group_has_opt(model_file, tmp_path, capsys):
@@ -145,3 +149,70 @@ def test_devices_command(capsys):
     assert code == 0 and "usable" in out and "recommended: --precision=" in out
     code, out, _ = run(["devices", "--json"], capsys, main=optcli_main)
     assert code == 0 and json.loads(out)[0]["max_work_group_size"] > 0
+
+
+def _island_model(tmp_path):
+    """Relu -> CumSum (no GPU kernel) -> Sigmoid on a tiny tensor: GPU islands too small for their copies."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("CumSum", ["r", "axis"], ["c"], name="cumsum"),
+             helper.make_node("Sigmoid", ["c"], ["y"], name="sigmoid")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array(1, np.int64), "axis")])
+    path = tmp_path / "island.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_summary_says_how_many_steps_each_gpu_target_got(model_file, tmp_path, capsys):
+    code, _, err = run([f"--model_file={model_file}", "--valid_targets=opencl,arm", f"--optimize_out={tmp_path}/d",
+                        f"--report={tmp_path}/d.json"], capsys)
+    assert code == 0, err
+    report = json.loads((tmp_path / "d.json").read_text())
+    n = report["nodes_after"]
+    assert f"-> {n} steps: 0 of {n} steps on opencl, {n} on arm" in err  # dynamic shapes: nothing on the GPU
+    assert report["steps_per_target"] == {"opencl": 0, "arm": n}
+    conv = [g for g in report["placement_reasons"] if g["op"] == "Conv"]
+    assert conv == [{"target": "opencl", "op": "Conv", "reason": "dynamic shape", "count": 3, "example": "conv_0",
+                     "detail": "'input' has a dynamic shape (pin it with --input_shapes)", "runs_on": ["arm"]}]
+    code, _, err = run([f"--model_file={model_file}", "--valid_targets=opencl,arm", "--input_shapes=input:1,3,32,32",
+                        f"--optimize_out={tmp_path}/s", f"--report={tmp_path}/s.json"], capsys)
+    report = json.loads((tmp_path / "s.json").read_text())
+    k, n = report["steps_per_target"]["opencl"], report["nodes_after"]
+    assert code == 0 and k > 0 and report["steps_per_target"] == {"opencl": k, "arm": n - k}
+    assert f"-> {n} steps: {k} of {n} steps on opencl, {n - k} on arm" in err
+    assert report["placement_reasons"] == [] and "cannot run" not in err
+    code, _, err = run([f"--model_file={model_file}", "--valid_targets=arm", f"--optimize_out={tmp_path}/a"], capsys)
+    assert code == 0 and re.search(r"-> \d+ steps on arm\b", err) and " of " not in err
+
+
+def test_summary_says_when_the_cost_model_moved_every_gpu_step_to_the_host(tmp_path, capsys):
+    path = _island_model(tmp_path)
+    code, _, err = run([f"--model_file={path}", "--valid_targets=opencl,arm", f"--optimize_out={tmp_path}/i"],
+                       capsys)
+    assert code == 0, err
+    assert "-> 3 steps: 0 of 3 steps on opencl, 3 on arm" in err
+    line = next(x for x in err.splitlines() if "cost model moved all" in x)
+    saving, copies = map(float, re.search(r"save an estimated ([\d.]+) us per run, .* cost ([\d.]+) us", line).groups())
+    assert "2 GPU node(s) to arm" in line and saving < copies and "--disable_pass=keep_small_islands_on_host" in line
+    code, _, err = run([f"--model_file={path}", "--valid_targets=opencl,arm", f"--optimize_out={tmp_path}/k",
+                        "--disable_pass=keep_small_islands_on_host"], capsys)
+    assert code == 0 and "cost model" not in err and "-> 11 steps: 10 of 11 steps on opencl, 1 on arm" in err
+
+
+def test_arm_listed_before_opencl_still_prefers_opencl(model_file, tmp_path, capsys):
+    code, _, err = run([f"--model_file={model_file}", "--valid_targets=arm,opencl", "--input_shapes=input:1,3,32,32",
+                        f"--optimize_out={tmp_path}/o", f"--report={tmp_path}/o.json"], capsys)
+    assert code == 0, err
+    report = json.loads((tmp_path / "o.json").read_text())
+    assert report["targets"] == ["opencl", "arm"] and optcli.load(tmp_path / "o.nb").plan.targets == ["opencl", "arm"]
+    assert all(s["target"] == "opencl" for s in report["steps"] if s["op"] == "Conv")
+
+
+def test_help_states_the_valid_targets_order_rule():
+    out = subprocess.run([sys.executable, "-c", "from optcli.cli import opt_main; opt_main()", "--help"],
+                         capture_output=True, text=True, check=True).stdout
+    text = " ".join(out.split())
+    assert "host CPU is always the last resort" in text and "arm,opencl means opencl,arm" in text

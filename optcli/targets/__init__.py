@@ -22,10 +22,12 @@ def get_target(name: str) -> Target:
 
 
 def parse_targets(spec: str | list[str] | None) -> list[Target]:
-    """Parse ``"opencl,arm"`` (commas or spaces; order is priority; duplicates dropped).
+    """Parse ``"opencl,arm"`` (commas or spaces; duplicates dropped) into the order placement tries.
 
-    The host CPU is always appended last when absent, so every model can run: it is where
-    GPU targets fall back.
+    GPU targets keep the order given: it is the preference among them (``metal,opencl`` tries
+    metal first).  The host CPU is always the last resort, wherever it is listed and when it is
+    left out: it runs every op, so listed first it would take everything and leave the GPU
+    nothing (``arm,opencl`` means ``opencl,arm``).
     """
     if spec is None:
         names = ["arm"]
@@ -42,4 +44,5 @@ def parse_targets(spec: str | list[str] | None) -> list[Target]:
             result.append(t)
     if HOST not in result:
         result.append(HOST)
-    return result
+    # A stable sort: GPU targets first in the order given, then the host.
+    return sorted(result, key=lambda t: t.device == "cpu")

@@ -24,6 +24,12 @@ class Target:
         """Whether this target has a kernel for the node, and why (for the report)."""
         raise NotImplementedError
 
+    def explain_refusal(self, reason: str) -> tuple[str, str]:
+        """A ``can_run`` refusal as (kind, detail): ``kind`` is a short label ("no kernel",
+        "dynamic shape", ...) that placement groups its warnings and report by; ``detail`` is
+        the reason without what the label already says."""
+        return "unsupported", reason
+
     def select_kernel(self, node: Node, graph: Graph) -> str:  # pragma: no cover - abstract
         """The id of the best kernel variant for a node this target can run."""
         raise NotImplementedError

@@ -7,6 +7,7 @@ load time (OpenCL devices differ too much to fix them ahead of time)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -80,6 +81,21 @@ def _runtime_index_input(node: Node, graph: Graph) -> str | None:
     return None
 
 
+# Why a GPU target refuses a node, as a short kind (first match wins).  The patterns follow the
+# refusals ``GpuTarget.can_run`` writes and the shared kernel checks (``gpu.registry.common_check``);
+# what matches none is a case (attribute, mode, shape relation) the kernel does not handle.
+REFUSAL_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = tuple((kind, re.compile(pattern)) for kind, pattern in (
+    ("no kernel", r"^no \S+ kernel for "),
+    ("value computed at run time", r"to be a constant; it is computed at run time"),
+    ("device limit", r" at most \d|cannot lay out its launches"),
+    ("dynamic shape", r"dynamic shape"),
+    ("dtype", r"kernel takes [\w ]+ tensors"),
+    ("non-constant parameter", r"not a constant|must be (a )?constant"),
+    ("rank", r"\brank\b|rank-\d|\d-D "),
+))
+UNHANDLED_CASE = "unsupported case"
+
+
 @dataclass(frozen=True)
 class GpuTarget(Target):
     limits: GpuLimits = field(default_factory=GpuLimits)
@@ -107,6 +123,11 @@ class GpuTarget(Target):
             reasons.append(reason)
         # The most general variant (lowest priority) refuses only for fundamental reasons.
         return False, f"{self.name} {node.op_type} kernel does not apply: {reasons[-1]}"
+
+    def explain_refusal(self, reason: str) -> tuple[str, str]:
+        detail = re.sub(rf"^{re.escape(self.name)} \S+ kernel does not apply: ", "", reason)
+        kind = next((kind for kind, pattern in REFUSAL_KINDS if pattern.search(detail)), UNHANDLED_CASE)
+        return kind, detail
 
     def select_kernel(self, node: Node, graph: Graph) -> str:
         fitting = [k for k in _kernels(node) if k.check(node, graph) is None

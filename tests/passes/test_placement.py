@@ -3,6 +3,8 @@ overrides apply, every host<->device crossing is an explicit step."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -42,7 +44,8 @@ def test_gpu_first_falls_back_per_op_with_reason_and_copies():
     placed = {s["name"]: s for s in steps}
     assert placed["relu"]["target"] == "opencl" and placed["sigmoid"]["target"] == "opencl"
     assert placed["cumsum"]["target"] == "arm" and "no opencl kernel for CumSum" in placed["cumsum"]["reason"]
-    assert result.warnings == ["op #1 CumSum cannot run on opencl; it runs on arm"]
+    assert result.warnings == ["CumSum node 'cumsum' cannot run on opencl: no kernel (no opencl kernel for CumSum); "
+                               "it runs on arm"]
     ops = [s["op"] for s in steps]
     assert ops == ["Upload", "Pack", "Relu", "Unpack", "Download", "CumSum", "Upload", "Pack", "Sigmoid",
                    "Unpack", "Download"]
@@ -81,3 +84,98 @@ def test_cost_aware_placement_keeps_heavy_work_on_the_gpu():
     result = optcli.optimize(model=helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
                              valid_targets="opencl,arm")
     assert {s["name"]: s["target"] for s in result.report["steps"]}["conv"] == "opencl"
+
+
+def _one_node(op_type, inputs, attrs=None, initializers=None, opset=17):
+    """A one-node model: ``inputs`` maps graph input names to (elem type, shape)."""
+    node = helper.make_node(op_type, [*inputs, *(initializers or {})], ["y"], name="n0", **(attrs or {}))
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(k, t, s) for k, (t, s) in inputs.items()],
+                              [helper.make_tensor_value_info("y", TensorProto.UNDEFINED, None)],
+                              [numpy_helper.from_array(v, k) for k, v in (initializers or {}).items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+@pytest.mark.parametrize("model, kind", [
+    (_one_node("Relu", {"x": (F, ["N", 4])}), "dynamic shape"),
+    (_one_node("Relu", {"x": (F, [1, 2, 3, 4, 5])}), "rank"),
+    (_one_node("Relu", {"x": (TensorProto.FLOAT16, [1, 4])}), "dtype"),
+    (_one_node("CumSum", {"x": (F, [1, 4])}, initializers={"axis": np.array(1, np.int64)}), "no kernel"),
+    (_one_node("Conv", {"x": (F, [1, 2, 4, 4]), "w": (F, [2, 2, 1, 1])}), "non-constant parameter"),
+    (_one_node("Reshape", {"x": (F, [1, 4]), "shape": (I64, [2])}), "value computed at run time"),
+    (_one_node("MaxPool", {"x": (F, [1, 2, 4, 4])}, {"kernel_shape": [2, 2], "storage_order": 1}),
+     "unsupported case"),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_gpu_refusal_carries_its_kind_in_warning_and_report(model, kind):
+    from optcli.passes.place_nodes import placement_report
+
+    result = optcli.optimize(model=model, valid_targets="opencl,arm")
+    assert [s["target"] for s in result.report["steps"]] == ["arm"]
+    [warning] = [w for w in result.warnings if "cannot run on opencl" in w]
+    assert f"cannot run on opencl: {kind} (" in warning and "'n0'" in warning
+    [group] = placement_report(result.report)["placement_reasons"]
+    assert (group["target"], group["reason"], group["count"], group["example"], group["runs_on"]) == \
+        ("opencl", kind, 1, "n0", ["arm"])
+
+
+def test_refusals_are_warned_once_per_target_op_and_reason_with_count_and_example():
+    from optcli.passes.place_nodes import placement_report
+    from optcli.zoo import build
+
+    result = optcli.optimize(model=build("dynamic_cnn"), valid_targets="opencl,arm")
+    conv = [w for w in result.warnings if "Conv nodes cannot run on opencl" in w]
+    assert conv == ["3 Conv nodes cannot run on opencl: dynamic shape (e.g. 'conv_0': 'input' has a dynamic shape "
+                    "(pin it with --input_shapes)); they run on arm"]
+    placed = placement_report(result.report)
+    reasons = {(g["op"], g["reason"]): g["count"] for g in placed["placement_reasons"]}
+    assert reasons[("Conv", "dynamic shape")] == 3 and len(reasons) == len(placed["placement_reasons"])
+    # the report's groups are the warnings' groups: one warning line per group, none lost
+    assert len([w for w in result.warnings if "cannot run on opencl" in w]) == len(reasons)
+    assert placed["steps_per_target"] == {"opencl": 0, "arm": len(result.report["steps"])}
+
+
+def test_steps_per_target_counts_every_step_copies_included():
+    from optcli.passes.place_nodes import placement_report
+
+    result = optcli.optimize(model=_model(), valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU)
+    per_target = placement_report(result.report)["steps_per_target"]
+    assert list(per_target) == ["opencl", "arm"]  # plan target order
+    assert per_target == {"opencl": 10, "arm": 1}  # Relu, Sigmoid and their 8 copy/layout steps; CumSum
+
+
+def test_cost_model_records_the_estimates_that_moved_the_model_to_the_host():
+    result = optcli.optimize(model=_model(), valid_targets="opencl,arm")
+    [record] = [p["changed"] for p in result.report["passes"] if p["name"] == "keep_small_islands_on_host"]
+    assert record["gpu_nodes"] == record["nodes_moved"] == 2
+    assert 0 < record["saving_ns"] < record["copy_ns"]
+    assert all(re.search(r"estimated [\d.]+ us against [\d.]+ us per run", w)
+               for w in result.warnings if "would cost more" in w)
+
+
+@pytest.mark.parametrize("spec, order", [
+    ("arm,opencl", ["opencl", "arm"]),
+    ("opencl,arm", ["opencl", "arm"]),
+    ("opencl", ["opencl", "arm"]),
+    ("metal,opencl", ["metal", "opencl", "arm"]),
+    ("host opencl metal", ["opencl", "metal", "arm"]),
+    ("cpu,x86", ["arm"]),
+])
+def test_host_is_the_last_resort_and_gpu_order_is_preference(spec, order):
+    from optcli.targets import parse_targets
+
+    assert [t.name for t in parse_targets(spec)] == order
+
+
+def test_arm_listed_first_still_places_conv_on_opencl():
+    w = numpy_helper.from_array(np.ones((64, 64, 3, 3), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 56, 56])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    result = optcli.optimize(model=model, valid_targets="arm,opencl")
+    assert {s["name"]: s["target"] for s in result.report["steps"]}["conv"] == "opencl"
+    assert result.plan.targets == result.report["targets"] == ["opencl", "arm"]
+    result = optcli.optimize(model=model, valid_targets="metal,opencl,arm")
+    assert {s["name"]: s["target"] for s in result.report["steps"]}["conv"] == "metal"
