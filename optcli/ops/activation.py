@@ -136,7 +136,9 @@ def clip(inputs, attrs):
         out = np.maximum(out, np.asarray(lo, dtype=x.dtype))
     if hi is not None:
         out = np.minimum(out, np.asarray(hi, dtype=x.dtype))
-    return [np.array(out, dtype=x.dtype, copy=out is x)]
+    # Never alias the input; np.asarray also turns the numpy scalar a 0-d input gives back into an
+    # array (np.array(..., copy=False) raises on it under numpy 2).
+    return [x.copy() if out is x else np.asarray(out, dtype=x.dtype)]
 
 
 @kernel("PRelu")

@@ -24,7 +24,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from optcli.ops.activation import apply_activation, epilogue
 from optcli.ops.registry import kernel
-from optcli.ops.spatial import compute_dtype, conv_transpose_geometry, pad_input, window
+from optcli.ops.spatial import compute_dtype, conv_transpose_geometry, pad_input, prod, window
 
 _BLOCK_BYTES = 1 << 19  # accumulator size the depthwise kernel aims for (fits a typical L2)
 
@@ -120,7 +120,7 @@ def conv_1x1(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.
     ct = compute_dtype(x.dtype)
     n, c = x.shape[:2]
     m = w.shape[0]
-    xr = x.astype(ct, copy=False).reshape(n, c, -1)
+    xr = x.astype(ct, copy=False).reshape(n, c, prod(x.shape[2:]))  # not -1: ambiguous for N = 0
     wr = w.astype(ct, copy=False).reshape(m, c)
     y = np.matmul(wr, xr[0])[None] if n == 1 else np.matmul(wr, xr)
     return _finish(y.reshape((n, m) + x.shape[2:]), _bias(inputs), attrs, x.dtype)
@@ -146,7 +146,7 @@ def _phases(x: np.ndarray, begin: tuple[int, ...], padded: list[int], strides: t
             dst.append(slice(lo, max(lo, hi)))
             src.append(slice(a + lo * s - b, a + (hi - 1) * s - b + 1 if hi > lo else 0, s))
         buf[(slice(None), slice(None)) + tuple(dst)] = x[(slice(None), slice(None)) + tuple(src)]
-        out[key] = buf.reshape(x.shape[0], x.shape[1], -1)
+        out[key] = buf.reshape(x.shape[0], x.shape[1], prod(buf.shape[2:]))
     return out, q
 
 

@@ -19,13 +19,14 @@ import numpy as np
 from optcli.ir import OPTCLI_DOMAIN
 from optcli.ops.activation import apply_activation, epilogue
 from optcli.ops.registry import kernel
-from optcli.ops.spatial import compute_dtype
+from optcli.ops.spatial import compute_dtype, prod
 
 
 def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``np.matmul`` semantics, as one GEMM when ``b`` is a single matrix."""
     if a.ndim >= 3 and b.ndim == 2:
-        return np.matmul(a.reshape(-1, a.shape[-1]), b).reshape(a.shape[:-1] + (b.shape[-1],))
+        rows = prod(a.shape[:-1])  # not -1: ambiguous when K is 0
+        return np.matmul(a.reshape(rows, a.shape[-1]), b).reshape(a.shape[:-1] + (b.shape[-1],))
     return np.matmul(a, b)
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from optcli.ir import OPTCLI_DOMAIN
 from optcli.ops.activation import apply_activation, epilogue
 from optcli.ops.registry import kernel
-from optcli.ops.spatial import compute_dtype
+from optcli.ops.spatial import compute_dtype, prod
 
 
 def _channel_shape(x: np.ndarray, p: np.ndarray) -> tuple[int, ...]:
@@ -86,8 +86,7 @@ def layer_normalization(inputs: list[np.ndarray | None], attrs: dict[str, Any]) 
     eps = float(attrs.get("epsilon", 1e-5))
     stash = np.float32 if int(attrs.get("stash_type", 1)) == 1 and x.dtype != np.float64 else x.dtype
     ct = np.dtype(stash)
-    rows = int(np.prod(x.shape[:axis], dtype=np.int64))
-    xr = x.astype(ct, copy=False).reshape(rows, -1)
+    xr = x.astype(ct, copy=False).reshape(prod(x.shape[:axis]), prod(x.shape[axis:]))  # -1: ambiguous if empty
     mean = xr.mean(axis=1, keepdims=True)
     d = xr - mean
     var = np.einsum("ij,ij->i", d, d)[:, None] / ct.type(xr.shape[1])
@@ -108,7 +107,7 @@ def instance_normalization(inputs: list[np.ndarray | None], attrs: dict[str, Any
     ct = compute_dtype(x.dtype)
     eps = float(attrs.get("epsilon", 1e-5))
     n, c = x.shape[:2]
-    xr = x.astype(ct, copy=False).reshape(n, c, -1)
+    xr = x.astype(ct, copy=False).reshape(n, c, prod(x.shape[2:]))
     mean = xr.mean(axis=2, keepdims=True)
     d = xr - mean
     var = np.einsum("ncs,ncs->nc", d, d)[:, :, None] / ct.type(xr.shape[2])
@@ -132,6 +131,8 @@ def _softmax_view(x: np.ndarray, attrs: dict[str, Any]) -> tuple[np.ndarray, int
 def softmax(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """``exp(x - max) / sum`` along the axis (opset < 13: over the 2-D coerced input)."""
     x = inputs[0]
+    if x.size == 0:  # nothing to normalise (and max() has no identity over an empty axis)
+        return [x.copy()]
     v, axis = _softmax_view(x.astype(compute_dtype(x.dtype), copy=False), attrs)
     e = v - v.max(axis=axis, keepdims=True)
     np.exp(e, out=e)
@@ -143,6 +144,8 @@ def softmax(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.n
 def log_softmax(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """``x - max - log(sum(exp(x - max)))`` along the axis (opset < 13: 2-D coerced)."""
     x = inputs[0]
+    if x.size == 0:
+        return [x.copy()]
     v, axis = _softmax_view(x.astype(compute_dtype(x.dtype), copy=False), attrs)
     d = v - v.max(axis=axis, keepdims=True)
     d -= np.log(np.exp(d).sum(axis=axis, keepdims=True))

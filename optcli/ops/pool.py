@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from optcli.ops.registry import kernel
-from optcli.ops.spatial import Window, compute_dtype, pad_input, window
+from optcli.ops.spatial import Window, compute_dtype, pad_input, prod, window
 
 
 def _window(x: np.ndarray, attrs: dict[str, Any]) -> Window:
@@ -81,18 +81,22 @@ def average_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list
     return [y.astype(x.dtype, copy=False)]
 
 
+def _flat_spatial(x: np.ndarray) -> np.ndarray:
+    """``x`` as (N, C, prod(spatial)); an explicit size, since -1 is ambiguous when N or C is 0."""
+    return x.reshape(x.shape[:2] + (prod(x.shape[2:]),))
+
+
 @kernel("GlobalAveragePool")
 def global_average_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """Mean over every spatial axis, keeping them as size-1 dims."""
     x = inputs[0]
-    axes = tuple(range(2, x.ndim))
-    y = x.reshape(x.shape[:2] + (-1,)).mean(axis=-1, dtype=compute_dtype(x.dtype))
-    return [y.reshape(x.shape[:2] + (1,) * len(axes)).astype(x.dtype, copy=False)]
+    y = _flat_spatial(x).mean(axis=-1, dtype=compute_dtype(x.dtype))
+    return [y.reshape(x.shape[:2] + (1,) * (x.ndim - 2)).astype(x.dtype, copy=False)]
 
 
 @kernel("GlobalMaxPool")
 def global_max_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """Max over every spatial axis, keeping them as size-1 dims."""
     x = inputs[0]
-    y = x.reshape(x.shape[:2] + (-1,)).max(axis=-1)
+    y = _flat_spatial(x).max(axis=-1)
     return [y.reshape(x.shape[:2] + (1,) * (x.ndim - 2))]

@@ -80,9 +80,12 @@ def dequantize_linear(inputs, attrs):
 def dynamic_quantize_linear(inputs, attrs):
     x = inputs[0].astype(np.float32)
     lo, hi = min(0.0, float(x.min(initial=0.0))), max(0.0, float(x.max(initial=0.0)))
-    scale = np.float32((hi - lo) / 255.0) if hi > lo else np.float32(0.0)
-    zp = np.uint8(np.clip(np.rint(-lo / scale), 0, 255)) if scale else np.uint8(0)
-    y = quantize(x, scale, zp, np.dtype(np.uint8)) if scale else np.full(x.shape, zp, np.uint8)
+    if hi > lo:
+        scale = np.float32((hi - lo) / 255.0)
+        zp = np.uint8(np.clip(np.rint(-lo / scale), 0, 255))
+    else:  # all zeros, or no elements: scale 1 as onnxruntime (a later division by it stays finite)
+        scale, zp = np.float32(1.0), np.uint8(0)
+    y = quantize(x, scale, zp, np.dtype(np.uint8))
     return [y, np.asarray(scale, np.float32), np.asarray(zp, np.uint8)]
 
 

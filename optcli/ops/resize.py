@@ -162,7 +162,7 @@ def _resize(x: np.ndarray, roi: np.ndarray | None, scales: np.ndarray | None, si
     if sizes is not None and sizes.size:
         for a, s in zip(axes, sizes.tolist()):
             out[a] = int(s)
-            factors[a] = out[a] / shape[a]
+            factors[a] = out[a] / shape[a] if shape[a] else 1.0  # an empty axis stays empty
         policy = _str(attrs, "keep_aspect_ratio_policy", "stretch")
         if policy != "stretch":
             pick = min if policy == "not_larger" else max
