@@ -1,6 +1,6 @@
 """GPU kernels for data movement: the index-only ops (Reshape, Flatten, Squeeze, Unsqueeze,
 Identity, Transpose, DepthToSpace, SpaceToDepth, Slice, Expand) as one ``remap`` pass each,
-Concat (one ``concat_part`` launch per input) and Pad.
+Split (one ``remap`` per output), Concat (one ``concat_part`` launch per input) and Pad.
 
 ``remap`` sees every op as an affine map from the output's logical (row-major) index to the
 input's: the output is viewed as a 6-D shape whose coordinates each step the source index by a
@@ -47,8 +47,8 @@ def source(ctx, node, index: int):
     return ctx.tensor(name)
 
 
-def _remap(ctx, node, dims6: list[int], strides6: list[int], offset: int = 0) -> list[Launch]:
-    x, y = node.inputs[0], node.outputs[0]
+def _remap(ctx, node, dims6: list[int], strides6: list[int], offset: int = 0, y: str | None = None) -> list[Launch]:
+    x, y = node.inputs[0], y or node.outputs[0]
     _, oc, oh, ow = dims4(ctx.shape(y))
     _, ic, ih, iw = dims4(ctx.shape(x))
     count = packed_elements(ctx.shape(y)) // 4
@@ -162,6 +162,33 @@ def expand(ctx, node) -> list[Launch]:
     shape = [1] * (len(out) - len(ctx.shape(node.inputs[0]))) + list(ctx.shape(node.inputs[0]))
     strides = [0 if d == 1 and o != 1 else s for d, o, s in zip(shape, out, _row_major_strides(shape))]
     return _remap(ctx, node, *_pad6(out, strides))
+
+
+# --------------------------------------------------------------------------- Split
+def _split_check(node: Node, graph: Graph) -> str | None:
+    outputs = [o for o in node.outputs if o]
+    if not all(_static(graph, o) for o in outputs):
+        return "Split outputs must have static shapes"
+    return data_check(node, graph)
+
+
+@gpu_kernel("Split", check=_split_check)
+def split(ctx, node) -> list[Launch]:
+    """One Slice-like remap per output.  The sizes come from the outputs' static shapes (which
+    shape inference derived from the 'split' input, attribute or num_outputs), so every form
+    of the op is covered alike."""
+    shape = list(ctx.shape(node.inputs[0]))
+    rank = len(shape)
+    axis = int(node.attrs.get("axis", 0))
+    axis = axis + rank if axis < 0 else axis
+    strides = _row_major_strides(shape)
+    launches, start = [], 0
+    for y in node.outputs:
+        size = int(ctx.shape(y)[axis]) if y else 0
+        if y and size:
+            launches += _remap(ctx, node, *_pad6(list(ctx.shape(y)), strides), start * strides[axis], y=y)
+        start += size
+    return launches
 
 
 # --------------------------------------------------------------------------- Concat

@@ -1,4 +1,4 @@
-"""Data-movement GPU kernels (remap family, Slice, Concat, Pad) against the numpy reference."""
+"""Data-movement GPU kernels (remap family, Slice, Split, Concat, Pad) against the numpy reference."""
 
 from __future__ import annotations
 
@@ -64,6 +64,25 @@ def test_concat(shapes, axis, precision):
     inputs = {f"x{i}": RNG.standard_normal(s).astype(np.float32) for i, s in enumerate(shapes)}
     graph, node = one_node_graph("Concat", inputs, attrs={"axis": axis})
     check_gpu(graph, node, inputs, precision)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("shape, axis, sizes, opset", [
+    ((2, 7, 3, 5), 1, [3, 4], 17),        # channel split off a slice-of-4 boundary (mixnet)
+    ((2, 12, 3, 5), 1, [4, 4, 4], 17),
+    ((2, 6, 3, 5), 2, [1, 2], 17),
+    ((2, 6, 3, 5), -1, [2, 3], 17),
+    ((2, 6, 3), 1, [1, 5], 17),
+    ((2, 9, 3, 5), 1, None, 17),          # equal parts, no sizes given
+    ((2, 9, 3, 5), 1, None, 18),          # num_outputs, the last part smaller
+])
+def test_split(shape, axis, sizes, opset, precision):
+    x = RNG.standard_normal(shape).astype(np.float32)
+    consts = {"s": np.array(sizes, I64)} if sizes else {}
+    n = len(sizes) if sizes else 3 if opset < 18 else 2
+    attrs = {"axis": axis, **({"num_outputs": n} if opset >= 18 and not sizes else {})}
+    graph, node = one_node_graph("Split", {"x": x}, consts, attrs, n_outputs=n, opset=opset)
+    check_gpu(graph, node, {"x": x}, precision)
 
 
 def test_concat_with_constant():

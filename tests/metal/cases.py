@@ -153,6 +153,8 @@ def _cases() -> list[Case]:
     for k, (shapes, axis) in enumerate(concats):
         inputs = {f"x{i}": _r(*s) for i, s in enumerate(shapes)}
         out.append(Case(f"concat-{k}", _onnx("Concat", inputs, attrs={"axis": axis})))
+    out.append(Case("split", _onnx("Split", {"x": _r(2, 7, 3, 5)}, {"s": np.array([3, 4], I64)}, {"axis": 1},
+                                   n_outputs=2)))
     seq, batch, inp, hidden = 4, 5, 3, 5
     weights = {"W": RNG.uniform(-0.5, 0.5, (1, 4 * hidden, inp)).astype(F32),
                "R": RNG.uniform(-0.5, 0.5, (1, 4 * hidden, hidden)).astype(F32),
