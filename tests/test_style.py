@@ -13,6 +13,6 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_ruff_clean():
     ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
     assert ruff, "ruff is a test dependency: pip install -e '.[test]'"
-    result = subprocess.run([ruff, "check", "optcli", "tests", "benchmarks", "examples"], cwd=ROOT,
+    result = subprocess.run([ruff, "check", "optcli", "tests", "benchmarks", "examples", "corpus"], cwd=ROOT,
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

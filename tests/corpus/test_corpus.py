@@ -1,0 +1,73 @@
+"""Real exporters' models (the corpus built by ``corpus/build.py``) through `opt` and the runtime.
+
+For every model: `opt` succeeds on `arm` and on `opencl,arm`; outputs match onnxruntime (fp32
+within 1e-3 of the output's scale, fp16 within 2e-2, models quantized by onnxruntime 5e-2); no fold
+failures; at most as many compute steps as onnxruntime keeps nodes after its extended
+optimizations; and on vision models with a pinned input every conv-family step is on opencl
+(loaded with ``require_gpu=True``, so a GPU step that fell back to the CPU fails the test).
+
+By default the CI subset runs (``OPTCLI_CORPUS=all`` for every model).  Without a built corpus
+these tests skip with the command that builds it, unless ``OPTCLI_REQUIRE_CORPUS=1`` (CI sets it),
+where a missing corpus fails.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from corpus.evaluate import corpus_dir, is_static_vision, load_manifest, ort_extended_nodes, run_model
+
+SUBSET = os.environ.get("OPTCLI_CORPUS", "ci")
+FOLDER = corpus_dir()
+ENTRIES = [e for e in load_manifest(FOLDER) if SUBSET == "all" or SUBSET in e.get("subset", [])]
+BUILD = "python corpus/build.py --subset ci (in a venv with corpus/requirements-ci.txt; see corpus/README.md)"
+
+
+def test_corpus_is_built():
+    if ENTRIES:
+        return
+    if os.environ.get("OPTCLI_REQUIRE_CORPUS") == "1":
+        pytest.fail(f"no corpus models for subset '{SUBSET}' in {FOLDER}; build them: {BUILD}")
+    pytest.skip(f"no corpus in {FOLDER}: build it with {BUILD}")
+
+
+@pytest.fixture(scope="module")
+def references():
+    """onnxruntime's outputs per model, computed once for all target sets."""
+    from corpus.evaluate import feeds_for, ort_reference
+
+    cache: dict[str, dict] = {}
+
+    def get(entry):
+        if entry["name"] not in cache:
+            cache[entry["name"]] = ort_reference(FOLDER / entry["file"], feeds_for(entry))
+        return cache[entry["name"]]
+
+    return get
+
+
+def _ids(entries):
+    return [e["name"] for e in entries]
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=_ids(ENTRIES))
+def test_on_the_host(entry, references):
+    run = run_model(entry, FOLDER, "arm", expected=references(entry))
+    assert not run.error, run.error
+    assert not run.fold_failures, run.fold_failures
+    assert run.accurate, f"relative errors {run.errors} over {run.precision} tolerance"
+    ort_nodes = ort_extended_nodes(FOLDER / entry["file"])
+    assert run.compute_steps <= ort_nodes, f"{run.compute_steps} steps > onnxruntime's {ort_nodes} nodes"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("entry", ENTRIES, ids=_ids(ENTRIES))
+def test_on_opencl(entry, precision, references):
+    run = run_model(entry, FOLDER, "opencl,arm", precision, gpu=True, expected=references(entry))
+    assert not run.error, run.error
+    assert run.accurate, f"relative errors {run.errors} over {run.precision} tolerance"
+    if is_static_vision(entry):
+        assert run.conv_steps and run.conv_on_gpu == run.conv_steps, \
+            f"{run.conv_steps - run.conv_on_gpu} of {run.conv_steps} conv steps not on opencl"
