@@ -18,7 +18,7 @@ from optcli import __version__
 from optcli.commands.bench import bench_command
 from optcli.commands.inspect import inspect_command
 from optcli.commands.run import run_command
-from optcli.errors import OptError, UsageError
+from optcli.errors import OptError, TargetError, UsageError
 from optcli.nb.layout import FORMAT_VERSION
 
 BOOL_FLAG = {"is_flag": False, "flag_value": "true", "default": "false", "type": click.BOOL}
@@ -291,26 +291,37 @@ optcli_group.add_command(bench_command)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--no-check", is_flag=True, help="Skip building and running a test kernel on each device.")
 def devices_command(as_json, no_check):
-    """List OpenCL devices, the capabilities optcli relies on, and whether each is usable."""
-    from optcli.runtime.devices import list_devices
+    """List OpenCL devices, the capabilities optcli relies on, and whether each is usable.
+
+    A device is usable when it builds and runs a test kernel; GPU steps run on the first usable
+    GPU, else the first usable device.  Exits with code 2 when none is usable, and says how to get
+    one.
+    """
+    from optcli.runtime.devices import HOW_TO_GET_ONE, list_devices
 
     found = list_devices(check=not no_check)
     if as_json:
         click.echo(json.dumps(found, indent=2))
-        return
-    if not found:
-        click.echo("no OpenCL platform or device found: GPU steps will run on the CPU "
-                   "(pip install 'optcli[pocl]' gives a CPU OpenCL device for testing)")
-        return
-    for i, d in enumerate(found):
-        state = "usable" if d["usable"] else "NOT usable: " + "; ".join(d["problems"])
-        click.echo(f"[{i}] {d['name']} ({d['type']}, {d['platform']}) - {state}")
-        click.echo(f"    {d['version']}, driver {d['driver']}, {d['compute_units']} compute units, "
-                   f"{d['global_mem_mb']} MB memory ({d['max_alloc_mb']} MB per buffer)")
-        click.echo(f"    work-group <= {d['max_work_group_size']}, local memory {d['local_mem_kb']} KB, "
-                   f"fp16 {'native' if d['fp16_native'] else 'storage only'}, images "
-                   f"{d['image2d_max'] if d['image_support'] else 'no'}")
-        click.echo(f"    recommended: --precision={d['recommended']['precision']} ({d['recommended']['why']})")
+    elif found:
+        for i, d in enumerate(found):
+            state = "usable" if d["usable"] else "NOT usable: " + "; ".join(d["problems"])
+            if d["usable"] and no_check:
+                state = "not checked (--no-check)"
+            click.echo(f"[{i}] {d['name']} ({d['kind']}, {d['platform']}) - {state}")
+            click.echo(f"    {d['version']}, driver {d['driver']}, {d['compute_units']} compute units, "
+                       f"{d['global_mem_mb']} MB memory ({d['max_alloc_mb']} MB per buffer)")
+            click.echo(f"    work-group <= {d['max_work_group_size']}, local memory {d['local_mem_kb']} KB, "
+                       f"fp16 {'native' if d['fp16_native'] else 'storage only'}, images "
+                       f"{d['image2d_max'] if d['image_support'] else 'no'}")
+            click.echo(f"    recommended: --precision={d['recommended']['precision']} ({d['recommended']['why']})")
+    usable = [i for i, d in enumerate(found) if d["usable"]]
+    if usable and not as_json and not no_check:
+        pick = next((i for i in usable if found[i]["kind"] == "GPU"), usable[0])  # the runtime's order
+        click.echo(f"GPU steps run on [{pick}] {found[pick]['name']} ({found[pick]['kind']}), unless "
+                   "--device / device= names another")
+    if not usable:
+        what = "no usable OpenCL device" if found else "no OpenCL platform or device found"
+        raise TargetError(f"{what}: GPU steps will run on the CPU; {HOW_TO_GET_ONE}")
 
 
 def opt_main() -> None:

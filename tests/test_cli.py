@@ -144,6 +144,7 @@ def test_placement_config_json_and_bad_file(model_file, tmp_path, capsys):
     assert code == 2 and "unknown target 'gpu9000'" in err
 
 
+@pytest.mark.opencl
 def test_devices_command(capsys):
     code, out, _ = run(["devices"], capsys, main=optcli_main)
     assert code == 0 and "usable" in out and "recommended: --precision=" in out

@@ -10,6 +10,7 @@ import optcli
 from optcli.zoo import build, sample_inputs
 from tests.helpers import assert_close
 
+pytestmark = pytest.mark.opencl
 KEEP_ON_GPU = {"keep_small_islands_on_host"}  # small test models would otherwise go back to the CPU
 MODELS = ["mobilenet_v2", "mobilenet_v3", "resnet18", "efficientnet_lite0", "squeezenet", "shufflenet_v2", "unet"]
 

@@ -204,7 +204,9 @@ def bench_command(model, warmup, runs, max_secs, profile_runs, inputs, input_sha
     outputs = predictor.run(feeds)
     warm_first = time.perf_counter() - start
     times = _timed_runs(lambda: predictor.run(feeds), warmup, runs, max_secs, "optcli")
-    result = {"model": model, "device": predictor.gpu.dev.name if predictor.gpu is not None else "cpu",
+    gpu = predictor.gpu
+    result = {"model": model, "device": gpu.dev.name if gpu is not None else "cpu",
+              "device_kind": getattr(gpu.dev, "kind", "GPU") if gpu is not None else "CPU",  # PoCL: OpenCL on the CPU
               "threads": threads, **_latency(times),
               "init": {"cold_s": round(cold_load + cold_first, 4), "cold_load_s": round(cold_load, 4),
                        "cold_first_run_s": round(cold_first, 4), "warm_s": round(warm_load + warm_first, 4),
@@ -244,7 +246,8 @@ def _s(seconds: float) -> str:
 
 def format_text(r: dict, top: int) -> str:
     init = r["init"]
-    out = [f"{r['model']} on {r['device']}: {r['runs']} timed runs",
+    where = "the CPU" if r["device"] == "cpu" else f"{r['device']} ({r['device_kind']})"
+    out = [f"{r['model']} on {where}: {r['runs']} timed runs",
            f"latency: min {r['min_ms']:.2f} ms, median {r['median_ms']:.2f} ms, p90 {r['p90_ms']:.2f} ms",
            f"cold start: {_s(init['cold_s'])} (load {_s(init['cold_load_s'])} + first run "
            f"{_s(init['cold_first_run_s'])})",

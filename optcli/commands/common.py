@@ -22,7 +22,7 @@ def load_options(fn):
         click.option("--precision", type=click.Choice(["fp32", "fp16"]), default=None,
                      help="Override the GPU storage precision the plan was optimized with."),
         click.option("--device", metavar="NAME", help="OpenCL device: a part of its name (see `optcli devices`); "
-                     "default: the first GPU, else the first device."),
+                     "default: the first usable GPU, else the first usable device."),
         click.option("--threads", type=click.IntRange(min=1), default=None,
                      help="Host CPU threads (BLAS included); default: all cores."),
     ]

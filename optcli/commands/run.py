@@ -89,7 +89,7 @@ def run_command(model, inputs, preprocess, output_dir, top_k, labels, targets, p
     start = time.perf_counter()
     outputs = predictor.run(feeds)
     ran = time.perf_counter() - start
-    where = "GPU (" + predictor.gpu.dev.name + ")" if predictor.gpu is not None else "CPU"
+    where = f"{predictor.gpu.dev.name} ({getattr(predictor.gpu.dev, 'kind', 'GPU')})" if predictor.gpu else "the CPU"
     click.echo(f"{model}: loaded in {loaded * 1e3:.0f} ms, ran in {ran * 1e3:.1f} ms on {where} "
                "(first run: includes kernel set-up; `optcli bench` times warm runs)")
     click.echo(table(["output", "shape", "dtype", "min", "max", "mean", "std", ""], stats_rows(outputs),

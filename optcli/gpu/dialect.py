@@ -84,7 +84,10 @@ EPILOGUE = r"""
 #ifndef ACT_BETA
 #define ACT_BETA 0.0f
 #endif
-INLINE FLOAT4 activate(FLOAT4 v) {
+#ifndef FAKE_QUANT
+#define FAKE_QUANT 0
+#endif
+INLINE FLOAT4 activation_only(FLOAT4 v) {
 #if ACTIVATION == 1
     return fmax(v, F4S(0.0f));
 #elif ACTIVATION == 2
@@ -103,6 +106,15 @@ INLINE FLOAT4 activate(FLOAT4 v) {
     return v / (F4S(1.0f) + exp(-v));
 #else
     return v;
+#endif
+}
+INLINE FLOAT4 activate(FLOAT4 v) {
+#if FAKE_QUANT
+    // the fused FakeQuant after the activation: onnxruntime's QuantizeLinear -> DequantizeLinear
+    const FLOAT4 q = clamp(rint(activation_only(v) / FQ_SCALE) + F4S(FQ_ZERO_POINT), F4S(FQ_QMIN), F4S(FQ_QMAX));
+    return (q - F4S(FQ_ZERO_POINT)) * FQ_SCALE;
+#else
+    return activation_only(v);
 #endif
 }
 """

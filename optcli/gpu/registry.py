@@ -22,7 +22,7 @@ import numpy as np
 
 from optcli.gpu.dialect import ACTIVATION_CODES
 from optcli.ir import Graph, Node
-from optcli.ops.activation import epilogue
+from optcli.ops.activation import epilogue, output_quant
 
 
 @dataclass(frozen=True)
@@ -138,9 +138,21 @@ def common_check(node: Node, graph: Graph, max_rank: int = 4, dtypes: tuple[str,
 
 
 def epilogue_defines(attrs: dict) -> dict[str, Any]:
-    """ACTIVATION / ACT_ALPHA / ACT_BETA defines for a node's fused epilogue."""
+    """ACTIVATION / ACT_ALPHA / ACT_BETA defines for a node's fused epilogue, and FAKE_QUANT with
+    FQ_SCALE / FQ_ZERO_POINT / FQ_QMIN / FQ_QMAX when a FakeQuant was fused after it."""
     name, alpha, beta = epilogue(attrs)
-    return {"ACTIVATION": ACTIVATION_CODES[name], "ACT_ALPHA": float(alpha), "ACT_BETA": float(beta)}
+    defines: dict[str, Any] = {"ACTIVATION": ACTIVATION_CODES[name], "ACT_ALPHA": float(alpha),
+                               "ACT_BETA": float(beta)}
+    return {**defines, **fake_quant_defines(attrs)}
+
+
+def fake_quant_defines(attrs: dict) -> dict[str, Any]:
+    """FAKE_QUANT and its FQ_* parameters when a FakeQuant was fused into the node, else nothing
+    (the epilogue's default: no quantization, and the same program as before)."""
+    quant = output_quant(attrs)
+    if quant is None:
+        return {}
+    return dict(zip(("FAKE_QUANT", "FQ_SCALE", "FQ_ZERO_POINT", "FQ_QMIN", "FQ_QMAX"), (1, *quant)))
 
 
 def input_of(step: Any, i: int) -> str:

@@ -6,8 +6,9 @@ the runtime adds the precision (``STORAGE_HALF``).  This module lists the define
 source can get, from the same code tables the launch functions use, so that a Metal library
 cache can be warmed ahead of time and the tests can compile every variant for every language.
 
-Float defines (``ACT_ALPHA`` / ``ACT_BETA``) take any value at run time; they are enumerated
-with representative values (one set with infinite Clip bounds, which render as ``INFINITY``).
+Float defines (``ACT_ALPHA`` / ``ACT_BETA``, the fused FakeQuant's ``FQ_*``) take any value at
+run time; they are enumerated with representative values (one set with infinite Clip bounds,
+which render as ``INFINITY``).
 ``tests/metal/test_variants.py`` walks the registry over representative nodes and checks that
 every launch it sees falls inside this enumeration, so a new define cannot go unlisted.
 """
@@ -30,9 +31,14 @@ _EPILOGUE_SAMPLES = [(None, 0.0, 0.0), ("relu", 0.0, 0.0), ("clip", 0.0, 6.0), (
 _EPILOGUE_SOURCES = ("conv.cl", "winograd.cl", "gemm.cl")
 
 
-def epilogue_variants(with_none: bool = True) -> list[dict]:
-    return [{"ACTIVATION": ACTIVATION_CODES[name], "ACT_ALPHA": alpha, "ACT_BETA": beta}
-            for name, alpha, beta in _EPILOGUE_SAMPLES if with_none or name is not None]
+# A FakeQuant fused after any of them (quantized models): a switch, and four float defines.
+_FAKE_QUANT_SAMPLE = {"FAKE_QUANT": 1, "FQ_SCALE": 0.05, "FQ_ZERO_POINT": 3.0, "FQ_QMIN": 0.0, "FQ_QMAX": 255.0}
+
+
+def epilogue_variants(with_none: bool = True, fake_quant: bool = True) -> list[dict]:
+    plain = [{"ACTIVATION": ACTIVATION_CODES[name], "ACT_ALPHA": alpha, "ACT_BETA": beta}
+             for name, alpha, beta in _EPILOGUE_SAMPLES if with_none or name is not None]
+    return plain + ([{**e, **_FAKE_QUANT_SAMPLE} for e in plain] if fake_quant else [])
 
 
 def _elementwise_variants() -> list[dict]:
@@ -40,7 +46,7 @@ def _elementwise_variants() -> list[dict]:
 
     out: list[dict] = [{"UNARY_OP": code} for code in sorted(UNARY_CODES.values())]
     # stand-alone activations: map4 with the identity unary op and the activation as epilogue
-    out += [{"UNARY_OP": 0, **e} for e in epilogue_variants(with_none=False)]
+    out += [{"UNARY_OP": 0, **e} for e in epilogue_variants(with_none=False, fake_quant=False)]
     for op, code in sorted(BINARY_CODES.items(), key=lambda kv: kv[1]):
         if op in _EPILOGUE_OPS:
             out += [{"BINARY_OP": code, **e} for e in epilogue_variants()]
@@ -62,7 +68,7 @@ def program_variants() -> Iterator[tuple[str, dict]]:
         elif source == "elementwise.cl":
             variants = _elementwise_variants()
         elif source == "pool.cl":
-            variants = [{"POOL_MAX": 0}, {"POOL_MAX": 1}]
+            variants = [{"POOL_MAX": 0}, {"POOL_MAX": 1}, {"POOL_MAX": 0, **_FAKE_QUANT_SAMPLE}]
         else:
             variants = [{}]
         for defines in variants:

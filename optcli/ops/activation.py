@@ -93,6 +93,31 @@ def epilogue(attrs: dict) -> tuple[str | None, float, float]:
     return attrs.get("activation"), float(attrs.get("activation_alpha", 0.0)), float(attrs.get("activation_beta", 0.0))
 
 
+QUANT_ATTR = "activation_quant"
+"""The last stage of a fused epilogue: ``[scale, zero_point, qmin, qmax]`` of the optcli.FakeQuant
+that followed the node (``passes/fuse_fake_quant.py``), applied after the activation and after
+the result is cast to the output dtype, exactly where the stand-alone FakeQuant would run."""
+
+
+def output_quant(attrs: dict) -> tuple[float, float, float, float] | None:
+    q = attrs.get(QUANT_ATTR)
+    return None if q is None else tuple(float(v) for v in q)  # type: ignore[return-value]
+
+
+def fake_quantize(x: np.ndarray, scale: float, zero_point: float, qmin: float, qmax: float) -> np.ndarray:
+    """Quantize to [qmin, qmax] (float32 division, round half to even) and dequantize, in x's dtype:
+    onnxruntime's QuantizeLinear -> DequantizeLinear, bit for bit."""
+    s = np.float32(scale)
+    q = np.clip(np.rint(x.astype(np.float32, copy=False) / s) + np.float32(zero_point), qmin, qmax)
+    return ((q - np.float32(zero_point)) * s).astype(x.dtype, copy=False)
+
+
+def apply_output_quant(y: np.ndarray, attrs: dict) -> np.ndarray:
+    """The fused FakeQuant of ``attrs``, if any (call on the result in its output dtype)."""
+    q = output_quant(attrs)
+    return y if q is None else fake_quantize(y, *q)
+
+
 @kernel("Relu")
 def relu(inputs, attrs):
     return [np.maximum(inputs[0], 0).astype(inputs[0].dtype, copy=False)]

@@ -11,8 +11,8 @@ Three Conv variants, because no single formulation is fast for every layer of a 
 
 Every variant falls back to ``im2col`` when called on a node it does not fit, so a plan that
 recorded a variant can never compute a wrong answer.  All of them finish with the fused
-epilogue: optional bias, then ``apply_activation``.  ConvTranspose is the adjoint: a GEMM to
-columns, then a col2im scatter-add over kernel taps.
+epilogue: optional bias, then ``apply_activation``, then the fused FakeQuant if any.
+ConvTranspose is the adjoint: a GEMM to columns, then a col2im scatter-add over kernel taps.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from optcli.ops.activation import apply_activation, epilogue
+from optcli.ops.activation import apply_activation, apply_output_quant, epilogue
 from optcli.ops.registry import kernel
 from optcli.ops.spatial import compute_dtype, conv_transpose_geometry, pad_input, prod, window
 
@@ -74,7 +74,7 @@ def _finish(
     if bias is not None:
         y += bias.astype(y.dtype, copy=False).reshape((1, -1) + (1,) * (y.ndim - 2))
     y = apply_activation(y, *epilogue(attrs))
-    return [y.astype(dtype, copy=False)]
+    return [apply_output_quant(y.astype(dtype, copy=False), attrs)]
 
 
 def _bias(inputs: list[np.ndarray | None]) -> np.ndarray | None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from optcli.ops.activation import _sigmoid, apply_activation, epilogue
+from optcli.ops.activation import _sigmoid, apply_activation, apply_output_quant, epilogue
 from optcli.ops.registry import kernel
 
 Inputs = list[np.ndarray | None]
@@ -53,8 +53,11 @@ def _same(y: np.ndarray, like: np.ndarray) -> np.ndarray:
 
 
 def _with_epilogue(y: np.ndarray, attrs: Attrs) -> np.ndarray:
-    """Add/Sub/Mul may carry a fused activation (see fuse_conv_bias_activation)."""
-    return apply_activation(y, *epilogue(attrs)) if "activation" in attrs else y
+    """Add/Sub/Mul may carry a fused activation (see fuse_conv_bias_activation) and a fused
+    FakeQuant (fuse_fake_quant)."""
+    if "activation" in attrs:
+        y = apply_activation(y, *epilogue(attrs))
+    return apply_output_quant(y, attrs)
 
 
 @kernel("Add")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from optcli.ir import OPTCLI_DOMAIN
-from optcli.ops.activation import apply_activation, epilogue
+from optcli.ops.activation import apply_activation, apply_output_quant, epilogue
 from optcli.ops.registry import kernel
 from optcli.ops.spatial import compute_dtype, prod
 
@@ -68,7 +68,7 @@ def gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndar
         else:
             y = y + c
     y = apply_activation(y, *epilogue(attrs))
-    return [y.astype(inputs[0].dtype, copy=False)]
+    return [apply_output_quant(y.astype(inputs[0].dtype, copy=False), attrs)]
 
 
 @kernel("FullyConnected", domain=OPTCLI_DOMAIN)
@@ -85,4 +85,4 @@ def fully_connected(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
         else:
             y = y + b
     y = apply_activation(y, *epilogue(attrs))
-    return [np.asarray(y).astype(x.dtype, copy=False)]
+    return [apply_output_quant(np.asarray(y).astype(x.dtype, copy=False), attrs)]

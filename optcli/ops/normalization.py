@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from optcli.ir import OPTCLI_DOMAIN
-from optcli.ops.activation import apply_activation, epilogue
+from optcli.ops.activation import apply_activation, apply_output_quant, epilogue
 from optcli.ops.registry import kernel
 from optcli.ops.spatial import compute_dtype, prod
 
@@ -73,7 +73,7 @@ def channel_affine(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
     if shift is not None:
         y += shift.astype(ct, copy=False).reshape(shape)
     y = apply_activation(y, *epilogue(attrs))
-    return [y.astype(x.dtype, copy=False)]
+    return [apply_output_quant(y.astype(x.dtype, copy=False), attrs)]
 
 
 @kernel("LayerNormalization")

@@ -10,6 +10,7 @@ counts: with ``count_include_pad`` the declared padding counts, but window parts
 exist because of ``ceil_mode`` never do (onnxruntime's and PyTorch's convention).
 
 MaxPool's optional second output (Indices) is not produced: the kernel returns only ``Y``.
+AveragePool and GlobalAveragePool may end in a fused FakeQuant (``fuse_fake_quant``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from optcli.ops.activation import apply_output_quant
 from optcli.ops.registry import kernel
 from optcli.ops.spatial import Window, compute_dtype, pad_input, prod, window
 
@@ -78,7 +80,7 @@ def average_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list
         y *= ct.type(1.0 / counts.flat[0])
     else:
         y /= counts.astype(ct)
-    return [y.astype(x.dtype, copy=False)]
+    return [apply_output_quant(y.astype(x.dtype, copy=False), attrs)]
 
 
 def _flat_spatial(x: np.ndarray) -> np.ndarray:
@@ -91,7 +93,7 @@ def global_average_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) 
     """Mean over every spatial axis, keeping them as size-1 dims."""
     x = inputs[0]
     y = _flat_spatial(x).mean(axis=-1, dtype=compute_dtype(x.dtype))
-    return [y.reshape(x.shape[:2] + (1,) * (x.ndim - 2)).astype(x.dtype, copy=False)]
+    return [apply_output_quant(y.reshape(x.shape[:2] + (1,) * (x.ndim - 2)).astype(x.dtype, copy=False), attrs)]
 
 
 @kernel("GlobalMaxPool")

@@ -1,12 +1,15 @@
 """Quantization ops: ONNX's QuantizeLinear / DequantizeLinear / DynamicQuantizeLinear, the
-QOperator ops (QLinearConv, QLinearMatMul, ConvInteger, MatMulInteger), and optcli's FakeQuant
+QOperator ops (QLinearConv, QLinearMatMul, ConvInteger, MatMulInteger), optcli's FakeQuant
 (a QuantizeLinear + DequantizeLinear pair in one op: what activation quantization looks like to a
-float target).
+float target) and optcli's DynamicQuantizeMatMul (a dynamically quantized dense layer in one op).
 
 Integer accumulations are computed exactly: the products of (value - zero point) pairs are
-summed in float64, which holds every int32 accumulator exactly, through the same BLAS-backed
-Conv/MatMul kernels as the float ops (numpy has no BLAS for integer matrices; float64 BLAS beats
-numpy's integer matmul by far).  Requantization rounds half to even, like onnxruntime.
+summed in float32 when no partial sum can reach 2**24 (most layers of 8-bit models), else in
+float64, which holds every int32 accumulator exactly, through the same BLAS-backed Conv/MatMul
+kernels as the float ops (numpy has no BLAS for integer matrices; float BLAS beats numpy's
+integer matmul by far).  Requantization rounds half to even, like onnxruntime, with the
+float32 arithmetic of its MLAS kernels (a float64 division or product lands differently on the
+.5 ties, and a tie that flips in a shape computation changes a pad size).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from optcli.ir import OPTCLI_DOMAIN
-from optcli.ops.conv import conv_im2col
+from optcli.ops.activation import fake_quantize
+from optcli.ops.conv import _is_depthwise, _is_pointwise, conv_1x1, conv_depthwise, conv_im2col
 from optcli.ops.registry import kernel
 
 _RANGES = {np.dtype(np.uint8): (0, 255), np.dtype(np.int8): (-128, 127), np.dtype(np.uint16): (0, 65535),
@@ -47,10 +51,33 @@ def _target_dtype(zero_point: np.ndarray | None, attrs: dict[str, Any]) -> np.dt
     return np.dtype(np.uint8)
 
 
+def _work_dtype(*arrays) -> type:
+    """float32 unless an operand is float64: onnxruntime divides by the scale in float32
+    (MlasQuantizeLinear), and a float64 division rounds differently right at the .5 ties."""
+    return np.float64 if any(np.asarray(a).dtype == np.float64 for a in arrays) else np.float32
+
+
 def quantize(x: np.ndarray, scale, zero_point, dtype: np.dtype) -> np.ndarray:
+    """round_half_even(x / scale) + zero_point, saturated to ``dtype``: onnxruntime's arithmetic."""
     lo, hi = _RANGES[np.dtype(dtype)]
-    q = np.rint(x.astype(np.float64) / scale) + np.asarray(zero_point, np.float64)
-    return np.clip(q, lo, hi).astype(dtype)
+    ft = _work_dtype(x, scale)
+    q = np.rint(np.asarray(x).astype(ft, copy=False) / np.asarray(scale).astype(ft, copy=False))
+    return np.asarray(np.clip(q + np.asarray(zero_point, np.float64), lo, hi), dtype=dtype)
+
+
+def requantize(acc: np.ndarray, multiplier: np.ndarray, zero_point, dtype: np.dtype) -> np.ndarray:
+    """An exact integer accumulator (held in float64) to ``dtype``, as onnxruntime's
+    MlasRequantizeOutput: float32(acc) * float32 multiplier, rounded half to even, plus the zero
+    point, saturated."""
+    lo, hi = _RANGES[np.dtype(dtype)]
+    y = np.rint(acc.astype(np.float32) * np.asarray(multiplier, np.float32))
+    return np.asarray(np.clip(y + np.asarray(zero_point, np.float64), lo, hi), dtype=dtype)
+
+
+def output_scale(x_scale, w_scale, y_scale) -> np.ndarray:
+    """x_scale * w_scale / y_scale in float32, left to right, as onnxruntime computes it."""
+    return (np.float32(np.asarray(x_scale).reshape(-1)[0]) * np.asarray(w_scale, np.float32)
+            / np.float32(np.asarray(y_scale).reshape(-1)[0]))
 
 
 @kernel("QuantizeLinear")
@@ -78,41 +105,90 @@ def dequantize_linear(inputs, attrs):
 
 @kernel("DynamicQuantizeLinear")
 def dynamic_quantize_linear(inputs, attrs):
-    x = inputs[0].astype(np.float32)
-    lo, hi = min(0.0, float(x.min(initial=0.0))), max(0.0, float(x.max(initial=0.0)))
+    x = inputs[0].astype(np.float32, copy=False)
+    scale, zp = dynamic_quant_params(x)
+    return [quantize(x, scale, zp, np.dtype(np.uint8)), np.asarray(scale, np.float32), np.asarray(zp, np.uint8)]
+
+
+def dynamic_quant_params(x: np.ndarray) -> tuple[np.float32, np.uint8]:
+    """Scale and uint8 zero point of DynamicQuantizeLinear, in float32 as onnxruntime computes
+    them (its GetQuantizationParameter): the range always includes 0."""
+    lo = np.minimum(np.float32(0), x.min(initial=np.float32(0)))
+    hi = np.maximum(np.float32(0), x.max(initial=np.float32(0)))
     if hi > lo:
-        scale = np.float32((hi - lo) / 255.0)
-        zp = np.uint8(np.clip(np.rint(-lo / scale), 0, 255))
+        scale = (hi - lo) / np.float32(255)
+        zp = np.uint8(np.rint(np.clip(np.float32(0) - lo / scale, np.float32(0), np.float32(255))))
     else:  # all zeros, or no elements: scale 1 as onnxruntime (a later division by it stays finite)
         scale, zp = np.float32(1.0), np.uint8(0)
-    y = quantize(x, scale, zp, np.dtype(np.uint8))
-    return [y, np.asarray(scale, np.float32), np.asarray(zp, np.uint8)]
+    return np.float32(scale), zp
 
 
-def _centered(x: np.ndarray, zp, axis: int = 1) -> np.ndarray:
-    """(x - zero point) in float64: exact for every 8/16-bit integer."""
-    z = 0.0 if zp is None else _per_axis(zp, x, axis).astype(np.float64)
-    return x.astype(np.float64) - z
+def _out_dtype(zero_point) -> np.dtype:
+    return np.asarray(zero_point).dtype if zero_point is not None else np.dtype(np.uint8)
+
+
+def _centered(x: np.ndarray, zp, axis: int = 1, dtype: type = np.float64) -> np.ndarray:
+    """(x - zero point) as floats: exact for every 8/16-bit integer in float32 or float64."""
+    xf = x.astype(dtype)
+    if zp is not None:
+        xf -= _per_axis(zp, x, axis).astype(dtype)
+    return xf
+
+
+# float32 adds integers exactly while every partial sum stays below 2**24: a product of K
+# centred 8-bit values whose sum of |terms| is under that bound runs through float32 BLAS (BLAS
+# may reorder and fuse: every intermediate is still an exact integer), else through float64.
+_FLOAT32_EXACT = float(2 ** 24)
+
+
+def _span(centred: np.ndarray) -> float:
+    """max |x - zero point| (one pass over the data: cheap beside the product it decides on)."""
+    return float(max(centred.max(initial=0), -centred.min(initial=0)))
+
+
+def int_matmul(a: np.ndarray, azp, b: np.ndarray, bzp) -> np.ndarray:
+    """The exact integer product (a - azp) @ (b - bzp): float32 when exact, else float64."""
+    # A's zero point is per tensor or per row (axis -2), B's per tensor or per column (axis -1).
+    ac, bc = _centered(a, azp, -2 if a.ndim > 1 else -1, np.float32), _centered(b, bzp, -1, np.float32)
+    if a.shape[-1] * _span(ac) * _span(bc) < _FLOAT32_EXACT:
+        return np.matmul(ac, bc)
+    return np.matmul(ac.astype(np.float64), bc.astype(np.float64))
+
+
+def int_conv(x: np.ndarray, xzp, w: np.ndarray, wzp, attrs: dict, bias: np.ndarray | None = None) -> np.ndarray:
+    """The exact integer convolution of (x - xzp) and (w - wzp), plus an int32 bias: float32 when
+    every partial sum is exact in it, else float64.  Depthwise, pointwise or im2col, like Conv."""
+    attrs = {k: v for k, v in attrs.items() if not k.startswith("activation")}
+    xc, wc = _centered(x, xzp, 1, np.float32), _centered(w, wzp, 0, np.float32)
+    bound = int(np.prod(w.shape[1:])) * _span(xc) * _span(wc)
+    bound += float(np.abs(bias).max()) if bias is not None and bias.size else 0.0
+    if bound >= _FLOAT32_EXACT:
+        y = conv_im2col([xc.astype(np.float64), wc.astype(np.float64), None], attrs)[0]
+    elif _is_depthwise(attrs, tuple(w.shape)):
+        y = conv_depthwise([xc, wc, None], attrs)[0]
+    elif _is_pointwise(attrs, tuple(w.shape)):
+        y = conv_1x1([xc, wc, None], attrs)[0]
+    else:
+        y = conv_im2col([xc, wc, None], attrs)[0]
+    if bias is not None:
+        y += bias.astype(y.dtype).reshape((1, -1) + (1,) * (y.ndim - 2))
+    return y
 
 
 @kernel("QLinearConv")
 def qlinear_conv(inputs, attrs):
     x, xs, xzp, w, ws, wzp, ys, yzp = inputs[:8]
     bias = inputs[8] if len(inputs) > 8 else None
-    acc = conv_im2col([_centered(x, xzp), _centered(w, wzp, 0), None], dict(attrs))[0]
-    if bias is not None:
-        acc += bias.astype(np.float64).reshape((1, -1) + (1,) * (acc.ndim - 2))
-    multiplier = (np.asarray(xs, np.float64) * _per_axis(ws, acc, 1).astype(np.float64)) / np.asarray(ys, np.float64)
-    return [quantize(acc * multiplier, 1.0, yzp, np.asarray(yzp).dtype)]
+    acc = int_conv(x, xzp, w, wzp, dict(attrs), bias)
+    return [requantize(acc, _per_axis(output_scale(xs, ws, ys), acc, 1), yzp, _out_dtype(yzp))]
 
 
 @kernel("QLinearMatMul")
 def qlinear_matmul(inputs, attrs):
     a, as_, azp, b, bs, bzp, ys, yzp = inputs[:8]
-    acc = np.matmul(_centered(a, azp, -1), _centered(b, bzp, -1))
-    multiplier = (np.asarray(as_, np.float64) * np.asarray(bs, np.float64).reshape(-1)) / np.asarray(ys, np.float64)
-    scaled = acc * (multiplier if multiplier.size > 1 else multiplier.reshape(()))
-    return [quantize(scaled, 1.0, yzp, np.asarray(yzp).dtype)]
+    acc = int_matmul(a, azp, b, bzp)
+    multiplier = output_scale(as_, np.asarray(bs).reshape(-1), ys)
+    return [requantize(acc, multiplier if multiplier.size > 1 else multiplier.reshape(()), yzp, _out_dtype(yzp))]
 
 
 @kernel("ConvInteger")
@@ -120,8 +196,7 @@ def conv_integer(inputs, attrs):
     x, w = inputs[0], inputs[1]
     xzp = inputs[2] if len(inputs) > 2 else None
     wzp = inputs[3] if len(inputs) > 3 else None
-    acc = conv_im2col([_centered(x, xzp), _centered(w, wzp, 0), None], dict(attrs))[0]
-    return [np.rint(acc).astype(np.int32)]
+    return [np.rint(int_conv(x, xzp, w, wzp, dict(attrs))).astype(np.int32)]
 
 
 @kernel("MatMulInteger")
@@ -129,14 +204,31 @@ def matmul_integer(inputs, attrs):
     a, b = inputs[0], inputs[1]
     azp = inputs[2] if len(inputs) > 2 else None
     bzp = inputs[3] if len(inputs) > 3 else None
-    return [np.rint(np.matmul(_centered(a, azp, -1), _centered(b, bzp, -1))).astype(np.int32)]
+    return [np.rint(int_matmul(a, azp, b, bzp)).astype(np.int32)]
 
 
 @kernel("FakeQuant", domain=OPTCLI_DOMAIN)
 def fake_quant(inputs, attrs):
     """Quantize to [qmin, qmax] with a per-tensor scale and zero point, then dequantize."""
-    x = inputs[0]
-    scale, zp = float(attrs["scale"]), float(attrs.get("zero_point", 0.0))
-    qmin, qmax = float(attrs.get("qmin", -128)), float(attrs.get("qmax", 127))
-    q = np.clip(np.rint(x.astype(np.float32) / np.float32(scale)) + zp, qmin, qmax)
-    return [((q - zp) * np.float32(scale)).astype(x.dtype)]
+    return [fake_quantize(inputs[0], float(attrs["scale"]), float(attrs.get("zero_point", 0.0)),
+                          float(attrs.get("qmin", -128)), float(attrs.get("qmax", 127)))]
+
+
+@kernel("DynamicQuantizeMatMul", domain=OPTCLI_DOMAIN)
+def dynamic_quantize_matmul(inputs, attrs):
+    """DynamicQuantizeLinear(A) -> MatMulInteger(A_q, B) -> Cast -> Mul(a_scale * b_scale) (-> Add bias)
+    in one step: what onnxruntime's quantize_dynamic writes for every MatMul, and what its
+    DynamicQuantizeMatMul / MatMulIntegerToFloat fusions compute.  Inputs: A (float), B (int8 or
+    uint8, [K, N]), b_scale (scalar or [N]), b_zero_point (optional, same shape), bias
+    (optional, [N], float).  Each float operation rounds in float32 where the unfused graph's did,
+    so the result is the unfused graph's bit for bit."""
+    a, b, b_scale = inputs[0], inputs[1], np.asarray(inputs[2], np.float32)
+    b_zp = inputs[3] if len(inputs) > 3 else None
+    bias = inputs[4] if len(inputs) > 4 else None
+    a = a.astype(np.float32, copy=False)
+    a_scale, a_zp = dynamic_quant_params(a)
+    acc = int_matmul(quantize(a, a_scale, a_zp, np.dtype(np.uint8)), a_zp, b, b_zp)  # exact integers
+    y = acc.astype(np.float32) * (a_scale * b_scale)  # the Mul of the two scales, then the Mul by it
+    if bias is not None:
+        y = y + np.asarray(bias, np.float32)
+    return [np.asarray(y, np.float32)]

@@ -4,7 +4,8 @@ Exported models carry many small subgraphs over constants (shape arithmetic, wei
 transposes, ``Constant`` nodes); evaluating them once here shrinks the graph and unlocks the
 fusions that want constant weights.  Nodes whose inputs are all initializers are evaluated with
 the same numpy kernels the runtime uses; ``Constant`` nodes become initializers; ``Shape`` and
-``Size`` of tensors whose shape is fully static are replaced by their value.  Random ops are
+``Size`` of tensors whose shape is fully static are replaced by their value, and so are
+``Gather``/``Slice`` over a dynamic ``Shape`` that pick only its fixed dims (``partial_shapes.py``).  Random ops are
 never folded, nor are nodes with subgraphs, nor results larger than ``MAX_ELEMENTS``.
 
 Folding runs to a fixpoint: when a sweep folds nothing more, shapes are inferred again
@@ -27,6 +28,7 @@ from onnx import numpy_helper
 from optcli.errors import OptError
 from optcli.ir import Graph, Node
 from optcli.ops.registry import has_native_kernel
+from optcli.passes.partial_shapes import static_part
 from optcli.passes.shape_inference import reinfer_shapes
 from optcli.passes.util import drop_values, remove_unused_initializers, static_shape
 
@@ -130,7 +132,8 @@ def _evaluable(node: Node) -> bool:
     return node.domain in STANDARD_DOMAINS or has_native_kernel(node.op_type, node.domain, list(node.outputs))
 
 
-def _fold(graph: Graph, node: Node, failed: set[int], failures: list[dict]) -> list[np.ndarray] | None:
+def _fold(graph: Graph, node: Node, failed: set[int], failures: list[dict],
+          producers: dict[str, Node]) -> list[np.ndarray] | None:
     """The node's outputs as constants, or None when it must stay a node."""
     if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
         value = _constant_value(node)
@@ -138,6 +141,10 @@ def _fold(graph: Graph, node: Node, failed: set[int], failures: list[dict]) -> l
     if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx"):
         value = _shape_value(graph, node)
         return None if value is None else [value]
+    if node.op_type in ("Gather", "Slice"):
+        value = static_part(graph, node, producers)  # fixed dims of a dynamic shape
+        if value is not None:
+            return [value]
     if node.op_type in NONDETERMINISTIC or id(node) in failed:
         return None
     if not all(graph.is_constant(i) for i in node.inputs if i) or _has_subgraph(node) or not _evaluable(node):
@@ -216,12 +223,13 @@ def _sweep(graph: Graph, failed: set[int], failures: list[dict], counts: dict[st
     while changed:
         changed = False
         outputs = graph.output_names()
+        producers = graph.producers()
         folded: set[int] = set()
         for node in graph.nodes:
             # A graph output must stay produced by a node: the runtime binds outputs to steps.
             if any(o in outputs for o in node.outputs):
                 continue
-            results = _fold(graph, node, failed, failures)
+            results = _fold(graph, node, failed, failures, producers)
             if results is None:
                 continue
             for name, value in zip(node.outputs, results):
@@ -232,7 +240,8 @@ def _sweep(graph: Graph, failed: set[int], failures: list[dict], counts: dict[st
                 graph.initializers[name] = value if value.flags.c_contiguous else value.copy(order="C")
                 drop_values(graph, name)
             folded.add(id(node))
-            key = {"Constant": "constants", "Shape": "shapes", "Size": "shapes"}.get(node.op_type, "folded")
+            shape_like = node.op_type in ("Shape", "Size") or not all(graph.is_constant(i) for i in node.inputs if i)
+            key = "constants" if node.op_type == "Constant" else "shapes" if shape_like else "folded"
             counts[key] += 1
             changed = any_folded = True
         graph.nodes = [n for n in graph.nodes if id(n) not in folded]

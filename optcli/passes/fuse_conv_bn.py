@@ -51,7 +51,7 @@ def bn_scale_shift(
     return scale, beta - mean * scale
 
 
-def _fold(graph: Graph, names: Names, conv: Node, bn: Node, scale: np.ndarray, shift: np.ndarray) -> bool:
+def fold_scale_shift(graph: Graph, names: Names, conv: Node, bn: Node, scale: np.ndarray, shift: np.ndarray) -> bool:
     w = graph.const(conv.input(1))
     b = graph.const(conv.input(2)) if conv.input(2) else None
     if not is_float(w) or w.ndim < 3 or (conv.input(2) and b is None):
@@ -95,7 +95,7 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
         if bn is None or bn.input(0) != conv.outputs[0]:
             continue
         params = bn_scale_shift(graph, bn, consumers)
-        if params is not None and _fold(graph, names, conv, bn, *params):
+        if params is not None and fold_scale_shift(graph, names, conv, bn, *params):
             folded.add(id(bn))
     graph.nodes = [n for n in graph.nodes if id(n) not in folded]
     return {"fused": len(folded)}

@@ -5,7 +5,11 @@ That is the QDQ form, which ``fold_qdq`` then folds into FakeQuant and int8-stor
 model onnxruntime quantized in QOperator format runs on the GPU as a float view (as the
 TensorFlow Lite GPU delegate runs quantized models) instead of crossing to the host at every op.
 The result differs from integer arithmetic only where a float accumulation lands exactly on a
-rounding tie of the requantization.
+rounding tie of the requantization.  With no GPU target the ops stay: the host's integer kernels
+(``optcli.ops.quant``, ``quant_contrib``) reproduce onnxruntime's arithmetic exactly.
+
+Either way the quantized arithmetic over constants (run-time 'same' padding) is folded first,
+with those integer kernels.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ from __future__ import annotations
 import numpy as np
 
 from optcli.ir import Graph, Node, Value
+from optcli.passes import fold_constants
 from optcli.passes.base import PassContext
+from optcli.passes.util import Names
 
 NAME = "qoperator_to_qdq"
 DESCRIPTION = "rewrite QLinearConv/QLinearMatMul/QLinearAdd/... as DequantizeLinear -> float op -> QuantizeLinear"
@@ -43,48 +49,78 @@ def _float_bias(graph: Graph, node: Node) -> np.ndarray | None:
     return (b.astype(np.float64) * float(xs.reshape(-1)[0]) * ws.astype(np.float64).reshape(-1)).astype(np.float32)
 
 
-def _rewrite(graph: Graph, node: Node) -> bool:
-    float_op, triples, out = _TABLE[(node.domain, node.op_type)]
+def _weight_axis(node: Node) -> int:
+    """The axis per-channel scales of the second operand run along: the output channels.
+
+    Conv weights are [M, C/g, ...] (axis 0); a MatMul's right operand is [..., K, N] (axis -1);
+    QGemm's B is [K, N], or [N, K] with transB (axis 0): DequantizeLinear's default axis 1 would
+    broadcast an [N] scale against K.
+    """
+    if node.op_type == "QLinearConv":
+        return 0
+    if node.op_type == "QGemm":
+        return 0 if int(node.attrs.get("transB", 0)) else 1
+    return -1
+
+
+def _rewrite(graph: Graph, node: Node, names: Names) -> list[Node] | None:
+    """The DequantizeLinear -> float op -> QuantizeLinear nodes that replace ``node``, or None."""
+    float_op, triples, out = _TABLE[_key(node)]
     if node.attrs.get("channels_last"):
-        return False
+        return None
     has_bias = node.op_type in _BIAS and bool(node.input(_BIAS[node.op_type][0]))
     bias = _float_bias(graph, node) if has_bias else None
     if has_bias and bias is None:
-        return False  # a bias we cannot rescale at optimize time: left to the exact integer kernel
+        return None  # a bias we cannot rescale at optimize time: left to the exact integer kernel
     new: list[Node] = []
     float_inputs = []
     for k, (x, s, z) in enumerate(triples):
-        deq = graph.unique_name(f"{node.name}_in{k}_dq")
+        deq = names.fresh(f"{node.name}_in{k}_dq")
         inputs = [node.input(x), node.input(s)] + ([node.input(z)] if node.input(z) else [])
-        attrs = {"axis": 0} if float_op == "Conv" and k == 1 else {}
-        if float_op == "MatMul" and k == 1 and graph.const(node.input(s)) is not None and \
-                graph.const(node.input(s)).size > 1:
-            attrs = {"axis": 1}  # per-column scales of the right operand
-        new.append(Node("DequantizeLinear", inputs, [deq], attrs, graph.unique_name(f"{node.name}_dq{k}")))
+        attrs = {"axis": _weight_axis(node)} if k == 1 and float_op in ("Conv", "MatMul", "Gemm") else {}
+        new.append(Node("DequantizeLinear", inputs, [deq], attrs, names.fresh(f"{node.name}_dq{k}")))
         graph.values[deq] = Value(deq, "float32", graph.shape_of(node.input(x)))
         float_inputs.append(deq)
     if bias is not None:
-        float_inputs.append(graph.add_initializer(f"{node.name}_bias", bias))
-    result = graph.unique_name(f"{node.name}_float")
+        float_inputs.append(names.initializer(f"{node.name}_bias", bias))
+    result = names.fresh(f"{node.name}_float")
     graph.values[result] = Value(result, "float32", graph.shape_of(node.outputs[0]))
     attrs = {k: v for k, v in node.attrs.items() if k != "channels_last"}
-    new.append(Node(float_op, float_inputs, [result], attrs, graph.unique_name(f"{node.name}_{float_op}")))
+    new.append(Node(float_op, float_inputs, [result], attrs, names.fresh(f"{node.name}_{float_op}")))
     if node.input(out[0]):
         q_inputs = [result, node.input(out[0])] + ([node.input(out[1])] if node.input(out[1]) else [])
-        new.append(Node("QuantizeLinear", q_inputs, [node.outputs[0]], {}, graph.unique_name(f"{node.name}_q")))
+        new.append(Node("QuantizeLinear", q_inputs, [node.outputs[0]], {}, names.fresh(f"{node.name}_q")))
     else:  # QGemm without y_scale has a float output
         new[-1].outputs = [node.outputs[0]]
-    index = next(i for i, n in enumerate(graph.nodes) if n is node)
-    graph.nodes[index:index + 1] = new
-    return True
+    return new
+
+
+def _key(node: Node) -> tuple[str, str]:
+    return ("" if node.domain == "ai.onnx" else node.domain, node.op_type)
 
 
 def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
-    rewritten = 0
-    for node in list(graph.nodes):
-        key = ("" if node.domain == "ai.onnx" else node.domain, node.op_type)
-        if key in _TABLE and node.proto is None and _rewrite(graph, node):
-            rewritten += 1
+    if not any(_key(n) in _TABLE for n in graph.nodes):
+        return {"rewritten": 0}
+    # Quantized arithmetic over constants (exporters' run-time 'same' padding: Shape -> ... ->
+    # QLinearMul -> QLinearAdd -> QLinearConcat -> Pad) folds first, with the integer kernels that
+    # reproduce onnxruntime's rounding: the float view could land one step off on a pad size and
+    # shift the whole image.  ONNX inference knows no contrib op, so the shapes after the first
+    # one come from running the graph once.
+    fold_constants.run(graph, ctx)
+    if fill_shapes_by_running(graph):
+        fold_constants.run(graph, ctx)
+    if not any(getattr(t, "device", "cpu") == "gpu" for t in ctx.targets):
+        # No GPU to run the float view: the host's integer kernels give onnxruntime's results
+        # bit for bit (the float view differs wherever a float accumulation lands on the other
+        # side of a rounding tie, and the flips compound over a deep network).
+        return {"rewritten": 0}
+    names, nodes, rewritten = Names(graph), [], 0
+    for node in graph.nodes:
+        replacement = _rewrite(graph, node, names) if _key(node) in _TABLE and node.proto is None else None
+        nodes.extend(replacement or [node])
+        rewritten += replacement is not None
+    graph.nodes = nodes
     if rewritten:
         fill_shapes_by_running(graph)
     return {"rewritten": rewritten}
@@ -107,7 +143,8 @@ def fill_shapes_by_running(graph: Graph) -> int:
         except Exception:
             return filled  # leave the rest unknown: they simply stay on the host
         for name, value in zip(node.outputs, outs):
-            if name and isinstance(value, np.ndarray):
+            if name and isinstance(value, (np.ndarray, np.generic)):
+                value = np.asarray(value)  # kernels may give a numpy scalar for a 0-d result
                 env[name] = value
                 known = graph.values.get(name)
                 if known is None or not known.is_static:

@@ -115,9 +115,17 @@ def _to_onnx(graph: Graph) -> onnx.ModelProto:
     return helper.make_model(proto, opset_imports=[helper.make_opsetid(d, int(v)) for d, v in opsets.items()])
 
 
+# optcli ops that keep their first input's shape and type: ONNX inference sees them as Identity
+# (they only take float tensors, which its data propagation never reads), so a FakeQuant between
+# a Pad and the Shape node of run-time 'same' padding does not hide the Pad's folded shape.
+_SHAPE_PRESERVING = {("optcli", "FakeQuant"), ("optcli", "Swish")}
+
+
 def _node(node: Node) -> onnx.NodeProto:
     """The node as ONNX, from the IR's fields (a kept proto may be stale after a rewrite), with
     subgraph attributes taken from the proto and the optcli epilogue attributes left out."""
+    if (node.domain, node.op_type) in _SHAPE_PRESERVING:
+        return helper.make_node("Identity", node.inputs[:1], node.outputs[:1], name=node.name)
     attrs = {}
     for key, value in node.attrs.items():
         if key.startswith("activation") and node.domain in ("", "ai.onnx"):

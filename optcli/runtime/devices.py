@@ -1,16 +1,27 @@
 """``optcli devices`` / ``optcli.list_devices()``: the OpenCL devices on this machine, the
 capabilities the runtime relies on, whether each is usable, and the options recommended for it.
 
-An app can call this before choosing the GPU: a device is usable when it speaks OpenCL 1.2 or
-later and builds and runs a small kernel of our library correctly.
+A device is usable when it speaks OpenCL 1.2 or later and builds and runs a small kernel of our
+library correctly (the smoke test).  The verdict is kept per device for the life of the process,
+so the runtime (``ClDevice.shared``), ``optcli devices`` and the tests pay for one small build
+per device, and a device that cannot build kernels (PoCL whose LLVM does not know this CPU, a
+broken driver) is skipped in favour of the next one instead of failing every load.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any
 
 import numpy as np
+
+HOW_TO_GET_ONE = ("to get one: `apt install pocl-opencl-icd` (Debian/Ubuntu: OpenCL on the CPU), "
+                  "`pip install 'optcli[pocl]'` (PoCL from PyPI: OpenCL on the CPU), or your GPU vendor's OpenCL "
+                  "driver")
+
+_VERDICTS: dict[Any, str | None] = {}  # device id -> why the smoke test failed (None: it passed)
+_LOCK = threading.Lock()
 
 
 def _version(text: str) -> tuple[int, int]:
@@ -18,27 +29,87 @@ def _version(text: str) -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
+def device_kind(device) -> str:
+    """What the device is, in words: a PoCL device is "OpenCL on the CPU", never a "GPU"."""
+    import pyopencl as cl
+
+    kind = int(device.type)
+    if kind & cl.device_type.GPU:
+        return "GPU"
+    if kind & cl.device_type.CPU:
+        return "OpenCL on the CPU"
+    if kind & cl.device_type.ACCELERATOR:
+        return "OpenCL accelerator"
+    return "OpenCL device"
+
+
+def describe_device(device) -> str:
+    """``NAME (KIND, PLATFORM)``, for messages."""
+    return f"{device.name.strip()} ({device_kind(device)}, {device.platform.name.strip()})"
+
+
+def failure_text(exc: BaseException) -> str:
+    """One line for an OpenCL failure: pyopencl repeats the status ("clBuildProgram failed: X -
+    clBuildProgram failed: X - ...") and puts the compiler's own words in later lines of the build
+    log; keep the status once and the first error line of the log."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    head = " - ".join(dict.fromkeys(lines[0].split(" - "))) if lines else "no message"
+    detail = next((line for line in lines[1:] if re.match(r"(fatal )?error\b", line, re.I)), None)
+    if detail:
+        detail = re.sub(r"^(?:fatal )?error:\s*(?:\S+:\d+:\d+:\s*)?(?:(?:fatal )?error:\s*)?", "", detail, flags=re.I)
+        head = f"{head}: {detail}"
+    text = f"{type(exc).__name__}: {head}"
+    return text if len(text) <= 240 else text[:237] + "..."
+
+
 def _smoke_test(device) -> str | None:
-    """Build and run the pack kernel on the device; None when it works, else what failed."""
+    """Build (from source, not from any cache) and run the pack kernel; None when it works, else
+    what failed."""
+    stage = "cannot open the device"
     try:
         import pyopencl as cl
 
-        from optcli.runtime.opencl import ClDevice
+        from optcli.gpu.dialect import render_opencl
 
-        dev = ClDevice(device)
-        kern = dev.kernel("layout.cl", "pack_nc4hw4", {"STORAGE_HALF": 0})
+        context = cl.Context([device])
+        queue = cl.CommandQueue(context)
+        stage = "fails to build a test kernel"
+        program = cl.Program(context, render_opencl("layout.cl", {"STORAGE_HALF": 0})).build(
+            options="-cl-mad-enable")
+        stage = "fails to run a test kernel"
+        kern = cl.Kernel(program, "pack_nc4hw4")
         src = np.arange(6, dtype=np.float32)
-        a = cl.Buffer(dev.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=src)
-        b = cl.Buffer(dev.context, cl.mem_flags.READ_WRITE, 2 * 4 * 4)
+        a = cl.Buffer(context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=src)
+        b = cl.Buffer(context, cl.mem_flags.READ_WRITE, 2 * 4 * 4)
         kern.set_args(a, b, np.int32(1), np.int32(3), np.int32(1), np.int32(2))
-        cl.enqueue_nd_range_kernel(dev.queue, kern, (2, 1, 1), None)
+        cl.enqueue_nd_range_kernel(queue, kern, (2, 1, 1), None)
         out = np.empty(8, np.float32)
-        cl.enqueue_copy(dev.queue, out, b)
+        cl.enqueue_copy(queue, out, b)
         if not np.array_equal(out, [0, 2, 4, 0, 1, 3, 5, 0]):
-            return "a test kernel gave wrong results"
+            return "gives wrong results on a test kernel"
     except Exception as exc:
-        return f"a test kernel failed ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:120]})"
+        return f"{stage} ({failure_text(exc)})"
     return None
+
+
+def device_id(device) -> Any:
+    """The device's identity in this process (its cl_device_id: stable while the process lives)."""
+    return getattr(device, "int_ptr", None) or id(device)
+
+
+def device_problems(device, check: bool = True) -> list[str]:
+    """Why optcli cannot use this device (empty: usable).  ``check`` runs the smoke test, once
+    per device per process (later calls reuse the verdict)."""
+    if _version(device.version) < (1, 2):
+        return [f"speaks {device.version.strip()}, older than OpenCL 1.2"]
+    if not check:
+        return []
+    key = device_id(device)
+    with _LOCK:
+        if key not in _VERDICTS:
+            _VERDICTS[key] = _smoke_test(device)
+        failure = _VERDICTS[key]
+    return [failure] if failure else []
 
 
 def list_devices(check: bool = True) -> list[dict[str, Any]]:
@@ -56,19 +127,14 @@ def list_devices(check: bool = True) -> list[dict[str, Any]]:
         except Exception:
             continue
         for d in devices:
-            problems = []
-            if _version(d.version) < (1, 2):
-                problems.append(f"OpenCL {d.version.strip()} is older than 1.2")
-            if check and not problems:
-                failure = _smoke_test(d)
-                if failure:
-                    problems.append(failure)
+            problems = device_problems(d, check)
             fp16 = "cl_khr_fp16" in d.extensions
             result.append({
                 "platform": platform.name.strip(),
                 "name": d.name.strip(),
                 "vendor": d.vendor.strip(),
                 "type": cl.device_type.to_string(d.type),
+                "kind": device_kind(d),
                 "version": d.version.strip(),
                 "driver": d.driver_version.strip(),
                 "compute_units": int(d.max_compute_units),
@@ -81,6 +147,7 @@ def list_devices(check: bool = True) -> list[dict[str, Any]]:
                 "image2d_max": [int(d.image2d_max_width), int(d.image2d_max_height)] if d.image_support else None,
                 "fp16_native": fp16,
                 "usable": not problems,
+                "checked": check,
                 "problems": problems,
                 "recommended": {
                     "precision": "fp16" if fp16 else "fp32",

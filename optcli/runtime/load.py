@@ -16,8 +16,10 @@ def load(source: str | os.PathLike | bytes, targets: str | list[str] | None = No
     ``targets`` restricts the plan's targets to those listed (steps of others run on the host
     CPU); ``precision`` overrides the plan's precision; ``threads`` bounds the host CPU threads
     (BLAS included) used while running.  GPU steps run on an OpenCL device (``device``: a part
-    of its name, else the first GPU, else the first device); where none is usable, ``load``
-    warns once and runs them on the CPU, or raises ``TargetError`` with ``require_gpu=True``.
+    of its name, else the first GPU, else the first device) that passes a smoke test (it builds
+    and runs a small kernel; devices that fail it are skipped); where none is usable, ``load``
+    warns once (one line on the "optcli" logger, naming each device tried and why it failed) and
+    runs them on the CPU, or raises ``TargetError`` with ``require_gpu=True``.
     ``tune`` ("fast", "normal", "exhaustive") times kernel variants and work-group sizes on this
     device and keeps the fastest (remembered in the per-user tuning cache for later loads).
     """

@@ -18,7 +18,17 @@ from optcli.gpu.dialect import kernel_params, load_source, render_opencl
 from optcli.gpu.layout import packed_elements
 from optcli.gpu.registry import Launch
 from optcli.runtime.cl_cache import ProgramCache
+from optcli.runtime.devices import (
+    HOW_TO_GET_ONE,
+    describe_device,
+    device_id,
+    device_kind,
+    device_problems,
+    failure_text,
+)
 from optcli.runtime.launch_context import LaunchContextBase
+
+GET_ONE = f"{HOW_TO_GET_ONE} (`optcli devices` checks each device)"
 
 try:  # pyopencl is a dependency, but a machine may have no OpenCL platform at all
     import pyopencl as cl
@@ -27,40 +37,59 @@ except Exception:  # pragma: no cover - import failure is reported by list_devic
 
 
 class DeviceUnavailable(RuntimeError):
-    """No usable OpenCL device (no platform, no device, or it failed to build or allocate)."""
+    """No usable OpenCL device (no platform, no device, or every device failed the smoke test)."""
 
 
-def _pick_device(name: str | None = None):
+def _candidates(name: str | None = None) -> list:
+    """The OpenCL devices in the order the runtime tries them: GPUs first, then the rest in
+    platform order (a system ICD before pip's PoCL: the loader lists /etc/OpenCL/vendors first)."""
     if cl is None:
-        raise DeviceUnavailable("pyopencl cannot be imported")
+        raise DeviceUnavailable(f"pyopencl cannot be imported; {GET_ONE}")
     try:
         platforms = cl.get_platforms()
     except Exception as exc:  # no ICD loader / no platform
-        raise DeviceUnavailable(f"no OpenCL platform ({exc})") from None
-    devices = [d for p in platforms for d in p.get_devices()]
+        raise DeviceUnavailable(f"no OpenCL platform ({failure_text(exc)}); {GET_ONE}") from None
+    devices = []
+    for platform in platforms:
+        try:
+            devices += platform.get_devices()
+        except Exception:  # a platform with no device (DEVICE_NOT_FOUND)
+            continue
     if not devices:
-        raise DeviceUnavailable("no OpenCL device found")
+        raise DeviceUnavailable(f"no OpenCL device found; {GET_ONE}")
     if name:
         matches = [d for d in devices if name.lower() in d.name.lower()]
         if not matches:
-            raise DeviceUnavailable(f"no OpenCL device matches '{name}'")
+            found = ", ".join(describe_device(d) for d in devices)
+            raise DeviceUnavailable(f"no OpenCL device matches '{name}' (found: {found})")
         devices = matches
-    gpus = [d for d in devices if d.type & cl.device_type.GPU]
-    return (gpus or devices)[0]
+    return sorted(devices, key=lambda d: not int(d.type) & cl.device_type.GPU)
+
+
+def _pick_device(name: str | None = None):
+    """The first candidate that passes the smoke test (checked once per device per process)."""
+    tried = []
+    for device in _candidates(name):
+        problems = device_problems(device)
+        if not problems:
+            return device
+        tried.append(f"{describe_device(device)} {' and '.join(problems)}")
+    raise DeviceUnavailable(f"no usable OpenCL device: {'; '.join(tried)}; {GET_ONE}")
 
 
 class ClDevice:
     """Context and program cache for one OpenCL device, shared by every predictor of the process
     (``shared``); each predictor makes its own command queue (``new_queue``)."""
 
-    _shared: dict[str, ClDevice] = {}
+    _shared: dict[Any, ClDevice] = {}
     _shared_lock = threading.Lock()
 
     @classmethod
     def shared(cls, name: str | None = None) -> ClDevice:
-        device = _pick_device(name)
-        key = f"{device.platform.name}|{device.name}|{device.driver_version}"
+        """The process's ClDevice for the first usable device (``name``: a part of its name)."""
         with cls._shared_lock:
+            device = _pick_device(name)
+            key = device_id(device)
             if key not in cls._shared:
                 cls._shared[key] = cls(device)
             return cls._shared[key]
@@ -82,6 +111,15 @@ class ClDevice:
     @property
     def name(self) -> str:
         return self.device.name.strip()
+
+    @property
+    def kind(self) -> str:
+        """What the device is: "GPU", or "OpenCL on the CPU" for PoCL and other CPU devices."""
+        return device_kind(self.device)
+
+    def describe(self) -> str:
+        """``NAME (KIND, PLATFORM)``, for messages."""
+        return describe_device(self.device)
 
     def program(self, source: str, defines: dict[str, Any]):
         key = (source, tuple(sorted(defines.items())))

@@ -12,8 +12,8 @@ one predictor serialise; for parallel throughput give each thread its own predic
 
 from __future__ import annotations
 
+import logging
 import threading
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,12 +27,16 @@ from optcli.targets import TARGETS, get_target
 
 PRECISIONS = ("fp32", "fp16")
 _WARNED: set[str] = set()
+# Notices about where the GPU steps run go to the "optcli" logger: with no logging set up, Python
+# prints them as the bare message, one line on stderr (a warnings.warn line would show our source
+# file and line instead of the reason).  Silence with logging.getLogger("optcli").setLevel(logging.ERROR).
+LOG = logging.getLogger("optcli")
 
 
 def _warn_once(message: str) -> None:
     if message not in _WARNED:
         _WARNED.add(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=4)
+        LOG.warning(message)
 
 
 @dataclass(frozen=True)
@@ -90,28 +94,35 @@ class Predictor:
                    else "this runtime cannot drive on this machine")
             reason = f"the plan's GPU steps are for {', '.join(sorted(gpu_targets))}, which {why}"
         elif "opencl" in usable:
+            from optcli.runtime.devices import failure_text
             from optcli.runtime.gpu_plan import GpuSteps
             from optcli.runtime.opencl import ClDevice, DeviceUnavailable
 
             try:
-                return GpuSteps(self.plan, ClDevice.shared(device), self.precision, usable)
+                dev = ClDevice.shared(device)
             except DeviceUnavailable as exc:
                 reason = str(exc)
-            except Exception as exc:  # build failure, out of device memory, lost device
-                reason = f"the OpenCL device failed ({type(exc).__name__}: {str(exc).strip().splitlines()[0]})"
+            else:
+                try:
+                    return GpuSteps(self.plan, dev, self.precision, usable)
+                except Exception as exc:  # build failure, out of device memory, lost device
+                    reason = f"the OpenCL device {dev.describe()} failed ({failure_text(exc)})"
         else:
             from optcli.runtime.metal import DeviceUnavailable as MetalUnavailable
             from optcli.runtime.metal import MetalDevice, MetalSteps
 
             try:
-                return MetalSteps(self.plan, MetalDevice.shared(device), self.precision, usable)
+                mtl = MetalDevice.shared(device)
             except MetalUnavailable as exc:
                 reason = f"the plan's GPU steps are for metal, and {exc}"
-            except Exception as exc:  # library build failure, out of device memory
-                reason = f"the Metal device failed ({type(exc).__name__}: {str(exc).strip().splitlines()[0]})"
+            else:
+                try:
+                    return MetalSteps(self.plan, mtl, self.precision, usable)
+                except Exception as exc:  # library build failure, out of device memory
+                    reason = f"the Metal device {mtl.name} failed ({type(exc).__name__}: {_first_line(exc)})"
         if require_gpu:
             raise TargetError(f"{self.source}: require_gpu=True, but {reason}")
-        _warn_once(f"optcli: {reason}; running the GPU steps on the CPU")
+        _warn_once(f"optcli: running the GPU steps on the CPU: {reason}")
         return None
 
     # ----------------------------------------------------------------- describing
@@ -163,7 +174,7 @@ class Predictor:
             failure = _device_failure(exc)
             if failure is None:
                 raise
-        reason = f"the GPU failed during run ({type(failure).__name__}: {_first_line(failure)})"
+        reason = f"{_describe_gpu(self.gpu)} failed during run ({type(failure).__name__}: {_first_line(failure)})"
         self.gpu = None  # later calls, and this one, run on the CPU: the device state is unknown
         self._executor = Executor(self.plan, None)
         on_device = outputs_on_device or any(_is_device_buffer(a) or _is_device_array(a) for a in arrays.values())
@@ -171,8 +182,7 @@ class Predictor:
             why = "require_gpu=True" if self.require_gpu else "its inputs or outputs live on the device"
             raise DeviceError(f"{self.source}: {reason}; the call cannot run on the CPU instead ({why}). "
                               "Load the model again to retry the device") from None
-        warnings.warn(f"optcli: {self.source}: {reason}; this predictor now runs on the CPU", RuntimeWarning,
-                      stacklevel=3)
+        LOG.warning(f"optcli: {self.source}: {reason}; this predictor now runs on the CPU")
         if record is not None:
             record.clear()  # sizes from the failed run are incomplete
         return self._executor.run(arrays, record)
@@ -279,6 +289,14 @@ def _device_failure(exc: BaseException) -> BaseException | None:
             return exc
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return None
+
+
+def _describe_gpu(gpu) -> str:
+    """The device that failed, for messages: the OpenCL device NAME (KIND, PLATFORM), or the Metal one."""
+    dev = gpu.dev
+    if hasattr(dev, "describe"):
+        return f"the OpenCL device {dev.describe()}"
+    return f"the Metal device {dev.name}"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.commands.conftest import cli
 
 
-def test_gpu_bench_json_with_profile_and_onnxruntime(gpu_model, capsys):
+@pytest.mark.opencl
+def test_gpu_bench_json_with_profile_and_onnxruntime(gpu_model, capsys, opencl_device):
     code, out, err = cli(["bench", str(gpu_model[1]), "--runs=3", "--warmup=1", "--profile_runs=2",
                           f"--compare_onnx={gpu_model[0]}", "--json"], capsys)
     assert code == 0, err
@@ -16,8 +19,10 @@ def test_gpu_bench_json_with_profile_and_onnxruntime(gpu_model, capsys):
     assert r["init"]["cold_s"] > 0 and r["init"]["warm_s"] > 0 and r["peak_host_mb"] > 0
     profile = r["profile"]
     assert profile[0]["ms"] >= profile[-1]["ms"] and abs(sum(p["share"] for p in profile) - 1) < 0.01
-    if r["device"] != "cpu":  # GPU steps timed by OpenCL profiling events
-        assert any(p["target"] == "opencl" and p["op"] == "Conv" and p["ms"] > 0 for p in profile)
+    assert r["device"] == opencl_device.name and r["device_kind"] == opencl_device.kind
+    # GPU steps timed by OpenCL profiling events: the model's convs ran on opencl, none on the host
+    assert any(p["target"] == "opencl" and p["op"] == "Conv" and p["ms"] > 0 for p in profile)
+    assert not any(p["target"] != "opencl" and p["op"] == "Conv" for p in profile), profile
     ort = r["onnxruntime"]
     assert ort["max_abs_diff"] < 1e-4 and ort["ratio"] > 0
 

@@ -1,7 +1,8 @@
 """Real exporters' models (the corpus built by ``corpus/build.py``) through `opt` and the runtime.
 
 For every model: `opt` succeeds on `arm` and on `opencl,arm`; outputs match onnxruntime (fp32
-within 1e-3 of the output's scale, fp16 within 2e-2, models quantized by onnxruntime 5e-2); no fold
+within 1e-3 of the output's scale, fp16 within 2e-2 or within 1.5x what half storage alone costs
+onnxruntime on that model (corpus/fp16_reference.py), models quantized by onnxruntime 5e-2); no fold
 failures; at most as many compute steps as onnxruntime keeps nodes after its extended
 optimizations; and on vision models with a pinned input every conv-family step is on opencl
 (loaded with ``require_gpu=True``, so a GPU step that fell back to the CPU fails the test).
@@ -62,6 +63,7 @@ def test_on_the_host(entry, references):
     assert run.compute_steps <= ort_nodes, f"{run.compute_steps} steps > onnxruntime's {ort_nodes} nodes"
 
 
+@pytest.mark.opencl
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("entry", ENTRIES, ids=_ids(ENTRIES))
 def test_on_opencl(entry, precision, references):

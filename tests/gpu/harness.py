@@ -2,7 +2,10 @@
 
 Inputs are packed (NC4HW4) and uploaded, the kernel's launches are bound and enqueued, and the
 outputs read back and unpacked, so a kernel can be checked against the numpy reference without
-the rest of the runtime.
+the rest of the runtime.  The device is the runtime's own (``ClDevice.shared``: the first that
+passes the smoke test); ``tests/conftest.py`` skips these tests where there is none.  Every launch
+bound in ``tests/gpu`` is recorded in ``LAUNCHED`` (``tests/gpu/conftest.py``) for the coverage
+guard in ``test_kernel_coverage.py``.
 """
 
 from __future__ import annotations
@@ -18,14 +21,14 @@ from optcli.ir import Graph, Node
 from optcli.runtime.evaluate import evaluate_node
 from optcli.runtime.opencl import ClDevice, ClLaunchContext, cl, packed_nbytes
 
-_DEVICE: ClDevice | None = None
+# (kernel id, kernel source, entry, precision) of every launch bound in tests/gpu ("" for the id
+# where a test binds launches itself without naming the kernel)
+LAUNCHED: set[tuple[str, str, str, str]] = set()
 
 
 def device() -> ClDevice:
-    global _DEVICE
-    if _DEVICE is None:
-        _DEVICE = ClDevice()
-    return _DEVICE
+    """The session's usable OpenCL device, the one ``optcli.load`` uses."""
+    return ClDevice.shared()
 
 
 def one_node_graph(op_type: str, inputs: dict[str, np.ndarray], consts: dict[str, np.ndarray] | None = None,
@@ -81,6 +84,7 @@ def run_gpu(graph: Graph, node: Node, inputs: dict[str, np.ndarray], precision: 
         if name:
             buffers[name] = cl.Buffer(dev.context, cl.mem_flags.READ_WRITE, packed_nbytes(shapes[name], precision))
     ctx = ClLaunchContext(dev, shapes, dict(graph.initializers), buffers, precision)
+    ctx.namespace = kern.id  # as GpuSteps does: names the kernel in LAUNCHED
     for launch in kern.launch(ctx, node):
         ctx.bind(launch, node.name).enqueue(dev.queue)
     results = []
@@ -108,4 +112,4 @@ def check_gpu(graph: Graph, node: Node, inputs: dict[str, np.ndarray], precision
         assert_close(a, e, precision, what=f"{kernel_id or node.op_type} output {i} ({precision})")
 
 
-__all__ = ["device", "one_node_graph", "run_gpu", "reference", "check_gpu", "onnx"]
+__all__ = ["LAUNCHED", "device", "one_node_graph", "run_gpu", "reference", "check_gpu", "onnx"]

@@ -22,10 +22,11 @@ def test_activation(op, attrs, consts, precision):
     check_gpu(graph, node, {"x": X}, precision)
 
 
-def test_swish_and_low_rank():
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_swish_and_low_rank(precision):
     x = X.reshape(2, 30, 7)[:, :, 0].copy()  # rank 2: packed as N, C
     graph, node = one_node_graph("Swish", {"x": x}, domain="optcli")
-    check_gpu(graph, node, {"x": x})
+    check_gpu(graph, node, {"x": x}, precision)
 
 
 def test_padding_channels_stay_zero():

@@ -69,14 +69,15 @@ def test_prelu(slope_shape, precision):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-@pytest.mark.parametrize("op", ["Exp", "Neg", "Abs", "Sqrt", "Log", "Reciprocal", "Erf", "Softplus", "Floor"])
+@pytest.mark.parametrize("op", ["Exp", "Neg", "Abs", "Sqrt", "Log", "Reciprocal", "Erf", "Softplus", "Floor", "Ceil",
+                                "Gelu"])
 def test_unary(op, precision):
     x = _r(2, 6, 3, 5, positive=op in ("Sqrt", "Log", "Reciprocal"))
-    if op == "Floor" and precision == "fp16":
-        # Floor is discontinuous: feed values half stores exactly (quarters), so storage cannot
-        # move an input across an integer.
+    if op in ("Floor", "Ceil") and precision == "fp16":
+        # Floor and Ceil are discontinuous: feed values half stores exactly (quarters), so storage
+        # cannot move an input across an integer.
         x = np.round(x * 4) / 4 + np.float32(0.25)
-    graph, node = one_node_graph(op, {"x": x})
+    graph, node = one_node_graph(op, {"x": x}, opset=20 if op == "Gelu" else 17)
     check_gpu(graph, node, {"x": x}, precision)
 
 

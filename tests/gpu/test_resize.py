@@ -52,10 +52,11 @@ def test_resize_rank3():
     check_gpu(graph, node, {"x": x})
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
-def test_upsample(mode):
+def test_upsample(mode, precision):
     graph, node = one_node_graph("Upsample", {"x": X}, {"s": np.array([1, 1, 2, 3], F32)}, {"mode": mode}, opset=9)
-    check_gpu(graph, node, {"x": X})
+    check_gpu(graph, node, {"x": X}, precision)
 
 
 def test_resize10():

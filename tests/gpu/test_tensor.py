@@ -22,6 +22,7 @@ CASES = [
     ("Flatten", X, {}, {"axis": 2}),
     ("Squeeze", X[:, :, :1].copy(), {"a": np.array([2], I64)}, {}),
     ("Unsqueeze", X[0].copy(), {"a": np.array([0], I64)}, {}),
+    ("Identity", X, {}, {}),
     ("Unsqueeze", X[:, :, 0].copy(), {"a": np.array([1], I64)}, {}),
     ("Transpose", X, {}, {"perm": [0, 2, 3, 1]}),
     ("Transpose", X, {}, {"perm": [1, 0, 3, 2]}),
@@ -103,3 +104,25 @@ def test_rejects():
     assert "constant" in _reason("Pad", graph, node)
     graph, node = one_node_graph("Pad", {"x": X}, {"p": np.array([0, 0, -1, 0, 0, 0, 0, 0], I64)}, {"mode": "edge"})
     assert "negative" in _reason("Pad", graph, node)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_pack_and_unpack_in_a_loaded_plan(precision):
+    """Upload -> Pack -> Relu -> Unpack -> Download through optcli.load: the layout kernels at both
+    precisions, on 6 channels (a padded slice of 4)."""
+    from onnx import TensorProto, helper
+
+    import optcli
+
+    x = X[:, :, :3].copy()
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    result = optcli.optimize(model=model, valid_targets="opencl,arm", precision=precision,
+                             disabled_passes={"keep_small_islands_on_host"})
+    p = optcli.load(result.data, require_gpu=True)
+    ops = [s.op_type for s in p.plan.steps if s.target == "opencl"]
+    assert ops == ["Upload", "Pack", "Relu", "Unpack", "Download"], ops
+    np.testing.assert_array_equal(p.run({"x": x})["y"], np.maximum(x, 0).astype(np.float16 if precision == "fp16"
+                                                                                   else np.float32))

@@ -53,6 +53,16 @@ def _epilogue(name: str) -> dict:
     return {"activation": name, "activation_alpha": alpha, "activation_beta": beta}
 
 
+# A FakeQuant fused after the epilogue, checked on integer data: sums of small integers are exact
+# in half and float alike, and an integer over 3 is never a rounding tie, so fp16 storage
+# cannot flip a step.
+FAKE_QUANT = {"activation_quant": [3.0, 3.0, 0.0, 255.0]}
+
+
+def _ints(*arrays):
+    return [np.round(a * 1.5).astype(F32) for a in arrays]
+
+
 def _cases() -> list[Case]:
     out: list[Case] = []
     x = _r(2, 6, 5, 7, scale=3.0)
@@ -86,6 +96,8 @@ def _cases() -> list[Case]:
         op = ("Add", "Sub", "Mul")[k % 3]
         a, b = _r(2, 5, 3, 3), _r(5, 1, 1)
         out.append(Case(f"binary-{op}-{act}", _ir(op, {"a": a}, {"b": b}, _epilogue(act))))
+    a, b = _ints(_r(2, 5, 3, 3, scale=4.0), _r(5, 1, 1, scale=4.0))
+    out.append(Case("binary-Add-relu-fakequant", _ir("Add", {"a": a}, {"b": b}, {**_epilogue("relu"), **FAKE_QUANT})))
     out.append(Case("prelu", _onnx("PRelu", {"x": _r(2, 5, 3, 4)}, {"s": _r(5, 1, 1)})))
     bools = RNG.random((2, 5, 3, 4)) > 0.5
     out.append(Case("and", _onnx("And", {"a": bools, "b": RNG.random((2, 5, 3, 4)) > 0.3})))
@@ -103,6 +115,12 @@ def _cases() -> list[Case]:
             x_shape, m, kern, group, attrs = test_conv.CASES["winograd"][2]
             xc, consts, attrs = conv_case(x_shape, m, kern, group, **{**attrs, **_epilogue(act)})
             out.append(Case(f"conv-winograd-{act}", _ir("Conv", {"x": xc}, consts, attrs, "gpu.onnx.Conv.winograd")))
+    for variant in ("1x1", "depthwise", "winograd"):
+        x_shape, m, kern, group, attrs = test_conv.CASES[variant][0]
+        xc, consts, attrs = conv_case(x_shape, m, kern, group, **{**attrs, **_epilogue("relu"), **FAKE_QUANT})
+        xc, *values = _ints(xc, *consts.values())
+        out.append(Case(f"conv-{variant}-fakequant", _ir("Conv", {"x": xc}, dict(zip(consts, values)), attrs,
+                                                          f"gpu.onnx.Conv.{variant}")))
     xt = _r(1, 4, 4, 5)
     out.append(Case("conv-transpose", _ir("ConvTranspose", {"x": xt}, {"w": _r(4, 3, 3, 3), "b": _r(3)},
                                           {"strides": [2, 2], "pads": [1, 0, 1, 1], **_epilogue("relu")})))
@@ -121,6 +139,9 @@ def _cases() -> list[Case]:
             out.append(Case(f"fc-{act}-{len(x_shape)}d", _ir("FullyConnected", {"x": _r(*x_shape)},
                                                             {"w": _r(9, 7), "b": _r(7)}, _epilogue(act),
                                                             domain="optcli")))
+    xf, wf, bf = _ints(_r(6, 9), _r(9, 7), _r(7))
+    out.append(Case("fc-fakequant", _ir("FullyConnected", {"x": xf}, {"w": wf, "b": bf}, dict(FAKE_QUANT),
+                                        domain="optcli")))
     c = 5
     out.append(Case("batchnorm", _ir("BatchNormalization", {"x": _r(2, c, 4, 3)},
                                      {"s": _r(c), "b": _r(c), "mean": _r(c), "var": np.abs(_r(c)) + F32(0.1)},
@@ -131,6 +152,8 @@ def _cases() -> list[Case]:
     for k, (op, attrs) in enumerate(test_pool.CASES):
         out.append(Case(f"pool-{op}-{k}", _onnx(op, {"x": test_pool.X}, attrs=attrs,
                                                 opset=19 if "dilations" in attrs else 17)))
+    out.append(Case("pool-GlobalAveragePool-fakequant", _ir("GlobalAveragePool", {"x": _ints(test_pool.X)[0]}, {},
+                                                            dict(FAKE_QUANT))))
     for op in ("ReduceMean", "ReduceMax", "ReduceSum", "ReduceMin"):
         for shape, axes, keep in [((2, 6, 3, 4), [2, 3], 1), ((2, 5, 3, 4), [1], 0), ((2, 5, 3, 4), [0, 3], 0),
                                   ((2, 3, 3, 4), None, 0)]:

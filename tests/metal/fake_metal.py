@@ -4,8 +4,11 @@ It implements the calls ``optcli.runtime.metal`` makes, with PyObjC's convention
 as ``name_with_`` methods, NSError out-parameters returned in a tuple), so that the backend's
 own code -- buffer planning, binding by argument index, encoding, committing at Downloads,
 reading shared buffers -- runs end to end on Linux.  Libraries are compiled from the text the
-backend passes to ``newLibraryWithSource_options_error_``; dispatches run when a command buffer
-is committed.  What it cannot show: PyObjC's real signatures and a real GPU's behaviour.
+backend passes to ``newLibraryWithSource_options_error_``.  As on a real GPU, committing only
+queues a command buffer: its dispatches run later, when the host waits for it (``waitUntilCompleted``
+runs the queue's committed buffers in commit order, up to that one), so a backend that reads a
+buffer without waiting reads stale data here too.  What it cannot show: PyObjC's real signatures
+and a real GPU's behaviour.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 from tests.metal import shim
 
 MTLResourceStorageModeShared = 0
+MTLCommandBufferStatusCommitted = 2
 MTLCommandBufferStatusCompleted = 4
 MTLCommandBufferStatusError = 5
 
@@ -120,25 +124,33 @@ class FakeEncoder:
 
 
 class FakeCommandBuffer:
-    def __init__(self, device):
-        self.device, self.dispatches, self.encoded, self.committed = device, [], False, False
+    def __init__(self, queue):
+        self.queue, self.device = queue, queue.device
+        self.dispatches, self.encoded, self.committed, self.completed = [], False, False, False
 
     def computeCommandEncoder(self):  # noqa: N802
         return FakeEncoder(self)
 
     def commit(self):
+        """Queue the work; the "GPU" runs it later (at a wait), never before commit returns."""
         assert self.encoded and not self.committed
         self.committed = True
         self.device.commits += 1
+        self.queue.committed.append(self)
+
+    def _execute(self):
         for fn, args, grid in self.dispatches:  # serial dispatch type: one after the other
             fn.program.run(fn.entry, args, grid)
+        self.completed = True
 
     def waitUntilCompleted(self):  # noqa: N802
         assert self.committed
         self.device.waits += 1
+        while not self.completed:  # a queue completes its command buffers in commit order
+            self.queue.committed.pop(0)._execute()
 
     def status(self):
-        return MTLCommandBufferStatusCompleted
+        return MTLCommandBufferStatusCompleted if self.completed else MTLCommandBufferStatusCommitted
 
     def error(self):
         return None
@@ -147,9 +159,10 @@ class FakeCommandBuffer:
 class FakeQueue:
     def __init__(self, device):
         self.device = device
+        self.committed: list[FakeCommandBuffer] = []  # committed, not yet run
 
     def commandBuffer(self):  # noqa: N802
-        return FakeCommandBuffer(self.device)
+        return FakeCommandBuffer(self)
 
 
 class FakeDevice:

@@ -32,7 +32,6 @@ def nb(tmp_path_factory):
     return path, sample_inputs(model)
 
 
-@pytest.mark.filterwarnings("ignore:.*load.targets=.... leaves out")
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_model_runs_on_the_metal_backend(fake, nb, precision):
     path, feeds = nb
@@ -48,7 +47,6 @@ def test_model_runs_on_the_metal_backend(fake, nb, precision):
     assert fake.waits - before <= 2 * downloads + 2  # one wait per Download (and at most one at the end)
 
 
-@pytest.mark.filterwarnings("ignore:.*load.targets=.... leaves out")
 @pytest.mark.skipif(not metal.available()[0], reason="no Metal device here (macOS with optcli[metal] only)")
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_real_metal_device(nb, precision):

@@ -397,6 +397,24 @@ for _op in ["Upload", "Download", "Pack", "Unpack"]:
 add("Swish", Case("0-d", [scalar(-0.75)], equivalent=_swish_equivalent),
     Case("empty", [f(0, 3)], equivalent=_swish_equivalent), domain=OPTCLI)
 
+
+def _dynamic_quantize_matmul_equivalent(names, outs):
+    """The chain quantize_dynamic writes and the fused op replaces."""
+    a, b, b_scale, b_zp, bias = names
+    nodes = [helper.make_node("DynamicQuantizeLinear", [a], ["q", "s", "z"]),
+             helper.make_node("MatMulInteger", ["q", b, "z", b_zp], ["acc"]),
+             helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["s", b_scale], ["scale"]),
+             helper.make_node("Mul", ["accf", "scale"], ["y"]),
+             helper.make_node("Add", ["y", bias], outs)]
+    return nodes, {}
+
+
+_DQMM = [q8(3, 4, dtype=np.int8), scalar(0.02), scalar(0, np.int8), f(4)]
+_DQMM_EQ = _dynamic_quantize_matmul_equivalent
+add("DynamicQuantizeMatMul", Case("empty rows", [f(0, 3), *_DQMM], opset=13, equivalent=_DQMM_EQ),
+    Case("empty batch", [f(2, 0, 3), *_DQMM], opset=13, equivalent=_DQMM_EQ), domain=OPTCLI)
+
 # ----------------------------------------------------------------------------- what is left out, and why
 
 _RANK_1 = "the ONNX op needs rank >= 1 (its axis must lie in [-rank, rank - 1])"
@@ -417,6 +435,7 @@ NO_ZERO_D: dict[tuple[str, str], str] = {
     ("", "Upsample"): "as Resize",
     ("", "Gemm"): "the ONNX op needs 2-D A and B (a 0-d C is covered)",
     (OPTCLI, "FullyConnected"): "X must have rank >= 1 and W is 2-D, so the output has rank >= 1",
+    (OPTCLI, "DynamicQuantizeMatMul"): "as FullyConnected: B is a 2-D weight, so the output has rank >= 1",
     (OPTCLI, "ChannelAffine"): "scale and shift apply along axis 1: rank >= 2",
     (MS, "QLinearConcat"): _RANK_1,
     (MS, "QGemm"): "the op needs 2-D A and B",

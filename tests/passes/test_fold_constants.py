@@ -115,6 +115,34 @@ def test_run_time_same_padding_folds_away(dynamic):
     assert_close(optcli.load(result.data).run({"x": x})["y"], run_ort(m, {"x": x})[0])
 
 
+def test_dynamic_batch_padding_folds_from_the_fixed_dims():
+    """Only the batch is dynamic: Gather(Shape(x), 2) is the fixed height, so the padding
+    arithmetic still folds away and the pads go into the convs (no Shape, no Pad left)."""
+    m = tf_same_padding_model(dynamic="batch")
+    result = optcli.optimize(model=m, valid_targets="arm")
+    assert [s["op"] for s in result.report["steps"]] == ["Conv", "Conv"]
+    for batch in (1, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, 3, 15, 15)).astype(np.float32)
+        assert_close(optcli.load(result.data).run({"x": x})["y"], run_ort(m, {"x": x})[0])
+
+
+def test_partial_shapes_pick_only_fixed_dims():
+    """Gather/Slice over a Shape with a symbolic batch: fixed dims fold, the batch does not."""
+    m = model([node("Shape", ["x"], ["s"]), node("Gather", ["s", "i2"], ["h"], axis=0),
+               node("Slice", ["s", "b", "e"], ["hw"]), node("Gather", ["s", "i0"], ["n"], axis=0),
+               node("Cast", ["h"], ["hf"], to=1), node("Cast", ["hw"], ["hwf"], to=1),
+               node("Cast", ["n"], ["nf"], to=1),
+               node("Mul", ["x", "hf"], ["t"]), node("Mul", ["t", "nf"], ["t2"]), node("ReduceSum", ["hwf"], ["k"]),
+               node("Add", ["t2", "k"], ["y"])],
+              {"x": ["N", 3, 4, 5]},
+              initializers={"i2": np.array(2, np.int64), "i0": np.array(0, np.int64),
+                            "b": np.array([2], np.int64), "e": np.array([4], np.int64)})
+    graph, counts = run_pass(m, fold_constants)
+    assert float(graph.initializers["hf"]) == 4.0 and graph.initializers["k"].tolist() == [9.0]
+    assert counts["shapes"] == 2 and "nf" not in graph.initializers
+    assert ops(graph) == ["Shape", "Gather", "Cast", "Mul", "Mul", "Add"]
+
+
 def test_folding_without_reinference_leaves_the_second_pad(monkeypatch):
     """The fixpoint is what folds the second block: without re-inference it stays."""
     monkeypatch.setattr(fold_constants, "reinfer_shapes", lambda graph: 0)

@@ -54,14 +54,15 @@ def _same_conv(src: str, dst: str, tag: str, channels: tuple[int, int], inits: d
     return nodes
 
 
-def tf_same_padding_model(size: int = 15, dynamic: bool = False) -> onnx.ModelProto:
+def tf_same_padding_model(size: int = 15, dynamic: str | bool = False) -> onnx.ModelProto:
     """Two such convs in a row: the second one's Shape reads the first Pad's output, whose shape
-    only a second round of inference (after folding the first pads) can know."""
+    only a second round of inference (after folding the first pads) can know.  ``dynamic``:
+    False (static input), "batch" (only the batch dim is a symbol) or True (N, H, W symbols)."""
     inits = {"stride_f": np.array(2, np.float32), "one_f": np.array(1, np.float32),
              "kernel_f": np.array(3, np.float32), "zero_f": np.array(0, np.float32),
              "two": np.array(2, np.int64), "zeros2": np.zeros(2, np.int64), "axes0": np.array([0], np.int64)}
     nodes = _same_conv("x", "h1", "a", (3, 8), inits) + _same_conv("h1", "y", "b", (8, 8), inits)
-    dims = ["N", 3, "H", "W"] if dynamic else [1, 3, size, size]
+    dims = ["N", 3, size, size] if dynamic == "batch" else ["N", 3, "H", "W"] if dynamic else [1, 3, size, size]
     graph = helper.make_graph(nodes, "tf_same", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               [numpy_helper.from_array(v, k) for k, v in inits.items()])

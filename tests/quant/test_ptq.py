@@ -35,6 +35,7 @@ def test_top1_agreement_on_200_seeded_inputs(name, tmp_path_factory):
     assert ops["FakeQuant"] >= ops["Conv"] // 2
 
 
+@pytest.mark.opencl
 @pytest.mark.parametrize("calibrator", ["minmax", "percentile", "entropy"])
 def test_calibrators_and_gpu(calibrator, tmp_path_factory):
     model = build("mobilenet_v2", resolution=32, width=0.25)

@@ -34,6 +34,7 @@ def test_size_and_accuracy(mobilenet, kwargs, max_ratio, budget):
     assert err / scale <= budget
 
 
+@pytest.mark.opencl
 def test_compressed_weights_on_the_gpu(mobilenet):
     model, _, feeds, reference = mobilenet
     result = optcli.optimize(model=model, valid_targets="opencl,arm", quant_type="QUANT_INT8")

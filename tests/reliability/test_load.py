@@ -11,7 +11,6 @@ import gc
 import os
 import threading
 import time
-import warnings
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ from optcli.zoo import build
 
 THREADS, RUNS = 4, 500
 SHAPE = (1, 3, 16, 16)
+TARGETS = ["arm", pytest.param("opencl,arm", marks=pytest.mark.opencl)]
 
 
 @pytest.fixture(scope="module")
@@ -30,15 +30,14 @@ def plans() -> dict[str, bytes]:
                                disabled_passes={"keep_small_islands_on_host"}).data for t in ("arm", "opencl,arm")}
 
 
-def _load(data: bytes):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return optcli.load(data)
+def _load(data: bytes, targets: str):
+    """A GPU plan loads with require_gpu=True: a CPU fallback would make these tests prove nothing."""
+    return optcli.load(data, require_gpu=targets != "arm")
 
 
-def _cases(data: bytes) -> list[tuple[np.ndarray, np.ndarray]]:
+def _cases(data: bytes, targets: str) -> list[tuple[np.ndarray, np.ndarray]]:
     """One (input, expected output) per thread, the expectation from a lone predictor."""
-    p = _load(data)
+    p = _load(data, targets)
     rng = np.random.default_rng(7)
     xs = [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(THREADS)]
     return [(x, p.run({"input": x})["output"]) for x in xs]
@@ -69,19 +68,19 @@ def _hammer(predictors, cases) -> list[str]:
     return errors
 
 
-@pytest.mark.parametrize("targets", ["arm", "opencl,arm"])
+@pytest.mark.parametrize("targets", TARGETS)
 def test_one_predictor_per_thread(plans, targets):
-    cases = _cases(plans[targets])
-    predictors = [_load(plans[targets]) for _ in range(THREADS)]
+    cases = _cases(plans[targets], targets)
+    predictors = [_load(plans[targets], targets) for _ in range(THREADS)]
     if targets != "arm":
         assert all(p.gpu is not None for p in predictors)
     assert _hammer(predictors, cases) == []
 
 
-@pytest.mark.parametrize("targets", ["arm", "opencl,arm"])
+@pytest.mark.parametrize("targets", TARGETS)
 def test_one_predictor_shared_by_threads(plans, targets):
-    cases = _cases(plans[targets])
-    shared = _load(plans[targets])
+    cases = _cases(plans[targets], targets)
+    shared = _load(plans[targets], targets)
     assert _hammer([shared] * THREADS, cases) == []
 
 
@@ -98,9 +97,10 @@ def _device_state(p) -> tuple:
     return (len(g.buffers), g.device_bytes, len(g.ctx.weights), g.ctx.weight_bytes, len(g.ctx.temps), len(g._keep))
 
 
-@pytest.mark.parametrize("targets, runs", [("arm", 10_000), ("opencl,arm", 10_000)])
+@pytest.mark.parametrize("targets, runs", [("arm", 10_000),
+                                           pytest.param("opencl,arm", 10_000, marks=pytest.mark.opencl)])
 def test_soak_no_memory_growth(plans, targets, runs):
-    p = _load(plans[targets])
+    p = _load(plans[targets], targets)
     x = np.random.default_rng(1).standard_normal(SHAPE).astype(np.float32)
     want = p.run({"input": x})["output"]
     for _ in range(500):  # warm-up: allocator pools, caches, lazily built kernels

@@ -1,4 +1,7 @@
-"""The OpenCL runtime on PoCL: mixed plans, precisions, CPU fallback, require_gpu, binary cache."""
+"""The OpenCL runtime on PoCL: mixed plans, precisions, CPU fallback, require_gpu, binary cache.
+
+Tests marked ``opencl`` need the session's usable device (they skip with its failure where there
+is none); the fallback tests simulate a missing or failing device and run anywhere."""
 
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ def mixed():
     return model, expected[0]
 
 
+@pytest.mark.opencl
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_mixed_plan_on_the_gpu(mixed, precision):
     model, expected = mixed
@@ -44,7 +48,7 @@ def test_mixed_plan_on_the_gpu(mixed, precision):
     assert_close(p.run({"x": X})["y"], expected, precision)
 
 
-def test_no_device_warns_and_runs_on_the_cpu(mixed, monkeypatch):
+def test_no_device_warns_and_runs_on_the_cpu(mixed, monkeypatch, optcli_notices):
     model, expected = mixed
     data = optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data
 
@@ -53,15 +57,18 @@ def test_no_device_warns_and_runs_on_the_cpu(mixed, monkeypatch):
 
     monkeypatch.setattr(opencl.ClDevice, "shared", classmethod(lambda cls, name=None: no_device()))
     monkeypatch.setattr("optcli.runtime.predictor._WARNED", set())
-    with pytest.warns(RuntimeWarning, match="no OpenCL platform \\(test\\); running the GPU steps on the CPU"):
-        p = optcli.load(data)
+    p = optcli.load(data)
+    assert optcli_notices() == ["optcli: running the GPU steps on the CPU: no OpenCL platform (test)"]
+    optcli.load(data)
+    assert len(optcli_notices()) == 1, "warned once per process"
     assert p.gpu is None
     assert_close(p.run({"x": X})["y"], expected)
     with pytest.raises(TargetError, match="require_gpu=True, but no OpenCL platform"):
         optcli.load(data, require_gpu=True)
 
 
-def test_kernel_build_failure_falls_back_with_the_reason(mixed, monkeypatch):
+@pytest.mark.opencl
+def test_kernel_build_failure_falls_back_with_the_reason(mixed, monkeypatch, optcli_notices, opencl_device):
     model, expected = mixed
     data = optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data
 
@@ -70,8 +77,10 @@ def test_kernel_build_failure_falls_back_with_the_reason(mixed, monkeypatch):
 
     monkeypatch.setattr(opencl.ClDevice, "program", broken)
     monkeypatch.setattr("optcli.runtime.predictor._WARNED", set())
-    with pytest.warns(RuntimeWarning, match="BUILD_PROGRAM_FAILURE"):
-        p = optcli.load(data)
+    p = optcli.load(data)
+    assert optcli_notices() == [
+        f"optcli: running the GPU steps on the CPU: the OpenCL device {opencl_device.describe()} failed "
+        "(RuntimeError: clBuildProgram failed: BUILD_PROGRAM_FAILURE (test))"]
     assert_close(p.run({"x": X})["y"], expected)
 
 
@@ -85,14 +94,15 @@ def test_load_with_targets_arm_runs_everything_on_the_cpu(mixed):
     assert_close(p.run({"x": X})["y"], expected)
 
 
+@pytest.mark.opencl
 def test_one_queue_per_predictor(mixed):
     data = optcli.optimize(model=mixed[0], valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data
-    a, b = optcli.load(data), optcli.load(data)
+    a, b = optcli.load(data, require_gpu=True), optcli.load(data, require_gpu=True)
     assert a.gpu.queue is not b.gpu.queue and a.gpu.dev is b.gpu.dev
 
 
-def test_binary_cache_warm_hit_and_damaged_entry(tmp_path):
-    dev = opencl.ClDevice.shared()
+def test_binary_cache_warm_hit_and_damaged_entry(tmp_path, opencl_device):
+    dev = opencl_device
     text = "__kernel void k(__global float* a) { a[get_global_id(0)] += 1.0f; }"
     cache = ProgramCache(tmp_path)
     assert stat.S_IMODE((tmp_path / "programs").stat().st_mode) == 0o700
@@ -108,6 +118,7 @@ def test_binary_cache_warm_hit_and_damaged_entry(tmp_path):
     assert built == 1, "a damaged cache entry must be rebuilt, not trusted"
 
 
+@pytest.mark.opencl
 def test_list_devices_reports_pocl():
     devices = optcli.list_devices()
     assert devices and any(d["usable"] for d in devices)
@@ -115,11 +126,13 @@ def test_list_devices_reports_pocl():
     assert {"version", "fp16_native", "max_work_group_size", "image_support", "global_mem_mb", "recommended"} <= set(d)
 
 
+@pytest.mark.opencl
 def test_device_arrays_in_and_out(mixed):
     import pyopencl.array as cl_array
 
     model, expected = mixed
-    p = optcli.load(optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data)
+    p = optcli.load(optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data,
+                    require_gpu=True)
     x_dev = cl_array.to_device(p.queue, X)
     out = p.run({"x": x_dev}, outputs_on_device=True)["y"]
     assert isinstance(out, cl_array.Array)
@@ -127,18 +140,21 @@ def test_device_arrays_in_and_out(mixed):
     assert_close(p.run({"x": x_dev})["y"], expected)  # device in, host out
 
 
+@pytest.mark.opencl
 def test_device_array_of_another_context_is_refused(mixed):
     import pyopencl as cl
     import pyopencl.array as cl_array
 
     from optcli.errors import InputError
 
-    p = optcli.load(optcli.optimize(model=mixed[0], valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data)
+    p = optcli.load(optcli.optimize(model=mixed[0], valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data,
+                    require_gpu=True)
     other = cl.Context([p.context.devices[0]])
     with pytest.raises(InputError, match="another context"):
         p.run({"x": cl_array.to_device(cl.CommandQueue(other), X)})
 
 
+@pytest.mark.opencl
 def test_tuning_picks_a_variant_and_a_tuned_load_reuses_it(tmp_path, monkeypatch):
     from optcli.runtime import tuning
 
@@ -154,21 +170,23 @@ def test_tuning_picks_a_variant_and_a_tuned_load_reuses_it(tmp_path, monkeypatch
     result = optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU, tune="fast")
     conv = [s for s in result.report["steps"] if s["op"] == "Conv"][0]
     assert result.report["tuning"]["steps"][conv["name"]]["kernel"] == conv["kernel"]
-    p = optcli.load(result.data, tune="normal")
+    p = optcli.load(result.data, tune="normal", require_gpu=True)
     assert_close(p.run({"x": x})["y"], expected[0])
     calls = []
     monkeypatch.setattr(tuning, "_time", lambda *a, **k: calls.append(1) or 1.0)
-    optcli.load(result.data, tune="normal")
+    optcli.load(result.data, tune="normal", require_gpu=True)
     assert not calls, "a tuned load must reuse the tuning cache, not time again"
 
 
+@pytest.mark.opencl
 def test_raw_device_buffer_input(mixed):
     import pyopencl as cl
 
     from optcli.errors import InputError
 
     model, expected = mixed
-    p = optcli.load(optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data)
+    p = optcli.load(optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data,
+                    require_gpu=True)
     buf = cl.Buffer(p.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=X)
     assert_close(p.run({"x": buf})["y"], expected)
     small = cl.Buffer(p.context, cl.mem_flags.READ_ONLY, 16)
@@ -176,7 +194,8 @@ def test_raw_device_buffer_input(mixed):
         p.run({"x": small})
 
 
-def test_out_of_device_memory_falls_back_with_the_reason(mixed, monkeypatch):
+@pytest.mark.opencl
+def test_out_of_device_memory_falls_back_with_the_reason(mixed, monkeypatch, optcli_notices):
     model, expected = mixed
     data = optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data
 
@@ -185,7 +204,7 @@ def test_out_of_device_memory_falls_back_with_the_reason(mixed, monkeypatch):
 
     monkeypatch.setattr(opencl.cl, "Buffer", no_memory)
     monkeypatch.setattr("optcli.runtime.predictor._WARNED", set())
-    with pytest.warns(RuntimeWarning, match="MEM_OBJECT_ALLOCATION_FAILURE"):
-        p = optcli.load(data)
+    p = optcli.load(data)
+    assert "MEM_OBJECT_ALLOCATION_FAILURE" in " ".join(optcli_notices())
     assert p.gpu is None
     assert_close(p.run({"x": X})["y"], expected)
