@@ -18,7 +18,7 @@ from optcli import __version__
 from optcli.commands.bench import bench_command
 from optcli.commands.inspect import inspect_command
 from optcli.commands.run import run_command
-from optcli.errors import OptError, TargetError, UsageError
+from optcli.errors import OptError, OutputError, TargetError, UsageError
 from optcli.nb.layout import FORMAT_VERSION
 
 BOOL_FLAG = {"is_flag": False, "flag_value": "true", "default": "false", "type": click.BOOL}
@@ -197,10 +197,10 @@ def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out
         report = {**result.report, "output": str(out) if out else None}
         try:
             write_atomic((json.dumps(report, indent=2) + "\n").encode(), report_path)
-        except OSError as exc:
+        except OutputError as exc:
             if out:
                 out.unlink(missing_ok=True)  # all or nothing: no .nb without its report
-            raise UsageError(f"--report: cannot write {report_path}: {exc.strerror}") from None
+            raise UsageError(f"--report: {exc}") from None
     if out:
         if not quiet:
             r = result.report

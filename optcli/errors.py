@@ -26,6 +26,10 @@ class NbFormatError(OptError):
     """A `.nb` file is malformed, truncated, corrupted or of an unsupported version."""
 
 
+class OutputError(OptError):
+    """An output file cannot be written (read-only folder, full disk, another user's file)."""
+
+
 class InputError(OptError):
     """Inputs given to ``Predictor.run`` do not match the model's inputs."""
 

@@ -119,6 +119,7 @@ def read_model(
     opsets = check_opsets(model, path)
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
+    check_names(model.graph, path)
     check_dataflow(model.graph, path)
     normalize_negative_dims(model)
     apply_input_shapes(model, input_shapes or {}, path)
@@ -135,6 +136,21 @@ def read_model(
     graph.metadata["source"] = path.name
     graph.toposort()
     return graph
+
+
+def check_names(graph: onnx.GraphProto, path: Path) -> None:
+    """Every name is text.  Protobuf hands back ``bytes`` for a string field that is not valid
+    UTF-8 (the spec requires UTF-8); such a name would reach the writer as bytes."""
+    named = [("graph input", vi.name) for vi in graph.input] + [("graph output", vi.name) for vi in graph.output]
+    named += [("value", vi.name) for vi in graph.value_info] + [("initializer", t.name) for t in graph.initializer]
+    for i, node in enumerate(graph.node):
+        named += [("node", node.name), ("node op type", node.op_type), ("node domain", node.domain)]
+        named += [(f"value read by node #{i}", n) for n in node.input]
+        named += [(f"value written by node #{i}", n) for n in node.output]
+    for what, name in named:
+        if isinstance(name, bytes):
+            raise ModelError(f"{path}: a {what} name is not valid UTF-8 ({name[:60]!r}); ONNX names must be "
+                             "UTF-8 text: rename it in the exporter or with onnx.helper")
 
 
 def check_dataflow(graph: onnx.GraphProto, path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import msgpack
 import numpy as np
 
 from optcli import __version__
-from optcli.errors import OptError
+from optcli.errors import OptError, OutputError
 from optcli.ir import Value
 from optcli.nb.layout import FORMAT_VERSION, HEADER, HEADER_SIZE, MAGIC, SUPPORTED_DTYPES, align
 from optcli.nb.quant import quantize
@@ -93,10 +94,21 @@ def to_bytes(plan: Plan) -> bytes:
 
 
 def write_atomic(data: bytes, path: str | os.PathLike) -> Path:
-    """Write to a temporary file beside ``path``, then rename: never a half-written file."""
+    """Write to a temporary file beside ``path``, then rename: never a half-written file.
+
+    The temporary name carries this process's id, so a later write to the same folder can tell
+    the leftovers of a killed run (its process is gone) from a write in progress, and removes
+    them.  Every failure to write (read-only folder, full disk, a file of another user) is an
+    ``OutputError`` that names the path: the user's environment, not our bug.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}; check that the folder exists and is "
+                          "writable") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -104,10 +116,44 @@ def write_atomic(data: bytes, path: str | os.PathLike) -> Path:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError):
+            raise OutputError(f"cannot write {path}: {exc.strerror or exc}; check free space and that the file "
+                              "is yours and writable") from None
         raise
     return path
+
+
+_TEMPORARY = re.compile(r"^\..+\.(\d+)\.[^.]+\.tmp$")
+
+
+def remove_stale_temporaries(folder: Path) -> int:
+    """Delete our temporary files in ``folder`` whose writing process no longer exists."""
+    removed = 0
+    for entry in folder.glob(".*.tmp"):
+        match = _TEMPORARY.match(entry.name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        try:
+            if entry.is_file() and not entry.is_symlink() and entry.stat().st_uid == os.getuid():
+                entry.unlink()
+                removed += 1
+        except OSError:
+            continue  # gone already, or not ours to remove: leave it
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, another user's
+    return True

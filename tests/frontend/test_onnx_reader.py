@@ -133,3 +133,13 @@ def test_negative_dims_are_dynamic_everywhere():
     assert isinstance(g.outputs[0].shape[0], str)
     pinned = read_model(model=model, input_shapes={"x": [7, 3]})
     assert pinned.inputs[0].shape == (7, 3) and pinned.values["y"].shape == (7, 4)
+
+
+def test_names_that_are_not_utf8_are_a_model_error(tmp_path):
+    """Protobuf hands back bytes for a name that is not UTF-8: a clear error, not a TypeError."""
+    model = _matmul_model(dynamic=False)
+    model.graph.node[0].name = "nodeQQQQ"
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(model.SerializeToString().replace(b"QQQQ", b"\xff\xfe\xfd\xfc"))
+    with pytest.raises(ModelError, match="not valid UTF-8"):
+        read_model(model_file=str(path))
