@@ -62,8 +62,34 @@ def load_onnx(path: Path) -> onnx.ModelProto:
     return model
 
 
+def weight_budget() -> int:
+    """Bytes of weights `opt` will read: half the machine's memory, or ``OPTCLI_MAX_WEIGHT_BYTES``."""
+    env = os.environ.get("OPTCLI_MAX_WEIGHT_BYTES")
+    if env and env.isdigit():
+        return int(env)
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): a generous fixed bound
+        return 8 << 30
+
+
+def _declared_bytes(tensor: onnx.TensorProto) -> int | None:
+    try:
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    except Exception:  # noqa: BLE001 - a type numpy cannot name: the reader reports it later
+        return None
+    count = 1
+    for d in tensor.dims:
+        count *= int(d)
+    return count * itemsize
+
+
 def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
+    """Paths stay inside the model's folder, and sizes are checked before anything is read:
+    each tensor's bytes must match its declared shape, and all of them fit the memory budget (a
+    sparse 16 GiB file takes 8 KB on disk and would otherwise be read until the kernel kills us)."""
     base = path.parent.resolve()
+    budget, total = weight_budget(), 0
     for tensor in external_data_helper._get_all_tensors(model):
         if not external_data_helper.uses_external_data(tensor):
             continue
@@ -88,6 +114,16 @@ def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
         if offset + length > target.stat().st_size:
             raise ModelError(f"{path}: tensor '{tensor.name}' reads past the end of '{location}'; "
                              "the external data file is truncated")
+        declared = _declared_bytes(tensor)
+        size = length or max(target.stat().st_size - offset, 0)
+        if declared is not None and size != declared:
+            raise ModelError(f"{path}: tensor '{tensor.name}' declares {declared} bytes of external data but "
+                             f"'{location}' gives it {size}; the model or its data file is damaged")
+        total += size
+        if total > budget:
+            raise ModelError(f"{path}: the external data adds up to more than {budget >> 20} MiB (at tensor "
+                             f"'{tensor.name}', {size >> 20} MiB), over the memory budget for weights; set "
+                             "OPTCLI_MAX_WEIGHT_BYTES if this machine really holds it")
 
 
 def check_opsets(model: onnx.ModelProto, path: Path) -> dict[str, int]:

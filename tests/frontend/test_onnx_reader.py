@@ -143,3 +143,35 @@ def test_names_that_are_not_utf8_are_a_model_error(tmp_path):
     path.write_bytes(model.SerializeToString().replace(b"QQQQ", b"\xff\xfe\xfd\xfc"))
     with pytest.raises(ModelError, match="not valid UTF-8"):
         read_model(model_file=str(path))
+
+
+def _external_model(tmp_path, dims, file_bytes, length=None):
+    """A model whose one weight lives in a sparse external file of ``file_bytes`` bytes."""
+    data = tmp_path / "w.bin"
+    with open(data, "wb") as f:
+        f.truncate(file_bytes)  # sparse: takes no disk space
+    w = onnx.TensorProto(name="w", data_type=TensorProto.FLOAT, dims=dims)
+    w.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in {"location": "w.bin", "offset": "0", **({"length": str(length)} if length else {})}.items():
+        entry = w.external_data.add()
+        entry.key, entry.value = key, value
+    node = helper.make_node("Add", ["x", "w"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)], [w])
+    (tmp_path / "model.onnx").write_bytes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    return tmp_path
+
+
+def test_huge_sparse_external_data_is_refused_before_reading(tmp_path, monkeypatch):
+    """16 GiB declared (8 KB on disk): refused from the sizes, never read."""
+    monkeypatch.setenv("OPTCLI_MAX_WEIGHT_BYTES", str(1 << 30))
+    folder = _external_model(tmp_path, [4, 1 << 30], 16 << 30, length=16 << 30)
+    with pytest.raises(ModelError, match="memory budget"):
+        read_model(model_dir=str(folder))
+
+
+def test_external_data_size_must_match_the_declared_shape(tmp_path):
+    folder = _external_model(tmp_path, [2, 3], 4096)  # no length: the rest of the file, 4096 != 24 bytes
+    with pytest.raises(ModelError, match="declares 24 bytes"):
+        read_model(model_dir=str(folder))
