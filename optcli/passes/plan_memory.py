@@ -59,22 +59,32 @@ def lifetimes_of(step_io: list[tuple[list[str], list[str]]], inputs: list[str], 
 
 
 def plan_offsets(lifetimes: dict[str, tuple[int, int]], sizes: dict[str, int]) -> tuple[dict[str, int], int]:
-    """Greedy-by-size placement; returns (offset per value, arena bytes)."""
+    """Greedy-by-size placement; returns (offset per value, arena bytes).
+
+    Which placed tensors collide with a new one is looked up per step (``alive_at``), not by a
+    scan of everything placed so far: the cost follows how many tensors are alive at once, so a
+    long chain plans in linear time instead of quadratic.
+    """
     order = sorted(sizes, key=lambda n: (-sizes[n], lifetimes[n][0], n))
-    placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
+    start = min((first for first, _ in lifetimes.values()), default=0)
+    stop = max((last for _, last in lifetimes.values()), default=0)
+    alive_at: list[list[int]] = [[] for _ in range(stop - start + 1)]
+    placed: list[tuple[int, int]] = []  # (offset, end) by placement order
     offsets: dict[str, int] = {}
     for name in order:
         size = _align(sizes[name])
         first, last = lifetimes[name]
-        busy = sorted((o, e) for o, e, born, dies in placed if not (dies < first or born > last))
+        overlapping = {k for t in range(first - start, last - start + 1) for k in alive_at[t]}
         offset = 0
-        for o, e in busy:
+        for o, e in sorted(placed[k] for k in overlapping):
             if offset + size <= o:
                 break
             offset = max(offset, e)
         offsets[name] = offset
-        placed.append((offset, offset + size, first, last))
-    return offsets, max((e for _, e, _, _ in placed), default=0)
+        for t in range(first - start, last - start + 1):
+            alive_at[t].append(len(placed))
+        placed.append((offset, offset + size))
+    return offsets, max((e for _, e in placed), default=0)
 
 
 def _align(n: int) -> int:
