@@ -250,7 +250,7 @@ def _label(node: onnx.NodeProto, index: int) -> str:
 
 def to_ir(model: onnx.ModelProto, opsets: dict[str, int]) -> Graph:
     g = model.graph
-    initializers = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    initializers = {t.name: _weight(t) for t in g.initializer}
     for sparse in g.sparse_initializer:
         initializers[sparse.values.name] = _dense(sparse)
     values = {vi.name: _value(vi) for vi in [*g.input, *g.value_info, *g.output]}
@@ -263,7 +263,27 @@ def to_ir(model: onnx.ModelProto, opsets: dict[str, int]) -> Graph:
     return Graph(g.name or "model", nodes, inputs, outputs, initializers, values, opsets, meta)
 
 
+def _weight(tensor: onnx.TensorProto) -> np.ndarray:
+    """A weight as numpy, or a ModelError naming it: absurd dims (``[0, 2**62]`` holds nothing,
+    yet numpy refuses the shape) and data that does not fit the dims are the model's fault."""
+    extent = 1
+    for d in tensor.dims:
+        extent *= max(int(d), 1)
+    if any(int(d) < 0 for d in tensor.dims) or extent > MAX_ELEMENTS:
+        raise ModelError(f"initializer '{tensor.name:.80}' has dims {list(tensor.dims)[:8]}, which no tensor can "
+                         "have; the model is damaged")
+    try:
+        return numpy_helper.to_array(tensor)
+    except (ValueError, TypeError) as exc:
+        raise ModelError(f"initializer '{tensor.name:.80}' cannot be read ({exc}); its data does not match its "
+                         "dims or type: the model is damaged") from None
+
+
 def _dense(sparse: onnx.SparseTensorProto) -> np.ndarray:
+    if int(np.prod([max(int(d), 1) for d in sparse.dims], dtype=np.float64)) > MAX_ELEMENTS or min(
+            sparse.dims, default=0) < 0:
+        raise ModelError(f"sparse initializer '{sparse.values.name:.80}' has dims {list(sparse.dims)[:8]}, too large "
+                         "to make dense; the model is damaged")
     values = numpy_helper.to_array(sparse.values)
     idx = numpy_helper.to_array(sparse.indices)
     dense = np.zeros(int(np.prod(sparse.dims)), dtype=values.dtype)

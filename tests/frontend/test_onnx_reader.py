@@ -175,3 +175,12 @@ def test_external_data_size_must_match_the_declared_shape(tmp_path):
     folder = _external_model(tmp_path, [2, 3], 4096)  # no length: the rest of the file, 4096 != 24 bytes
     with pytest.raises(ModelError, match="declares 24 bytes"):
         read_model(model_dir=str(folder))
+
+
+@pytest.mark.parametrize("dims", [[0, 1 << 62], [-3, 2], [1 << 20, 1 << 20]])
+def test_absurd_initializer_dims_are_a_model_error(dims):
+    """[0, 2**62] holds nothing, yet numpy refuses the shape: the model's fault, exit 2."""
+    model = _matmul_model(dynamic=False)
+    model.graph.initializer.append(onnx.TensorProto(name="junk", data_type=TensorProto.FLOAT, dims=dims))
+    with pytest.raises(ModelError, match="junk"):
+        read_model(model=model)
