@@ -12,6 +12,7 @@ from tests.helpers import assert_close
 
 pytestmark = pytest.mark.opencl
 KEEP_ON_GPU = {"keep_small_islands_on_host"}  # small test models would otherwise go back to the CPU
+COPIES = ("Upload", "Download", "Pack", "Unpack")
 MODELS = ["mobilenet_v2", "mobilenet_v3", "resnet18", "efficientnet_lite0", "squeezenet", "shufflenet_v2", "unet"]
 
 
@@ -34,3 +35,60 @@ def test_zoo_model_on_opencl(name, precision):
     outputs = predictor.run(feeds)
     for key, expected in _ort(model, feeds).items():
         assert_close(outputs[key], expected, precision, what=f"{name}:{key} on opencl")
+
+
+def _audio_model(batch: int = 2, mels: int = 16, frames: int = 64, classes: int = 10):
+    """A keyword-spotting-like 1-D CNN over [N, mels, frames]: Conv1d -> BN -> Relu -> MaxPool1d ->
+    BN (stand-alone) -> depthwise dilated Conv1d -> pointwise Conv1d -> strided Conv1d ->
+    GlobalAveragePool -> Flatten -> Gemm."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(13)
+
+    def w(*shape, scale=0.3):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def bn(name, c):
+        return {f"{name}_s": w(c) + 1, f"{name}_b": w(c), f"{name}_m": w(c), f"{name}_v": np.abs(w(c)) + 0.5}
+
+    inits = {"w1": w(24, mels, 5), "b1": w(24), **bn("bn1", 24), **bn("bn2", 24), "wd": w(24, 1, 3), "bd": w(24),
+             "wp": w(32, 24, 1), "w3": w(32, 32, 3), "b3": w(32), "wg": w(classes, 32), "bg": w(classes)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[5], pads=[2, 2]),
+        helper.make_node("BatchNormalization", ["c1", "bn1_s", "bn1_b", "bn1_m", "bn1_v"], ["n1"]),
+        helper.make_node("Relu", ["n1"], ["r1"]),
+        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2], strides=[2]),
+        helper.make_node("BatchNormalization", ["p1", "bn2_s", "bn2_b", "bn2_m", "bn2_v"], ["n2"]),
+        helper.make_node("Conv", ["n2", "wd", "bd"], ["cd"], kernel_shape=[3], pads=[2, 2], dilations=[2],
+                         group=24),
+        helper.make_node("Relu", ["cd"], ["rd"]),
+        helper.make_node("Conv", ["rd", "wp"], ["cp"], kernel_shape=[1]),
+        helper.make_node("Conv", ["cp", "w3", "b3"], ["c3"], kernel_shape=[3], strides=[2], pads=[1, 1]),
+        helper.make_node("Relu", ["c3"], ["r3"]),
+        helper.make_node("GlobalAveragePool", ["r3"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "wg", "bg"], ["y"], transB=1),
+    ]
+    graph = helper.make_graph(nodes, "audio_kws", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                 [batch, mels, frames])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, classes])],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model, {"x": rng.standard_normal((batch, mels, frames)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_audio_conv1d_model_on_opencl(precision):
+    """Rank-3 [N, C, L] tensors (packed as H = 1) through the whole model on the GPU: every Conv1d
+    (generic, depthwise, pointwise), the pool, the stand-alone BN and the head run on opencl."""
+    model, feeds = _audio_model()
+    result = optcli.optimize(model=model, valid_targets="opencl,arm", precision=precision,
+                             disabled_passes=KEEP_ON_GPU)
+    steps = [s for s in result.report["steps"] if s["domain"] != "optcli" or s["op"] not in COPIES]
+    convs = [s for s in steps if s["op"] == "Conv"]
+    assert len(convs) == 4 and all(s["target"] == "opencl" for s in convs), convs
+    assert all(s["target"] == "opencl" for s in steps), [s for s in steps if s["target"] != "opencl"]
+    outputs = optcli.load(result.data, require_gpu=True).run(feeds)
+    for key, expected in _ort(model, feeds).items():
+        assert_close(outputs[key], expected, precision, what=f"audio_kws:{key} on opencl")

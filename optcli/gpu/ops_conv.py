@@ -1,4 +1,11 @@
-"""GPU kernels for 2-D Conv and ConvTranspose (``kernels/conv.cl``, ``kernels/winograd.cl``).
+"""GPU kernels for 1-D and 2-D Conv and ConvTranspose (``kernels/conv.cl``, ``kernels/winograd.cl``).
+
+A 1-D convolution (``[N, C, L]`` input, ``[M, C/group, K]`` weight) is the 2-D one with a
+one-row window: the packed layout stores rank 3 as ``N, C, H=1, W=L`` (``layout.dims4``), and
+``_lift`` turns the node's geometry into kernel height 1, stride / dilation 1 and no padding
+along H, so every kernel and every weight re-layout below sees 4-D shapes only (ConvTranspose
+alike).  The 1x1, depthwise and generic variants fit 1-D convolutions; 3x3 and winograd need a
+3x3 window.
 
 Conv has five variants, each registered on its own so kernel selection can rank the ones that
 fit a node by ``cost`` (MACs over an efficiency factor, plus a per-launch overhead):
@@ -24,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from optcli.gpu.layout import c4, pack
+from optcli.gpu.layout import c4, dims4, pack
 from optcli.gpu.registry import Launch, common_check, epilogue_defines, gpu_kernel, input_of
 from optcli.ir import Graph, Node
 from optcli.ops.spatial import Window, conv_transpose_geometry, window
@@ -51,20 +58,53 @@ def _bias(ctx, node, m: int):
     return ctx.weight(f"{node.name}/b", full)
 
 
-def _conv_check(node: Node, graph: Graph) -> str | None:
-    """What every Conv variant needs: 4-D input, constant 4-D weight and bias, valid groups."""
+def _lift(attrs: dict, rank: int) -> dict:
+    """A 1-D conv's attributes as a 2-D one's with a one-row window (H: kernel 1, stride 1,
+    dilation 1, no padding, no output padding); 2-D attributes are returned unchanged."""
+    if rank != 3:
+        return attrs
+    lifted = dict(attrs)
+    for key, first in (("kernel_shape", 1), ("strides", 1), ("dilations", 1), ("output_padding", 0)):
+        if attrs.get(key) is not None and len(attrs[key]):
+            lifted[key] = [first, *attrs[key]]
+    if attrs.get("output_shape") is not None and len(attrs["output_shape"]):
+        lifted["output_shape"] = [1, attrs["output_shape"][-1]]  # ConvTranspose: its last entry is L
+    if attrs.get("pads") is not None and len(attrs["pads"]):
+        begin, end = list(attrs["pads"][: len(attrs["pads"]) // 2]), list(attrs["pads"][len(attrs["pads"]) // 2:])
+        lifted["pads"] = [0, *begin, 0, *end]
+    return lifted
+
+
+def _wshape4(wshape) -> tuple[int, ...]:
+    """A conv weight's shape as 4-D: [M, Cg, K] (1-D) -> [M, Cg, 1, K]."""
+    ws = tuple(int(d) for d in wshape)
+    return (*ws[:2], 1, ws[2]) if len(ws) == 3 else ws
+
+
+def _spatial_check(node: Node, graph: Graph, what: str) -> tuple[tuple, np.ndarray] | str:
+    """(input shape, constant weight) of a 1-D or 2-D (transposed) convolution, or why not."""
     reason = common_check(node, graph)
     if reason:
         return reason
-    xs = graph.shape_of(node.input(0))
+    xs = tuple(graph.shape_of(node.input(0)))
+    if len(xs) not in (3, 4):
+        return f"only 1-D and 2-D {what}s run on the GPU (input has rank {len(xs)})"
     wname = node.input(1)
-    if len(xs) != 4:
-        return f"only 2-D convolutions run on the GPU (input has rank {len(xs)})"
     w = graph.const(wname)
     if w is None:
         return f"weight '{wname}' is not a constant"
-    if w.ndim != 4:
-        return f"weight '{wname}' has rank {w.ndim} (2-D convolutions take rank 4)"
+    if w.ndim != len(xs):
+        return f"weight '{wname}' has rank {w.ndim} (a {len(xs) - 2}-D {what} takes rank {len(xs)})"
+    return xs, w
+
+
+def _conv_check(node: Node, graph: Graph) -> str | None:
+    """What every Conv variant needs: 3-D or 4-D input, constant weight of the same rank and
+    constant bias, valid groups."""
+    checked = _spatial_check(node, graph, "convolution")
+    if isinstance(checked, str):
+        return checked
+    xs, w = checked
     bname = node.input(2)
     if bname:
         b = graph.const(bname)
@@ -83,15 +123,28 @@ def _conv_check(node: Node, graph: Graph) -> str | None:
 
 
 def _window(attrs: dict, xshape, wshape) -> Window:
-    ks = attrs.get("kernel_shape") or tuple(wshape[2:])
-    return window(attrs, tuple(xshape[2:]), ks)
+    """The 2-D window of a conv (a 1-D one lifted: one row, ``_lift``); shapes as in the graph."""
+    attrs = _lift(attrs, len(xshape))
+    ks = attrs.get("kernel_shape") or _wshape4(wshape)[2:]
+    win = window(attrs, tuple(dims4(xshape)[2:]), ks)
+    if len(win.kernel) != 2:
+        raise ValueError(f"kernel_shape {list(ks)} does not fit a {len(xshape) - 2}-D input")
+    return win
 
 
 def _dims(node, graph):
-    """(x shape, weight shape, window, group) for a node that passed ``_conv_check``."""
+    """(4-D x shape, 4-D weight shape, window, group) for a node that passed ``_conv_check``."""
     xs = tuple(graph.shape_of(node.input(0)))
     ws = tuple(graph.const(node.input(1)).shape)
-    return xs, ws, _window(node.attrs, xs, ws), int(node.attrs.get("group", 1))
+    return dims4(xs), _wshape4(ws), _window(node.attrs, xs, ws), int(node.attrs.get("group", 1))
+
+
+def _launch_dims(ctx, node) -> tuple[tuple[int, ...], np.ndarray, Window, tuple[int, ...]]:
+    """At load: (4-D x shape, 4-D weight, window, 4-D output shape) of a Conv step."""
+    xs = tuple(ctx.shape(input_of(node, 0)))
+    w = ctx.const(input_of(node, 1))
+    out = dims4(ctx.shape(node.outputs[0]))
+    return dims4(xs), w.reshape(_wshape4(w.shape)), _window(node.attrs, xs, w.shape), out
 
 
 def _span(m: int, c: int, mg: int, cg: int) -> int:
@@ -142,7 +195,9 @@ def _check_1x1(node: Node, graph: Graph) -> str | None:
         return "the 1x1 kernel needs one group"
     if any(win.pad_begin) or any(win.pad_end):
         return "the 1x1 kernel takes no padding"
-    if win.strides[0] != win.strides[1] or win.strides[0] not in (1, 2):
+    # one stride for both axes; with a single output row (1-D convs) the row stride is unused
+    (sh, sw), single_row = win.strides, win.out[0] == 1
+    if (sh != sw and not single_row) or sw not in (1, 2):
         return "the 1x1 kernel takes equal strides of 1 or 2"
     return None
 
@@ -150,14 +205,11 @@ def _check_1x1(node: Node, graph: Graph) -> str | None:
 @gpu_kernel("Conv", variant="1x1", check=_check_1x1, cost=lambda n, g: _padded_macs(n, g) / 4.0 + _LAUNCH_COST,
             priority=40)
 def conv_1x1(ctx, node) -> list[Launch]:
-    x, out = input_of(node, 0), node.outputs[0]
-    xs = ctx.shape(x)
-    w = ctx.const(input_of(node, 1))
+    xs, w, win, (on, _, oh, ow) = _launch_dims(ctx, node)
     m, c = w.shape[:2]
-    on, _, oh, ow = ctx.shape(out)
     wb = _blocked_weight(w.reshape(m, c, 1), m, c, m, c, c4(c))
-    args = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m), ctx.tensor(out),
-            c4(c), xs[2], xs[3], m, oh, ow, _window(node.attrs, xs, w.shape).strides[0]]
+    args = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m),
+            ctx.tensor(node.outputs[0]), c4(c), xs[2], xs[3], m, oh, ow, win.strides[1]]
     return [Launch(SOURCE, "conv2d_1x1", args, (-(-(oh * ow) // 4), c4(m), on), epilogue_defines(node.attrs))]
 
 
@@ -177,33 +229,25 @@ def _check_3x3(node: Node, graph: Graph) -> str | None:
 @gpu_kernel("Conv", variant="3x3", check=_check_3x3, cost=lambda n, g: _padded_macs(n, g) / 3.0 + _LAUNCH_COST,
             priority=30)
 def conv_3x3(ctx, node) -> list[Launch]:
-    x, out = input_of(node, 0), node.outputs[0]
-    xs = ctx.shape(x)
-    w = ctx.const(input_of(node, 1))
+    xs, w, win, (on, _, oh, ow) = _launch_dims(ctx, node)
     m, c = w.shape[:2]
-    win = _window(node.attrs, xs, w.shape)
-    on, _, oh, ow = ctx.shape(out)
     wb = _blocked_weight(w.reshape(m, c, 9), m, c, m, c, c4(c))
-    args = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m), ctx.tensor(out),
-            c4(c), xs[2], xs[3], m, oh, ow, *_geometry_args(win)]
+    args = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m),
+            ctx.tensor(node.outputs[0]), c4(c), xs[2], xs[3], m, oh, ow, *_geometry_args(win)]
     return [Launch(SOURCE, "conv2d_3x3", args, (-(-ow // 4), c4(m), on * oh), epilogue_defines(node.attrs))]
 
 
 @gpu_kernel("Conv", variant="generic", check=_conv_check,
             cost=lambda n, g: _padded_macs(n, g) / 1.5 + _LAUNCH_COST, priority=0)
 def conv_generic(ctx, node) -> list[Launch]:
-    x, out = input_of(node, 0), node.outputs[0]
-    xs = ctx.shape(x)
-    w = ctx.const(input_of(node, 1))
+    xs, w, win, (on, _, oh, ow) = _launch_dims(ctx, node)
     m, cg, kh, kw = w.shape
     group = int(node.attrs.get("group", 1))
     c, mg = xs[1], m // group
-    win = _window(node.attrs, xs, w.shape)
-    on, _, oh, ow = ctx.shape(out)
     span = _span(m, c, mg, cg)
     wb = _blocked_weight(w.reshape(m, cg, kh * kw), m, c, mg, cg, span)
-    args = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m), ctx.tensor(out),
-            c4(c), xs[2], xs[3], m, oh, ow, kh, kw, *_geometry_args(win), span, cg, mg]
+    args = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m),
+            ctx.tensor(node.outputs[0]), c4(c), xs[2], xs[3], m, oh, ow, kh, kw, *_geometry_args(win), span, cg, mg]
     return [Launch(SOURCE, "conv2d_direct", args, (-(-ow // 4), c4(m), on * oh), epilogue_defines(node.attrs))]
 
 
@@ -225,17 +269,13 @@ def _cost_depthwise(node, graph) -> float:
 
 @gpu_kernel("Conv", variant="depthwise", check=_check_depthwise, cost=_cost_depthwise, priority=40)
 def conv_depthwise(ctx, node) -> list[Launch]:
-    x, out = input_of(node, 0), node.outputs[0]
-    xs = ctx.shape(x)
-    w = ctx.const(input_of(node, 1))
+    xs, w, win, (on, _, oh, ow) = _launch_dims(ctx, node)
     m, _, kh, kw = w.shape
-    win = _window(node.attrs, xs, w.shape)
-    on, _, oh, ow = ctx.shape(out)
     wb = np.zeros((c4(m) * 4, kh * kw), np.float32)
     wb[:m] = w.reshape(m, kh * kw)
     wb = wb.reshape(c4(m), 4, kh * kw).transpose(0, 2, 1)  # [O4][taps][4 out lanes]
-    args = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m), ctx.tensor(out),
-            c4(xs[1]), xs[2], xs[3], m, oh, ow, kh, kw, *_geometry_args(win), m // xs[1]]
+    args = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m),
+            ctx.tensor(node.outputs[0]), c4(xs[1]), xs[2], xs[3], m, oh, ow, kh, kw, *_geometry_args(win), m // xs[1]]
     return [Launch(SOURCE, "conv2d_depthwise", args, (-(-ow // 4), c4(m), on * oh), epilogue_defines(node.attrs))]
 
 
@@ -270,12 +310,10 @@ def _cost_winograd(node, graph) -> float:
 
 @gpu_kernel("Conv", variant="winograd", check=_check_winograd, cost=_cost_winograd, priority=20)
 def conv_winograd(ctx, node) -> list[Launch]:
-    x, out = input_of(node, 0), node.outputs[0]
-    xs = ctx.shape(x)
-    w = ctx.const(input_of(node, 1)).astype(np.float32)
+    out = node.outputs[0]
+    xs, w, win, (on, _, oh, ow) = _launch_dims(ctx, node)
+    w = w.astype(np.float32)
     m, c = w.shape[:2]
-    win = _window(node.attrs, xs, w.shape)
-    on, _, oh, ow = ctx.shape(out)
     th, tw = -(-oh // 2), -(-ow // 2)
     t = on * th * tw
     ci, co = c4(c), c4(m)
@@ -304,15 +342,10 @@ def conv_winograd(ctx, node) -> list[Launch]:
 
 # --------------------------------------------------------------------------- ConvTranspose
 def _check_transpose(node: Node, graph: Graph) -> str | None:
-    reason = common_check(node, graph)
-    if reason:
-        return reason
-    xs = graph.shape_of(node.input(0))
-    if len(xs) != 4:
-        return f"only 2-D transposed convolutions run on the GPU (input has rank {len(xs)})"
-    w = graph.const(node.input(1))
-    if w is None or w.ndim != 4:
-        return f"weight '{node.input(1)}' must be a constant of rank 4"
+    checked = _spatial_check(node, graph, "transposed convolution")
+    if isinstance(checked, str):
+        return checked
+    xs, w = checked
     group = int(node.attrs.get("group", 1))
     if group < 1 or xs[1] % group or w.shape[0] != xs[1]:
         return f"group {group} does not fit {xs[1]} input channels and weight {tuple(w.shape)}"
@@ -323,21 +356,23 @@ def _check_transpose(node: Node, graph: Graph) -> str | None:
 
 
 def _cost_transpose(node, graph) -> float:
-    xs = graph.shape_of(node.input(0))
-    ws = graph.const(node.input(1)).shape
-    return float(xs[0] * xs[1] * xs[2] * xs[3] * ws[1] * ws[2] * ws[3]) + _LAUNCH_COST
+    n, c, h, w = dims4(graph.shape_of(node.input(0)))
+    ws = _wshape4(graph.const(node.input(1)).shape)
+    return float(n * c * h * w * ws[1] * ws[2] * ws[3]) + _LAUNCH_COST
 
 
 @gpu_kernel("ConvTranspose", variant="gather", check=_check_transpose, cost=_cost_transpose)
 def conv_transpose(ctx, node) -> list[Launch]:
     x, out = input_of(node, 0), node.outputs[0]
-    xs = ctx.shape(x)
+    rank = len(ctx.shape(x))
+    xs = dims4(ctx.shape(x))
     w = ctx.const(input_of(node, 1))
+    w = w.reshape(_wshape4(w.shape))
     c, mg, kh, kw = w.shape
     group = int(node.attrs.get("group", 1))
     cg, m = c // group, mg * group
-    strides, dil, begin, _end, _out = conv_transpose_geometry(node.attrs, xs[2:], (kh, kw))
-    on, _, oh, ow = ctx.shape(out)
+    strides, dil, begin, _end, _out = conv_transpose_geometry(_lift(node.attrs, rank), xs[2:], (kh, kw))
+    on, _, oh, ow = dims4(ctx.shape(out))
     span = _span(m, c, mg, cg)
     # ONNX [C, Mg, kh, kw] -> [M, Cg, taps], then blocked like a grouped conv's weight.
     wm = w.reshape(group, cg, mg, kh * kw).transpose(0, 2, 1, 3).reshape(m, cg, kh * kw)

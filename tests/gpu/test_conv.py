@@ -1,5 +1,6 @@
 """Conv and ConvTranspose GPU kernels against the numpy reference: every variant, fp32 and fp16,
-odd channel counts, strides, asymmetric pads, dilation, groups, batch 2, every fused epilogue."""
+odd channel counts, strides, asymmetric pads, dilation, groups, batch 2, every fused epilogue;
+1-D convolutions (rank-3 ``[N, C, L]``, packed as ``H = 1``) on the variants that take them."""
 
 from __future__ import annotations
 
@@ -128,12 +129,9 @@ def test_conv_checks():
     assert _fits(graph, node) == {"1x1", "generic"}
     graph, node = ir_graph("Conv", {"x": x}, *conv_case((1, 8, 9, 9), 8, (3, 3), 8)[1:])
     assert _fits(graph, node) == {"depthwise", "generic"}
-    # A runtime weight, a 1-D conv: nothing fits, and the reason says why.
+    # A runtime weight: nothing fits, and the reason says why.
     graph, node = ir_graph("Conv", {"x": x, "w": consts["w"]}, {}, {})
     assert "not a constant" in get_gpu_kernel("gpu.onnx.Conv.generic").check(node, graph)
-    x1 = rand(1, 4, 9)
-    graph, node = ir_graph("Conv", {"x": x1}, {"w": rand(4, 4, 3)}, {})
-    assert "2-D" in get_gpu_kernel("gpu.onnx.Conv.generic").check(node, graph)
 
 
 def test_conv_selection_by_cost():
@@ -147,6 +145,84 @@ def test_conv_selection_by_cost():
     assert best((1, 16, 8, 8), 16, (1, 1)) == "1x1"
     assert best((1, 16, 8, 8), 16, (3, 3), 16, pads=[1, 1, 1, 1]) == "depthwise"
     assert best((1, 16, 8, 8), 16, (3, 3), 4, pads=[1, 1, 1, 1]) == "generic"
+
+
+# --------------------------------------------------------------------------- 1-D (rank 3)
+# name -> (x shape [N, C, L], M, kernel, group, attrs): plain, strided, padded, dilated, grouped
+CASES_1D = {
+    "generic": (((2, 5, 17), 7, (3,), 1, {}),
+                ((1, 6, 20), 9, (5,), 1, {"strides": [2], "pads": [2, 1]}),
+                ((1, 3, 19), 4, (3,), 1, {"dilations": [3], "pads": [3, 2]}),
+                ((2, 6, 11), 9, (3,), 3, {"pads": [1, 1]}),  # 3 groups of 2 -> 3
+                ((1, 4, 15), 5, (4,), 1, {"strides": [3], "auto_pad": "SAME_UPPER"})),
+    "depthwise": (((2, 6, 13), 6, (3,), 6, {"pads": [1, 1]}),
+                  ((1, 5, 21), 5, (5,), 5, {"strides": [2], "dilations": [2], "pads": [4, 3]}),
+                  ((1, 3, 9), 6, (3,), 3, {"pads": [0, 2]})),  # channel multiplier 2
+    "1x1": (((2, 9, 10), 6, (1,), 1, {}),
+            ((1, 5, 11), 7, (1,), 1, {"strides": [2]})),
+}
+PARAMS_1D = [(v, i) for v, cases in CASES_1D.items() for i in range(len(cases))]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("variant, index", PARAMS_1D)
+def test_conv1d_variant(variant, index, precision):
+    x_shape, m, k, group, attrs = CASES_1D[variant][index]
+    x, consts, attrs = conv_case(x_shape, m, k, group, bias=index != 1, **attrs)
+    graph, node = ir_graph("Conv", {"x": x}, consts, attrs)
+    check_gpu(graph, node, {"x": x}, precision, kernel_id=f"gpu.onnx.Conv.{variant}")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("variant, activation", [("generic", "relu"), ("depthwise", "hard_swish"),
+                                                 ("1x1", "clip"), ("generic", "sigmoid")])
+def test_conv1d_epilogue(variant, activation, precision):
+    x_shape, m, k, group, attrs = CASES_1D[variant][-1]
+    alpha, beta = EPILOGUES[activation]
+    attrs = {**attrs, "activation": activation, "activation_alpha": alpha, "activation_beta": beta}
+    x, consts, attrs = conv_case(x_shape, m, k, group, **attrs)
+    graph, node = ir_graph("Conv", {"x": x}, consts, attrs)
+    check_gpu(graph, node, {"x": x}, precision, kernel_id=f"gpu.onnx.Conv.{variant}")
+
+
+def test_conv1d_checks():
+    """Which variants take a 1-D conv, and what is refused with a reason (never run wrong)."""
+    x = rand(1, 8, 12)
+
+    def fits(m, k, group=1, **attrs):
+        graph, node = ir_graph("Conv", {"x": x}, *conv_case(x.shape, m, k, group, **attrs)[1:])
+        return _fits(graph, node)
+
+    assert fits(8, (3,), pads=[1, 1]) == {"generic"}  # a 1x3 window: not 3x3, not winograd
+    assert fits(8, (3,), 8) == {"depthwise", "generic"}
+    assert fits(8, (1,)) == {"1x1", "generic"}
+    assert fits(8, (1,), strides=[2]) == {"1x1", "generic"}  # the row stride is unused (one row)
+    assert fits(8, (1,), strides=[3]) == {"generic"}
+    assert fits(8, (1,), pads=[1, 0]) == {"generic"}
+    generic = get_gpu_kernel("gpu.onnx.Conv.generic")
+    # the weight's rank must match the input's: a 2-D weight on a 1-D input is not a 1-D conv
+    graph, node = ir_graph("Conv", {"x": x}, {"w": rand(4, 8, 3)}, {})
+    graph.initializers["w"] = rand(4, 8, 1, 3)
+    assert "rank 4" in generic.check(node, graph)
+    # kernel_shape of the wrong length
+    graph, node = ir_graph("Conv", {"x": x}, {"w": rand(4, 8, 3)}, {"kernel_shape": [3], "pads": [1, 1]})
+    node.attrs["kernel_shape"] = [1, 3]
+    assert "geometry" in generic.check(node, graph)
+    # 3-D convolutions have no GPU kernel
+    x5 = rand(1, 4, 3, 5, 5)
+    graph, node = ir_graph("Conv", {"x": x5}, {"w": rand(4, 4, 3, 3, 3)}, {})
+    assert "rank 5" in generic.check(node, graph)
+
+
+def test_conv1d_selection_by_cost():
+    def best(x_shape, m, k, group=1, **attrs):
+        x, consts, attrs = conv_case(x_shape, m, k, group, **attrs)
+        graph, node = ir_graph("Conv", {"x": np.zeros(x_shape, np.float32)}, consts, attrs)
+        return OPENCL.select_kernel(node, graph).rsplit(".", 1)[1]
+
+    assert best((1, 80, 200), 64, (3,), pads=[1, 1]) == "generic"  # Whisper's conv stem
+    assert best((1, 16, 64), 16, (1,)) == "1x1"
+    assert best((1, 16, 64), 16, (5,), 16, pads=[2, 2]) == "depthwise"
 
 
 TRANSPOSE_CASES = [
@@ -168,3 +244,29 @@ def test_conv_transpose(index, precision):
         attrs.pop("activation")
     graph, node = ir_graph("ConvTranspose", {"x": x}, consts, attrs)
     check_gpu(graph, node, {"x": x}, precision, kernel_id="gpu.onnx.ConvTranspose.gather")
+
+
+TRANSPOSE_1D_CASES = [
+    ((2, 5, 7), 6, 1, 3, {"strides": [2], "pads": [1, 0], "output_padding": [1]}),
+    ((1, 6, 5), 4, 2, 4, {"strides": [3], "dilations": [2], "activation": "relu"}),  # 2 groups of 3 -> 2
+    ((1, 4, 6), 3, 1, 3, {"strides": [2], "output_shape": [12], "auto_pad": "SAME_UPPER"}),
+]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("index", range(len(TRANSPOSE_1D_CASES)))
+def test_conv_transpose1d(index, precision):
+    x_shape, m, group, k, attrs = TRANSPOSE_1D_CASES[index]
+    x = rand(*x_shape)
+    consts = {"w": rand(x_shape[1], m // group, k, scale=0.5), "b": rand(m)}
+    graph, node = ir_graph("ConvTranspose", {"x": x}, consts, {**attrs, "group": group})
+    check_gpu(graph, node, {"x": x}, precision, kernel_id="gpu.onnx.ConvTranspose.gather")
+
+
+def test_conv_transpose_checks():
+    generic = get_gpu_kernel("gpu.onnx.ConvTranspose.gather")
+    graph, node = ir_graph("ConvTranspose", {"x": rand(1, 4, 6)}, {"w": rand(4, 3, 3)}, {})
+    graph.initializers["w"] = rand(4, 3, 1, 3)
+    assert "rank 4" in generic.check(node, graph)
+    graph, node = ir_graph("ConvTranspose", {"x": rand(1, 4, 2, 3, 3)}, {"w": rand(4, 3, 2, 2, 2)}, {})
+    assert "rank 5" in generic.check(node, graph)

@@ -28,6 +28,10 @@ BROADCASTS = [
     ((2, 7), (7,), True),                  # rank 2, [C]
     ((2, 7), (7,), False),
     ((2, 5, 6), (2, 5, 1), False),         # rank 3
+    ((2, 5, 6), (5, 1), True),             # rank 3 [N, C, L], per-channel constant [C, 1]
+    ((2, 5, 6), (6,), True),               # rank 3, per-position constant [L]
+    ((2, 5, 6), (1, 5, 6), False),         # rank 3, runtime, batch broadcast
+    ((2, 5, 6), (1, 1, 6), False),         # rank 3, runtime [1, 1, L]
     ((2, 5, 3, 4), (1, 1, 3, 4), True),    # spatial-only constant
 ]
 
@@ -95,6 +99,9 @@ def test_rejects():
     x = _r(2, 6, 3, 4)
     graph, node = one_node_graph("Add", {"x": x, "b": _r(6, 1, 1)})
     assert "broadcast pattern" in _check("Add", graph, node)
+    # rank 3: a runtime [C, 1] packs C as N (rank 2), not as the output's channels: refused
+    graph, node = one_node_graph("Mul", {"x": _r(2, 6, 5), "b": _r(6, 1)})
+    assert "broadcast pattern" in _check("Mul", graph, node)
     graph, node = one_node_graph("Max", {"x": x, "y": x, "z": x})
     assert "3 inputs" in _check("Max", graph, node)
     graph, node = one_node_graph("Add", {"x": x, "y": x})

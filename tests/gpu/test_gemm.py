@@ -82,10 +82,12 @@ def test_batch_normalization(x_shape, precision):
     check_gpu(graph, node, {"x": x}, precision, kernel_id="gpu.onnx.BatchNormalization.default")
 
 
-@pytest.mark.parametrize("activation, shift, precision", [
-    ("clip", True, "fp32"), ("hard_sigmoid", True, "fp32"), (None, False, "fp32"), (None, True, "fp16")])
-def test_channel_affine(activation, shift, precision):
-    x = rand(2, 7, 3, 5)
+@pytest.mark.parametrize("activation, shift, precision, x_shape", [
+    ("clip", True, "fp32", (2, 7, 3, 5)), ("hard_sigmoid", True, "fp32", (2, 7, 3, 5)),
+    (None, False, "fp32", (2, 7, 3, 5)), (None, True, "fp16", (2, 7, 3, 5)),
+    ("relu", True, "fp32", (2, 7, 9)), ("relu", True, "fp16", (2, 7, 9))])  # rank 3: a sequence [N, C, L]
+def test_channel_affine(activation, shift, precision, x_shape):
+    x = rand(*x_shape)
     consts = {"s": rand(7)}
     names = ["x", "s", "t" if shift else ""]
     if shift:

@@ -1,4 +1,4 @@
-"""2-D pooling GPU kernels against the numpy reference."""
+"""1-D and 2-D pooling GPU kernels against the numpy reference (1-D: rank 3, packed as H = 1)."""
 
 from __future__ import annotations
 
@@ -31,15 +31,24 @@ def test_pool(op, attrs, precision):
     check_gpu(graph, node, {"x": X}, precision)
 
 
-@pytest.mark.parametrize("op, attrs", [
+X1 = np.random.default_rng(4).standard_normal((2, 7, 13)).astype(np.float32)
+CASES_1D = [
     ("MaxPool", {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+    ("MaxPool", {"kernel_shape": [2], "strides": [2], "ceil_mode": 1}),
+    ("MaxPool", {"kernel_shape": [3], "dilations": [2], "auto_pad": "SAME_UPPER"}),
     ("AveragePool", {"kernel_shape": [3], "strides": [2], "pads": [1, 0], "count_include_pad": 1}),
+    ("AveragePool", {"kernel_shape": [4], "strides": [3], "pads": [2, 1]}),
+    ("AveragePool", {"kernel_shape": [2], "strides": [2], "ceil_mode": 1, "pads": [0, 1], "count_include_pad": 1}),
     ("GlobalAveragePool", {}),
-])
-def test_pool_1d(op, attrs):
-    x = X[:, :, 0].copy()
-    graph, node = one_node_graph(op, {"x": x}, attrs=attrs)
-    check_gpu(graph, node, {"x": x})
+    ("GlobalMaxPool", {}),
+]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("op, attrs", CASES_1D)
+def test_pool_1d(op, attrs, precision):
+    graph, node = one_node_graph(op, {"x": X1}, attrs=attrs, opset=19 if "dilations" in attrs else 17)
+    check_gpu(graph, node, {"x": X1}, precision)
 
 
 def test_rejects():

@@ -15,7 +15,7 @@ import numpy as np
 
 import optcli.gpu.ops  # noqa: F401  (registers the kernels)
 from optcli.gpu.ops_elementwise import BINARY_CODES, UNARY_CODES
-from tests.gpu import test_conv, test_elementwise, test_gemm, test_pool, test_resize, test_tensor
+from tests.gpu import test_conv, test_elementwise, test_gemm, test_norm, test_pool, test_resize, test_tensor
 from tests.gpu.harness import one_node_graph
 from tests.gpu.test_conv import EPILOGUES, conv_case, ir_graph
 
@@ -121,6 +121,15 @@ def _cases() -> list[Case]:
         xc, *values = _ints(xc, *consts.values())
         out.append(Case(f"conv-{variant}-fakequant", _ir("Conv", {"x": xc}, dict(zip(consts, values)), attrs,
                                                           f"gpu.onnx.Conv.{variant}")))
+    for variant, cases in test_conv.CASES_1D.items():  # 1-D convs: rank 3 packed as H = 1
+        for k, (x_shape, m, kern, group, attrs) in enumerate(cases):
+            xc, consts, attrs = conv_case(x_shape, m, kern, group, bias=k != 1, **attrs)
+            out.append(Case(f"conv1d-{variant}-{k}", _ir("Conv", {"x": xc}, consts, attrs,
+                                                         f"gpu.onnx.Conv.{variant}")))
+    for k, (x_shape, m, group, kern, attrs) in enumerate(test_conv.TRANSPOSE_1D_CASES):
+        consts = {"w": _r(x_shape[1], m // group, kern, scale=0.5), "b": _r(m)}
+        out.append(Case(f"conv-transpose1d-{k}", _ir("ConvTranspose", {"x": _r(*x_shape)}, consts,
+                                                     {**attrs, "group": group})))
     xt = _r(1, 4, 4, 5)
     out.append(Case("conv-transpose", _ir("ConvTranspose", {"x": xt}, {"w": _r(4, 3, 3, 3), "b": _r(3)},
                                           {"strides": [2, 2], "pads": [1, 0, 1, 1], **_epilogue("relu")})))
@@ -148,10 +157,20 @@ def _cases() -> list[Case]:
                                      {"epsilon": 1e-3})))
     out.append(Case("channel-affine", _ir("ChannelAffine", {"x": _r(2, 7, 3, 5)}, {"s": _r(7), "t": _r(7)},
                                           _epilogue("hard_sigmoid"), domain="optcli", input_names=["x", "s", "t"])))
+    for k, (x_shape, axis, s_shape, b_shape) in enumerate(test_norm.LAYER_CASES):
+        consts = {"s": _r(*s_shape), **({"b": _r(*b_shape)} if b_shape else {})}
+        out.append(Case(f"layernorm-{k}", _onnx("LayerNormalization", {"x": _r(*x_shape, scale=2.0)}, consts,
+                                                {"axis": axis})))
+    for x_shape in ((2, 6, 17), (1, 3, 4, 5)):
+        out.append(Case(f"instancenorm-{len(x_shape)}d", _onnx("InstanceNormalization", {"x": _r(*x_shape, scale=3.0)},
+                                                               {"s": _r(x_shape[1]), "b": _r(x_shape[1])})))
     # ---- pooling, reductions, softmax, resize, data movement, LSTM
     for k, (op, attrs) in enumerate(test_pool.CASES):
         out.append(Case(f"pool-{op}-{k}", _onnx(op, {"x": test_pool.X}, attrs=attrs,
                                                 opset=19 if "dilations" in attrs else 17)))
+    for k, (op, attrs) in enumerate(test_pool.CASES_1D):
+        out.append(Case(f"pool1d-{op}-{k}", _onnx(op, {"x": test_pool.X1}, attrs=attrs,
+                                                  opset=19 if "dilations" in attrs else 17)))
     out.append(Case("pool-GlobalAveragePool-fakequant", _ir("GlobalAveragePool", {"x": _ints(test_pool.X)[0]}, {},
                                                             dict(FAKE_QUANT))))
     for op in ("ReduceMean", "ReduceMax", "ReduceSum", "ReduceMin"):
