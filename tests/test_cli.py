@@ -106,11 +106,11 @@ def test_print_flags(model_file, tmp_path, capsys):
 
 
 def test_gpu_target_without_kernels_warns_once_per_op_and_falls_back(model_file, tmp_path, capsys):
-    code, _, err = run([f"--model_file={model_file}", "--valid_targets=opencl,arm",
+    code, _, err = run([f"--model_file={model_file}", "--valid_targets=metal,arm",  # metal: static shapes only
                         f"--optimize_out={tmp_path}/g"], capsys)
     assert code == 0
     warnings = [line for line in err.splitlines() if "warning" in line]
-    assert warnings and all("cannot run on opencl: dynamic shape (" in w and w.endswith(" on arm")
+    assert warnings and all("cannot run on metal: dynamic shape (" in w and w.endswith(" on arm")
                             for w in warnings)
     ops = [re.search(r"warning: (?:\d+ )?(\w+) node", w).group(1) for w in warnings]
     assert len(ops) == len(set(ops)) and "Conv" in ops  # once per (target, op type, reason)
@@ -168,16 +168,22 @@ def _island_model(tmp_path):
 
 
 def test_summary_says_how_many_steps_each_gpu_target_got(model_file, tmp_path, capsys):
-    code, _, err = run([f"--model_file={model_file}", "--valid_targets=opencl,arm", f"--optimize_out={tmp_path}/d",
+    code, _, err = run([f"--model_file={model_file}", "--valid_targets=metal,arm", f"--optimize_out={tmp_path}/d",
                         f"--report={tmp_path}/d.json"], capsys)
     assert code == 0, err
     report = json.loads((tmp_path / "d.json").read_text())
     n = report["nodes_after"]
-    assert f"-> {n} steps: 0 of {n} steps on opencl, {n} on arm" in err  # dynamic shapes: nothing on the GPU
-    assert report["steps_per_target"] == {"opencl": 0, "arm": n}
+    assert f"-> {n} steps: 0 of {n} steps on metal, {n} on arm" in err  # dynamic shapes: nothing on Metal
+    assert report["steps_per_target"] == {"metal": 0, "arm": n}
     conv = [g for g in report["placement_reasons"] if g["op"] == "Conv"]
-    assert conv == [{"target": "opencl", "op": "Conv", "reason": "dynamic shape", "count": 3, "example": "conv_0",
-                     "detail": "'input' has a dynamic shape (pin it with --input_shapes)", "runs_on": ["arm"]}]
+    assert conv == [{"target": "metal", "op": "Conv", "reason": "dynamic shape", "count": 3, "example": "conv_0",
+                     "detail": "'input' has a dynamic shape (the metal runtime binds static shapes only; pin it with "
+                               "--input_shapes)", "runs_on": ["arm"]}]
+    code, _, err = run([f"--model_file={model_file}", "--valid_targets=opencl,arm", f"--optimize_out={tmp_path}/y",
+                        f"--report={tmp_path}/y.json"], capsys)
+    report = json.loads((tmp_path / "y.json").read_text())
+    k, n = report["steps_per_target"]["opencl"], report["nodes_after"]
+    assert code == 0 and f"-> {n} steps: {k} of {n} steps on opencl" in err and k == n  # OpenCL binds them at run
     code, _, err = run([f"--model_file={model_file}", "--valid_targets=opencl,arm", "--input_shapes=input:1,3,32,32",
                         f"--optimize_out={tmp_path}/s", f"--report={tmp_path}/s.json"], capsys)
     report = json.loads((tmp_path / "s.json").read_text())

@@ -6,7 +6,9 @@ crossing plus the bytes that would cross divided by a bus bandwidth; its saving 
 does (multiply-adds, or elements for memory-bound ops) times the difference between host and
 GPU throughput.  The constants are deliberately rough (a mobile GPU against one big CPU core):
 the point is to avoid the obvious losses, e.g. a lone Relu between two host-only ops costing
-two copies and two layout conversions.  Off with ``opt --disable_pass=keep_small_islands_on_host``.
+two copies and two layout conversions.  Symbolic dims count at nominal sizes (a batch as 1, any
+other dynamic dim as 64; ``optcli.targets.nominal``), or at ``--input_shapes`` when given (the
+frontend pins them).  Off with ``opt --disable_pass=keep_small_islands_on_host``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 
 from optcli.ir import Graph, Node
 from optcli.passes.base import PassContext
+from optcli.targets.nominal import nominal_views
 
 NAME = "keep_small_islands_on_host"
 DESCRIPTION = "move GPU islands whose host<->device copies cost more than they save back to the host"
@@ -29,6 +32,10 @@ GPU_ELEMENTS_PER_S = 20e9
 
 def _elements(graph: Graph, name: str) -> int:
     shape = graph.shape_of(name)
+    if shape is not None and not all(isinstance(d, int) for d in shape):
+        # Symbolic dims count at their nominal sizes (batch 1, other dims 64: targets/nominal.py).
+        views = nominal_views(graph)
+        shape = views[0].shape_of(name) if views else None
     if shape is None or not all(isinstance(d, int) for d in shape):
         return 0
     return int(np.prod(shape, dtype=np.int64))

@@ -1,6 +1,7 @@
 """Prepare and run the GPU part of a plan on an OpenCL device.
 
-At load: every device value gets a buffer (values whose lifetimes do not overlap share one, by
+At load (per input shape when the plan has dynamic dims: ``GpuSteps.bind_inputs``): every
+device value gets a buffer (values whose lifetimes do not overlap share one, by
 best fit), weights are re-laid and uploaded once by the kernels' launch functions, programs are
 built (or fetched from the binary cache) and kernel arguments bound.  At run time a GPU step is
 only an enqueue; ``Upload`` copies a host array into its device buffer without waiting, and
@@ -9,6 +10,8 @@ only an enqueue; ``Upload`` copies a host array into its device buffer without w
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,6 +19,7 @@ import numpy as np
 from optcli.gpu.ops_layout import TRANSFER_OPS
 from optcli.gpu.registry import get_gpu_kernel
 from optcli.plan import Plan, Step
+from optcli.runtime.bind_shapes import derive_device_shapes
 from optcli.runtime.cpu import StepError
 from optcli.runtime.device_buffers import LINEAR_OPS, device_values, share_buffers
 from optcli.runtime.opencl import BoundLaunch, ClDevice, ClLaunchContext, cl
@@ -27,27 +31,88 @@ __all__ = ["GpuSteps", "LINEAR_OPS"]
 
 
 class GpuSteps:
-    """The prepared GPU steps of one plan on one device."""
+    """The prepared GPU steps of one plan on one device.
 
-    def __init__(self, plan: Plan, dev: ClDevice, precision: str, gpu_targets: set[str]):
-        self.plan, self.dev, self.precision = plan, dev, precision
+    A plan whose device values all have static shapes is bound once, at load.  A plan with
+    symbolic dims on the device (``dynamic``) is bound per input shape: ``bind_inputs`` derives
+    every device value's shape (``runtime.bind_shapes``), then builds buffers and launches for
+    them, or takes them from a cache of the last ``MAX_BINDINGS`` input shapes.  Programs are
+    keyed by source and defines, and sizes are kernel arguments, so a new shape builds no program;
+    weights are uploaded once and shared by every binding whose launch re-lays them the same.
+    ``shapes``, ``buffers``, ``ctx``, ``bound`` and ``device_bytes`` are the current binding's."""
+
+    MAX_BINDINGS = 8  # input shapes whose buffers and bound launches are kept (least recently used go)
+
+    def __init__(self, plan: Plan, dev: ClDevice, precision: str, gpu_targets: set[str], source: str = "model"):
+        self.plan, self.dev, self.precision, self.source = plan, dev, precision, source
         self.queue = dev.new_queue()  # one queue per predictor
         self.storage = np.dtype(np.float16 if precision == "fp16" else np.float32)
         self.gpu_indices = [i for i, s in enumerate(plan.steps) if s.target in gpu_targets]
-        shapes = {k: tuple(v.shape) for k, v in plan.values.items() if v.shape is not None
-                  and all(isinstance(d, int) for d in v.shape)}
-        self.shapes = shapes
-        self.buffers, self.device_bytes = self._allocate(plan, self.gpu_indices)
-        self.ctx = ClLaunchContext(dev, shapes, plan.weights, self.buffers, precision)
-        self.bound: dict[int, list[BoundLaunch]] = {}
-        for i in self.gpu_indices:
-            step = plan.steps[i]
-            if step.op_type not in TRANSFER_OPS:
-                self.bound[i] = self.bind_step(i, get_gpu_kernel(step.kernel))
         self._keep: list[np.ndarray] = []
         self.events: list | None = None  # (step index, cl.Event) of every enqueue, while profiling
         self.outputs_on_device = False
         self.graph_outputs = {v.name for v in plan.outputs}
+        self.shared_weights: dict[str, tuple[str, Any]] = {}  # weight key -> (digest, device buffer)
+        self._bindings: OrderedDict[tuple, _Binding | str] = OrderedDict()
+        static = {k: tuple(v.shape) for k, v in plan.values.items() if v.shape is not None
+                  and all(isinstance(d, int) for d in v.shape)}
+        # Values whose shapes the device steps need: their buffers, and the host arrays Download makes.
+        self.device_names = set(device_values(plan, self.gpu_indices, _AnyShape(), 1)) | {
+            plan.steps[i].outputs[0] for i in self.gpu_indices if plan.steps[i].op_type == "Download"}
+        self.dynamic = any(name not in static for name in self.device_names)
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.buffers: dict[str, Any] = {}
+        self.device_bytes = 0
+        self.ctx: ClLaunchContext | None = None
+        self.bound: dict[int, list[BoundLaunch]] = {}
+        if not self.dynamic:
+            self._activate(self._bind(static))
+
+    def bind_inputs(self, input_shapes: dict[str, tuple[int, ...]]) -> str:
+        """Make the binding for these input shapes current; '' when done, else why the device cannot
+        run them (the caller runs the call on the host).  Raises ``InputError`` for shapes the model
+        cannot take.  Static plans are bound already: their uploads check shapes themselves."""
+        if not self.dynamic:
+            return ""
+        key = tuple((k, tuple(v)) for k, v in sorted(input_shapes.items()))
+        binding = self._bindings.get(key)
+        if binding is None:
+            derived = derive_device_shapes(self.plan, input_shapes, self.device_names, self.gpu_indices, self.source)
+            binding = self._bind(derived.shapes) if derived.shapes is not None else derived.reason
+            self._bindings[key] = binding
+            while len(self._bindings) > self.MAX_BINDINGS:
+                self._bindings.popitem(last=False)  # its buffers are released with it
+        self._bindings.move_to_end(key)
+        if isinstance(binding, str):
+            return binding
+        self._activate(binding)
+        return ""
+
+    def _bind(self, shapes: dict[str, tuple[int, ...]]) -> _Binding:
+        buffers, nbytes = self._allocate(self.plan, self.gpu_indices, shapes)
+        ctx = ClLaunchContext(self.dev, shapes, self.plan.weights, buffers, self.precision,
+                              self.shared_weights if self.dynamic else None)
+        binding = _Binding(shapes, buffers, nbytes, ctx, {})
+        previous = self._current()
+        self._activate(binding)
+        try:
+            for i in self.gpu_indices:
+                step = self.plan.steps[i]
+                if step.op_type not in TRANSFER_OPS:
+                    binding.bound[i] = self.bind_step(i, get_gpu_kernel(step.kernel))
+        finally:
+            if previous is not None:
+                self._activate(previous)
+        return binding
+
+    def _current(self) -> _Binding | None:
+        if self.ctx is None:
+            return None
+        return _Binding(self.shapes, self.buffers, self.device_bytes, self.ctx, self.bound)
+
+    def _activate(self, b: _Binding) -> None:
+        self.shapes, self.buffers, self.device_bytes, self.ctx, self.bound = (
+            b.shapes, b.buffers, b.device_bytes, b.ctx, b.bound)
 
     def bind_step(self, i: int, kern, local_size: tuple[int, ...] | None = None) -> list[BoundLaunch]:
         """Launches of step ``i`` with kernel ``kern``, bound to this plan's buffers.  A work-group
@@ -71,9 +136,9 @@ class GpuSteps:
         self.events = []
 
     # ------------------------------------------------------------------ buffers
-    def _allocate(self, plan: Plan, indices: list[int]) -> tuple[dict[str, Any], int]:
+    def _allocate(self, plan: Plan, indices: list[int], shapes) -> tuple[dict[str, Any], int]:
         """Buffers for device values, shared between values whose lifetimes do not overlap."""
-        values = device_values(plan, indices, self.shapes, self.storage.itemsize)
+        values = device_values(plan, indices, shapes, self.storage.itemsize)
         return share_buffers(values, lambda nbytes: cl.Buffer(self.dev.context, cl.mem_flags.READ_WRITE, nbytes))
 
     # -------------------------------------------------------------------- running
@@ -127,6 +192,24 @@ class GpuSteps:
     def finish(self) -> None:
         self.queue.finish()
         self._keep.clear()
+
+
+@dataclass
+class _Binding:
+    """Buffers and bound launches of one set of shapes."""
+
+    shapes: dict[str, tuple[int, ...]]
+    buffers: dict[str, Any]
+    device_bytes: int
+    ctx: Any
+    bound: dict[int, list[BoundLaunch]]
+
+
+class _AnyShape(dict):
+    """Shapes of unknown values: lists device values without sizing them (1 element each)."""
+
+    def __missing__(self, key):
+        return (1,)
 
 
 def _ignore(event) -> None:

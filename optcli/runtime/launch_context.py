@@ -13,8 +13,10 @@ from optcli.gpu.registry import TempRef, TensorRef, WeightRef
 
 class LaunchContextBase:
     def __init__(self, shapes: dict[str, tuple[int, ...]], consts: dict[str, np.ndarray], buffers: dict[str, Any],
-                 precision: str = "fp32"):
+                 precision: str = "fp32", shared_weights: dict[str, tuple[str, Any]] | None = None):
         self.shapes, self.consts, self.buffers = shapes, consts, buffers
+        # Uploads shared with other bindings of the same plan (other input shapes): key -> (digest, buffer).
+        self.shared_weights = shared_weights
         self.precision = precision
         self.storage = np.float16 if precision == "fp16" else np.float32
         self.weights: dict[str, Any] = {}
@@ -40,8 +42,15 @@ class LaunchContextBase:
             data = np.ascontiguousarray(array, dtype=self.storage)
             if data.size == 0:
                 data = np.zeros(4, self.storage)
-            self.weights[key] = self._upload(data)
-            self.weight_bytes += data.nbytes
+            digest = _digest(data) if self.shared_weights is not None else ""
+            shared = self.shared_weights.get(key) if self.shared_weights is not None else None
+            if shared is not None and shared[0] == digest:
+                self.weights[key] = shared[1]  # the same bytes another binding uploaded
+            else:
+                self.weights[key] = self._upload(data)
+                self.weight_bytes += data.nbytes
+                if self.shared_weights is not None and shared is None:
+                    self.shared_weights[key] = (digest, self.weights[key])
         return WeightRef(key)
 
     def temp(self, key: str, elements: int) -> TempRef:
@@ -65,3 +74,11 @@ class LaunchContextBase:
 
     def _allocate(self, nbytes: int) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+def _digest(data: np.ndarray) -> str:
+    """Content identity of a re-laid weight: most do not depend on the input shape and are shared,
+    a few do (an LSTM's zero initial state is batch-sized) and get an upload of their own."""
+    import hashlib
+
+    return f"{data.dtype}{data.shape}" + hashlib.blake2b(data.tobytes(), digest_size=16).hexdigest()

@@ -153,8 +153,9 @@ class ClLaunchContext(LaunchContextBase):
     (packed layout); weights and temporaries are allocated here on first use."""
 
     def __init__(self, dev: ClDevice, shapes: dict[str, tuple[int, ...]], consts: dict[str, np.ndarray],
-                 buffers: dict[str, Any], precision: str = "fp32"):
-        super().__init__(shapes, consts, buffers, precision)
+                 buffers: dict[str, Any], precision: str = "fp32",
+                 shared_weights: dict[str, tuple[str, Any]] | None = None):
+        super().__init__(shapes, consts, buffers, precision, shared_weights)
         self.dev = dev
 
     def _upload(self, data: np.ndarray):

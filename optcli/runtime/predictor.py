@@ -3,7 +3,9 @@
 ``optcli.load`` builds one; ``run`` checks the inputs (names, dtypes, ranks, fixed dims, and that
 a symbolic dim has one size across all inputs), executes the plan and returns the outputs.
 Plans with dynamic dims are re-planned per new input shape (memory offsets from the observed
-sizes) and the result cached, so a repeated shape costs nothing extra.
+sizes) and the result cached, so a repeated shape costs nothing extra; their GPU steps are bound
+per input shape too (shapes derived by the runtime, buffers and launches cached for the last
+``GpuSteps.MAX_BINDINGS`` shapes, no program built again).
 
 Threads: a Predictor may be shared by threads.  ``run`` holds the predictor's lock for the whole
 run (the GPU queue, the device buffers and the BLAS thread limit are per predictor), so calls on
@@ -71,6 +73,7 @@ class Predictor:
 
             self.tuning = run_tuning(self.gpu, tune)
         self._executor = Executor(plan, self.gpu)
+        self._cpu_executor: Executor | None = None  # calls whose input shapes the GPU plan cannot run
         self._lock = threading.Lock()  # one run at a time: kernels share nothing, but BLAS limits do
         self._shape_plans: dict[tuple, MemoryPlan] = {}
         self._limiter = _thread_limiter(threads)
@@ -104,7 +107,7 @@ class Predictor:
                 reason = str(exc)
             else:
                 try:
-                    return GpuSteps(self.plan, dev, self.precision, usable)
+                    return GpuSteps(self.plan, dev, self.precision, usable, self.source)
                 except Exception as exc:  # build failure, out of device memory, lost device
                     reason = f"the OpenCL device {dev.describe()} failed ({failure_text(exc)})"
         else:
@@ -169,6 +172,9 @@ class Predictor:
             return self._executor.run(arrays, record)
         self.gpu.outputs_on_device = outputs_on_device
         try:
+            refusal = self._bind_gpu(arrays, outputs_on_device)
+            if refusal:
+                return self._host_executor().run(arrays, record)
             return self._executor.run(arrays, record)
         except Exception as exc:
             failure = _device_failure(exc)
@@ -186,6 +192,32 @@ class Predictor:
         if record is not None:
             record.clear()  # sizes from the failed run are incomplete
         return self._executor.run(arrays, record)
+
+    def _bind_gpu(self, arrays: dict, outputs_on_device: bool) -> str:
+        """Bind the GPU steps to these input shapes (plans with dynamic dims; ``GpuSteps.bind_inputs``).
+        '' when the device runs the call, else why the host runs it (warned once per reason)."""
+        bind = getattr(self.gpu, "bind_inputs", None)
+        if bind is None:
+            return ""
+        shapes = {v.name: tuple(getattr(arrays[v.name], "shape", ())) for v in self.plan.inputs}
+        refusal = bind(shapes)
+        if not refusal:
+            return ""
+        from optcli.runtime.bind_shapes import describe_inputs
+
+        reason = f"{self.source}: the GPU plan cannot run input shapes {describe_inputs(shapes)}: {refusal}"
+        on_device = outputs_on_device or any(_is_device_buffer(a) or _is_device_array(a) for a in arrays.values())
+        if self.require_gpu or on_device:
+            why = "require_gpu=True" if self.require_gpu else "its inputs or outputs live on the device"
+            raise TargetError(f"{reason}; the call cannot run on the CPU instead ({why}). Optimize with "
+                              "--input_shapes set to these shapes to get a plan for them")
+        _warn_once(f"optcli: {reason}; running those calls on the CPU")
+        return refusal
+
+    def _host_executor(self) -> Executor:
+        if self._cpu_executor is None:
+            self._cpu_executor = Executor(self.plan, None)
+        return self._cpu_executor
 
     @property
     def context(self):

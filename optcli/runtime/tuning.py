@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,7 @@ import numpy as np
 from optcli.errors import UsageError
 from optcli.gpu.ops_layout import TRANSFER_OPS
 from optcli.gpu.registry import gpu_kernels_for
-from optcli.ir import Graph, Node
+from optcli.ir import Graph, Node, Value
 from optcli.progress import progress
 from optcli.runtime.cl_cache import cache_root, device_key, private_dir, read_entry, write_entry
 
@@ -78,8 +79,10 @@ class TuningCache:
                              else None, "time_us": round(choice.time_us, 2)}
 
     def save(self) -> None:
-        if self.path is not None:
-            write_entry(self.path, json.dumps(self.entries, sort_keys=True).encode())
+        """Keep the winners for the next load; a read-only or full cache only loses that."""
+        if self.path is not None and not write_entry(self.path, json.dumps(self.entries, sort_keys=True).encode()):
+            warnings.warn(f"optcli: cannot write the tuning cache {self.path}; the tuning results are used "
+                          "for this load only", stacklevel=2)
 
 
 def step_signature(step, shapes: dict, precision: str) -> str:
@@ -113,8 +116,22 @@ def tune(gpu_steps, level: str, repeats: int = 5, cache: TuningCache | None = No
     if level not in LEVELS:
         raise UsageError(f"tune must be one of {', '.join(LEVELS)}, got '{level}'")
     plan, queue = gpu_steps.plan, gpu_steps.queue
+    if getattr(gpu_steps, "dynamic", False):
+        # Dynamic dims: tune at the nominal input sizes placement judged (targets/nominal.py); other
+        # shapes run the chosen variants with the default work-group size.
+        from optcli.errors import OptError
+        from optcli.targets.nominal import nominal_input_shapes
+
+        try:
+            if gpu_steps.bind_inputs(nominal_input_shapes(plan)):
+                return {}
+        except OptError:
+            return {}
     cache = cache or TuningCache(gpu_steps.dev.device)
     graph = plan_graph(plan)
+    for name, shape in gpu_steps.shapes.items():  # the bound sizes (the nominal ones for dynamic dims)
+        if name in graph.values:
+            graph.values[name] = Value(name, graph.values[name].dtype, tuple(shape))
     steps = [i for i in gpu_steps.gpu_indices if plan.steps[i].op_type not in TRANSFER_OPS]
     choices: dict[int, Choice] = {}
     for i in progress(steps, desc=f"tuning ({level})", total=len(steps)):

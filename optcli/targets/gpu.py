@@ -1,6 +1,7 @@
 """GPU targets (`opencl`, `metal`): what they can run comes from the GPU kernel library
 (``optcli.gpu``), which both share: a node runs on a GPU target when a GPU kernel for its op
-exists, that kernel's ``check`` accepts the node (static shapes, ranks, attributes), and its
+exists, that kernel's ``check`` accepts the node (ranks, attributes, sizes: nominal ones where a
+dim is symbolic, ``optcli.targets.nominal``), and its
 launches fit the target's declared limits (``GpuLimits``: arguments per kernel, threads per
 work-group, bytes per buffer).  Limits a target does not declare are the device's business at
 load time (OpenCL devices differ too much to fix them ahead of time)."""
@@ -102,6 +103,9 @@ class GpuTarget(Target):
     precisions: tuple[str, ...] = ("fp32", "fp16")  # storage precisions of GPU tensors
     tensor_dtypes: tuple[str, ...] = ("float32", "bool")  # bool as 0/1 in float storage
     language: str = ""
+    # Whether the runtime binds symbolic dims per input shape (OpenCL, ``runtime.bind_shapes``);
+    # a target without it takes nodes of static shape only.
+    dynamic_shapes: bool = True
 
     def can_run(self, node: Node, graph: Graph) -> tuple[bool, str]:
         if node.proto is not None:
@@ -115,14 +119,44 @@ class GpuTarget(Target):
             # axes/shape/pads input computed at run time could change the result under them.
             return False, (f"{self.name} {node.op_type} needs input '{runtime_index}' "
                            f"({graph.dtype_of(runtime_index)}) to be a constant; it is computed at run time")
+        graphs, why = self.judged_graphs(node, graph)
+        if not graphs:
+            return False, f"{self.name} {node.op_type} kernel does not apply: {why}"
         reasons = []
         for k in kernels:
-            reason = k.check(node, graph) or self.limit_reason(k, node, graph)
+            reason = self._refusal(k, node, graphs)
             if reason is None:
                 return True, f"{self.name} kernel"
             reasons.append(reason)
         # The most general variant (lowest priority) refuses only for fundamental reasons.
         return False, f"{self.name} {node.op_type} kernel does not apply: {reasons[-1]}"
+
+    def judged_graphs(self, node: Node, graph: Graph) -> tuple[list[Graph], str]:
+        """The graphs whose shapes a kernel's ``check`` judges for ``node``: the graph itself when
+        the node's values are static; with symbolic dims, the graph at each nominal size
+        (``optcli.targets.nominal``), where the runtime binds the real sizes per input shape.
+        An empty list and the reason when the node's sizes cannot be judged."""
+        from optcli.targets.nominal import has_symbolic, nominal_views
+
+        names = [*node.inputs, *node.outputs]
+        if not has_symbolic(graph, names):
+            return [graph], ""
+        dynamic = next(n for n in names if has_symbolic(graph, [n]))
+        if not self.dynamic_shapes:
+            return [], (f"'{dynamic}' has a dynamic shape (the {self.name} runtime binds static shapes only; "
+                        "pin it with --input_shapes)")
+        views = nominal_views(graph) or []
+        if not views or any(has_symbolic(v, names) for v in views):
+            return [], (f"'{dynamic}' has a dynamic shape that does not follow from the input shapes "
+                        "(computed from data); pin it with --input_shapes")
+        return views, ""
+
+    def _refusal(self, kernel, node: Node, graphs: list[Graph]) -> str | None:
+        for g in graphs:
+            reason = kernel.check(node, g) or self.limit_reason(kernel, node, g)
+            if reason:
+                return reason
+        return None
 
     def explain_refusal(self, reason: str) -> tuple[str, str]:
         detail = re.sub(rf"^{re.escape(self.name)} \S+ kernel does not apply: ", "", reason)
@@ -130,9 +164,10 @@ class GpuTarget(Target):
         return kind, detail
 
     def select_kernel(self, node: Node, graph: Graph) -> str:
-        fitting = [k for k in _kernels(node) if k.check(node, graph) is None
-                   and self.limit_reason(k, node, graph) is None]
-        best = min(fitting, key=lambda k: (k.cost(node, graph) if k.cost else 0.0, -k.priority, k.variant))
+        graphs, _ = self.judged_graphs(node, graph)
+        fitting = [k for k in _kernels(node) if self._refusal(k, node, graphs) is None]
+        judged = graphs[0]  # nominal sizes (the first assignment) where dims are symbolic
+        best = min(fitting, key=lambda k: (k.cost(node, judged) if k.cost else 0.0, -k.priority, k.variant))
         return best.id
 
     def limit_reason(self, kernel, node: Node, graph: Graph) -> str | None:
@@ -195,4 +230,5 @@ OPENCL = GpuTarget(name="opencl", device="gpu", description="OpenCL 1.2+ devices
 # everywhere).
 METAL = GpuTarget(name="metal", device="gpu", description="Apple GPUs through Metal (PyObjC)",
                   language="Metal Shading Language",
-                  limits=GpuLimits(max_threadgroup=1024, max_kernel_args=31, max_buffer_bytes=256 * 2**20))
+                  limits=GpuLimits(max_threadgroup=1024, max_kernel_args=31, max_buffer_bytes=256 * 2**20),
+                  dynamic_shapes=False)

@@ -99,7 +99,6 @@ F, I64 = TensorProto.FLOAT, TensorProto.INT64
 
 
 @pytest.mark.parametrize("model, kind", [
-    (_one_node("Relu", {"x": (F, ["N", 4])}), "dynamic shape"),
     (_one_node("Relu", {"x": (F, [1, 2, 3, 4, 5])}), "rank"),
     (_one_node("Relu", {"x": (TensorProto.FLOAT16, [1, 4])}), "dtype"),
     (_one_node("CumSum", {"x": (F, [1, 4])}, initializers={"axis": np.array(1, np.int64)}), "no kernel"),
@@ -124,16 +123,16 @@ def test_refusals_are_warned_once_per_target_op_and_reason_with_count_and_exampl
     from optcli.passes.place_nodes import placement_report
     from optcli.zoo import build
 
-    result = optcli.optimize(model=build("dynamic_cnn"), valid_targets="opencl,arm")
-    conv = [w for w in result.warnings if "Conv nodes cannot run on opencl" in w]
-    assert conv == ["3 Conv nodes cannot run on opencl: dynamic shape (e.g. 'conv_0': 'input' has a dynamic shape "
-                    "(pin it with --input_shapes)); they run on arm"]
+    result = optcli.optimize(model=build("dynamic_cnn"), valid_targets="metal,arm")  # metal binds static shapes only
+    conv = [w for w in result.warnings if "Conv nodes cannot run on metal" in w]
+    assert conv == ["3 Conv nodes cannot run on metal: dynamic shape (e.g. 'conv_0': 'input' has a dynamic shape "
+                    "(the metal runtime binds static shapes only; pin it with --input_shapes)); they run on arm"]
     placed = placement_report(result.report)
     reasons = {(g["op"], g["reason"]): g["count"] for g in placed["placement_reasons"]}
     assert reasons[("Conv", "dynamic shape")] == 3 and len(reasons) == len(placed["placement_reasons"])
     # the report's groups are the warnings' groups: one warning line per group, none lost
-    assert len([w for w in result.warnings if "cannot run on opencl" in w]) == len(reasons)
-    assert placed["steps_per_target"] == {"opencl": 0, "arm": len(result.report["steps"])}
+    assert len([w for w in result.warnings if "cannot run on metal" in w]) == len(reasons)
+    assert placed["steps_per_target"] == {"metal": 0, "arm": len(result.report["steps"])}
 
 
 def test_steps_per_target_counts_every_step_copies_included():

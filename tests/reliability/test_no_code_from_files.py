@@ -235,3 +235,56 @@ def test_inconsistent_recorded_shapes_are_refused_before_the_gpu(tmp_path, monke
     p = optcli.load(data)  # the honest file loads, and its check is remembered
     assert p.run({"x": np.zeros((1, 4, 8, 8), np.float32)})["y"].shape == (1, 4, 8, 8)
     assert any((tmp_path / "validated").iterdir())
+
+
+def test_entries_found_in_a_directory_others_could_write_are_discarded(tmp_path):
+    """Anyone could have planted them while the folder was open: tightening also empties it."""
+    d = tmp_path / "shared"
+    d.mkdir()
+    write_entry(d / "planted.bin", b"a program binary from someone else")
+    os.chmod(d, 0o777)
+    assert private_dir(d) == d
+    assert not (d / "planted.bin").exists()
+
+
+def test_a_symlinked_cache_directory_is_refused(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.warns(UserWarning, match="symbolic link"):
+        assert private_dir(link) is None
+    with pytest.warns(UserWarning, match="symbolic link"):
+        assert ProgramCache(link).dir is None
+
+
+def test_entries_others_can_write_or_links_are_not_trusted(tmp_path):
+    entry = tmp_path / "e.bin"
+    write_entry(entry, b"payload")
+    os.chmod(entry, 0o666)
+    assert read_entry(entry) is None, "an entry others can write is not trusted"
+    os.chmod(entry, 0o600)
+    assert read_entry(entry) == b"payload"
+    link = tmp_path / "l.bin"
+    link.symlink_to(entry)
+    assert read_entry(link) is None, "a link is not followed"
+
+
+def test_entries_of_another_user_are_not_trusted(tmp_path, monkeypatch):
+    entry = tmp_path / "e.bin"
+    write_entry(entry, b"payload")
+    monkeypatch.setattr(os, "getuid", lambda: os.stat(entry).st_uid + 1)
+    assert read_entry(entry) is None
+
+
+def test_a_read_only_tuning_cache_warns_and_goes_on(tmp_path, monkeypatch):
+    cache = TuningCache(_Device(), root=tmp_path)
+    cache.put("k", Choice("onnx.Conv.direct", (8, 8, 1), 1.0))
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("tempfile.mkstemp", read_only)
+    with pytest.warns(UserWarning, match="cannot write the tuning cache"):
+        cache.save()
+    assert cache.get("k") == Choice("onnx.Conv.direct", (8, 8, 1), 1.0)

@@ -1,0 +1,117 @@
+"""Concrete shapes for the GPU part of a plan with dynamic dims, per input shape.
+
+A plan keeps its symbolic dims (``N``, ``H``, ``unk__3``); its GPU steps are placed on the
+device for any size their kernels handle.  At ``run``, with the inputs' concrete shapes, the
+runtime needs every device value's shape before it sizes a buffer or a launch grid.  It derives
+them itself (``optcli.ops.shape_rules``: the plan's steps with the inputs pinned, nothing recorded
+about intermediate values used), then
+
+* refuses input shapes the model cannot take (onnx's inference finds the steps inconsistent, a
+  device value comes out with a negative size, or a value's fixed dim recorded in the plan differs)
+  with an ``InputError`` that names the value and the step;
+* asks every GPU step's kernel ``check`` again on the real sizes (placement judged nominal ones):
+  a kernel that refuses them, an empty device value, or a device value whose shape does not
+  follow from the inputs (data-dependent), makes this input shape one the device cannot serve, and the call runs on the
+  host (the caller decides; with ``require_gpu=True`` it is an error).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from optcli.errors import InputError
+from optcli.ir import Graph, Node, Value
+from optcli.ops.shape_rules import ShapeDerivationError, derive_shapes, is_concrete
+from optcli.plan import Plan
+
+
+@dataclass
+class Derived:
+    shapes: dict[str, tuple[int, ...]] | None  # every device value's shape (None: the device cannot serve)
+    reason: str = ""  # why the device cannot serve these shapes
+
+
+def _show(shape) -> str:
+    return "[" + ", ".join(str(d) if d is not None else "?" for d in shape) + "]"
+
+
+def describe_inputs(shapes: dict[str, tuple[int, ...]]) -> str:
+    return ", ".join(f"'{k}' {_show(v)}" for k, v in shapes.items())
+
+
+def derive_device_shapes(plan: Plan, input_shapes: dict[str, tuple[int, ...]], device_values: set[str],
+                         gpu_indices: list[int], source: str) -> Derived:
+    """Shapes of ``device_values`` for these input shapes (see the module docstring)."""
+    nodes = [Node(s.op_type, list(s.inputs), list(s.outputs), dict(s.attrs), s.name, s.domain, proto=s.proto)
+             for s in plan.steps]
+    inputs = {v.name: (v.dtype, tuple(input_shapes[v.name])) for v in plan.inputs}
+    outputs = [v.name for v in plan.outputs]
+    strict_error = ""
+    try:
+        derived = derive_shapes(nodes, inputs, plan.weights, plan.opsets, outputs, strict=True)
+    except ShapeDerivationError as exc:
+        strict_error = str(exc)
+        derived = derive_shapes(nodes, inputs, plan.weights, plan.opsets, outputs)
+    writer = {o: s for s in plan.steps for o in s.outputs if o}
+    shapes: dict[str, tuple[int, ...]] = {}
+    unknown = []
+    for name in sorted(device_values):
+        shape = input_shapes.get(name) or derived.get(name)
+        if not is_concrete(shape):
+            unknown.append(name)
+            continue
+        shape = tuple(int(d) for d in shape)
+        where = f"value '{name[:80]}'" + (f" (written by {writer[name].op_type} '{writer[name].name}')"
+                                           if name in writer else "")
+        if any(d < 0 for d in shape):
+            raise InputError(f"{source}: input shapes {describe_inputs(input_shapes)} are too small for the model: "
+                             f"{where} would have shape {_show(shape)}; {_hint(plan)}")
+        if 0 in shape:
+            return Derived(None, f"{where} would be empty ({_show(shape)}), which GPU kernels do not take")
+        recorded = plan.values.get(name)
+        if recorded is not None and recorded.shape is not None and not _fits(recorded.shape, shape):
+            raise InputError(f"{source}: input shapes {describe_inputs(input_shapes)} do not fit the model: "
+                             f"{where} would have shape {_show(shape)}, the model has {_show(recorded.shape)}; "
+                             f"{_hint(plan)}")
+        shapes[name] = shape
+    if unknown and strict_error:
+        raise InputError(f"{source}: input shapes {describe_inputs(input_shapes)} do not fit the model: "
+                         f"{strict_error}; {_hint(plan)}")
+    if unknown:
+        return Derived(None, f"the shape of '{unknown[0][:80]}' does not follow from the input shapes")
+    refusal = _recheck(plan, shapes, gpu_indices)
+    return Derived(None, refusal) if refusal else Derived(shapes)
+
+
+def _fits(recorded, shape: tuple[int, ...]) -> bool:
+    return len(recorded) == len(shape) and all(not isinstance(r, int) or r == d for r, d in zip(recorded, shape))
+
+
+def _hint(plan: Plan) -> str:
+    dims = [f"'{v.name}' {_show(v.shape)}" for v in plan.inputs if v.shape is not None]
+    return f"the model takes {', '.join(dims)}"
+
+
+def _recheck(plan: Plan, shapes: dict[str, tuple[int, ...]], gpu_indices: list[int]) -> str:
+    """Why a GPU step's kernel refuses these sizes ('' when every one takes them)."""
+    from optcli.gpu.ops_layout import TRANSFER_OPS
+    from optcli.gpu.registry import get_gpu_kernel
+
+    values = {k: Value(k, v.dtype, v.shape) for k, v in plan.values.items()}
+    for name, shape in shapes.items():
+        dtype = plan.values[name].dtype if name in plan.values else "float32"
+        values[name] = Value(name, dtype, shape)
+    graph = Graph(plan.name, [], [values.get(v.name, v) for v in plan.inputs],
+                  [values.get(v.name, v) for v in plan.outputs], dict(plan.weights), values, dict(plan.opsets))
+    for i in gpu_indices:
+        step = plan.steps[i]
+        if step.op_type in TRANSFER_OPS:
+            continue
+        kern = get_gpu_kernel(step.kernel)
+        if kern is None:
+            return f"step {i} '{step.name}' names GPU kernel '{step.kernel}', which this runtime does not have"
+        node = Node(step.op_type, list(step.inputs), list(step.outputs), dict(step.attrs), step.name, step.domain)
+        reason = kern.check(node, graph)
+        if reason:
+            return f"its {step.op_type} step '{step.name}' cannot take them on the GPU ({reason})"
+    return ""
