@@ -90,7 +90,7 @@ def onnx_node(node: Node):
     return proto
 
 
-def _value_info(name: str, dtype: str | None, shape: Iterable[Dim] | None):
+def value_info(name: str, dtype: str | None, shape: Iterable[Dim] | None):
     from onnx import helper
 
     try:
@@ -172,8 +172,8 @@ def _infer(nodes: list[Node], inputs: dict, constants: dict[str, np.ndarray], kn
     import onnx
     from onnx import helper, numpy_helper
 
-    graph_inputs = [_value_info(k, dtype, shape) for k, (dtype, shape) in inputs.items()]
-    graph_inputs += [_value_info(k, a.dtype.name, a.shape) for k, a in constants.items() if k not in known]
+    graph_inputs = [value_info(k, dtype, shape) for k, (dtype, shape) in inputs.items()]
+    graph_inputs += [value_info(k, a.dtype.name, a.shape) for k, a in constants.items() if k not in known]
     inits = [numpy_helper.from_array(np.asarray(a), k) for k, a in known.items()]
     graph_outputs = [helper.make_value_info(k, onnx.TypeProto()) for k in outputs if k not in known]
     proto = helper.make_graph([onnx_node(n) for n in nodes], "derive", graph_inputs, graph_outputs, inits)

@@ -20,20 +20,19 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from optcli.ir import Dim, Graph, Node, Value
-
-SMALL_CONSTANT = 4096  # elements: shape-like constants go in whole, weights only by type
+from optcli.ir import Dim, Graph, Value
+from optcli.ops.shape_rules import SMALL_CONSTANT, onnx_node, value_info
 
 _DOMAIN_OPSET = {"optcli": 1}
 
 
 def reinfer_shapes(graph: Graph) -> int:
     """Refine ``graph.values`` from onnx shape inference; returns how many values got more static."""
+    model = _to_onnx(graph)  # a failure here is our bug: it must surface, not pass as "nothing inferred"
     try:
-        model = _to_onnx(graph)
         inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
-    except Exception:  # noqa: BLE001 - inference is an optimisation here: the shapes we have stay valid
-        return 0
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
+        return 0  # onnx cannot infer this graph: the shapes we have stay valid, nothing gets more static
     changed = 0
     for vi in [*inferred.graph.value_info, *inferred.graph.output]:
         if vi.name in graph.initializers:
@@ -90,63 +89,17 @@ def _dtype(vi: onnx.ValueInfoProto) -> str | None:
         return None
 
 
-def _value_info(name: str, dtype: str | None, shape: tuple[Dim, ...] | None) -> onnx.ValueInfoProto:
-    try:
-        elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype)) if dtype and dtype != "unknown" else 0
-    except TypeError:
-        elem = 0
-    dims = None if shape is None else [d if isinstance(d, (int, str)) else None for d in shape]
-    return helper.make_tensor_value_info(name, elem, dims)
-
-
 def _to_onnx(graph: Graph) -> onnx.ModelProto:
     small, big = {}, {}
     for name, array in graph.initializers.items():
         (small if array.size <= SMALL_CONSTANT and array.dtype != object else big)[name] = array
-    inputs = [_value_info(v.name, v.dtype, v.shape) for v in graph.inputs]
-    inputs += [_value_info(name, a.dtype.name, a.shape) for name, a in big.items()]
+    inputs = [value_info(v.name, v.dtype, v.shape) for v in graph.inputs]
+    inputs += [value_info(name, a.dtype.name, a.shape) for name, a in big.items()]
     inits = [numpy_helper.from_array(a, name) for name, a in small.items()]
-    outputs = [_value_info(v.name, v.dtype, v.shape) for v in graph.outputs]
+    outputs = [value_info(v.name, v.dtype, v.shape) for v in graph.outputs]
     declared = {v.name for v in [*graph.inputs, *graph.outputs]} | set(graph.initializers)
-    value_info = [_value_info(v.name, v.dtype, v.shape) for name, v in graph.values.items() if name not in declared]
-    nodes = [_node(n) for n in graph.nodes]
+    recorded = [value_info(v.name, v.dtype, v.shape) for name, v in graph.values.items() if name not in declared]
+    nodes = [onnx_node(n) for n in graph.nodes]
     opsets = {"": 17, **graph.opsets, **_DOMAIN_OPSET}
-    proto = helper.make_graph(nodes, graph.name or "g", inputs, outputs, inits, value_info=value_info)
+    proto = helper.make_graph(nodes, graph.name or "g", inputs, outputs, inits, value_info=recorded)
     return helper.make_model(proto, opset_imports=[helper.make_opsetid(d, int(v)) for d, v in opsets.items()])
-
-
-# optcli ops that keep their first input's shape and type: ONNX inference sees them as Identity
-# (they only take float tensors, which its data propagation never reads), so a FakeQuant between
-# a Pad and the Shape node of run-time 'same' padding does not hide the Pad's folded shape.
-_SHAPE_PRESERVING = {("optcli", "FakeQuant"), ("optcli", "Swish")}
-
-
-def _node(node: Node) -> onnx.NodeProto:
-    """The node as ONNX, from the IR's fields (a kept proto may be stale after a rewrite), with
-    subgraph attributes taken from the proto and the optcli epilogue attributes left out."""
-    if (node.domain, node.op_type) in _SHAPE_PRESERVING:
-        return helper.make_node("Identity", node.inputs[:1], node.outputs[:1], name=node.name)
-    attrs = {}
-    for key, value in node.attrs.items():
-        if key.startswith("activation") and node.domain in ("", "ai.onnx"):
-            continue
-        if isinstance(value, np.ndarray):
-            value = numpy_helper.from_array(value)
-        elif isinstance(value, list) and value and isinstance(value[0], np.ndarray):
-            value = [numpy_helper.from_array(v) for v in value]
-        attrs[key] = value
-    explicit = list(node.inputs)
-    extra = []
-    if node.proto is not None:
-        old = onnx.NodeProto()
-        old.ParseFromString(node.proto)
-        explicit = explicit[:len(old.input)]  # the rest are subgraph reads the IR made explicit
-        extra = [a for a in old.attribute if a.name not in attrs]
-    proto = helper.make_node(node.op_type, explicit, node.outputs, name=node.name, domain=node.domain)
-    for key, value in attrs.items():
-        try:
-            proto.attribute.append(helper.make_attribute(key, value))
-        except (TypeError, ValueError):  # e.g. an empty list, whose type make_attribute cannot tell
-            continue
-    proto.attribute.extend(extra)
-    return proto
