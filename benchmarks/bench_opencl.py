@@ -8,6 +8,13 @@ host<->device copies per run; and cold versus warm ``optcli.load`` time (cold: e
 binary cache and, on PoCL, an empty PoCL kernel cache; each load in a fresh process).  On a
 machine without a GPU the device is PoCL on the CPU: the figures then say how the OpenCL path
 behaves, not how fast a GPU is.  ``--write-docs`` writes docs/benchmarks-opencl.md.
+
+    python benchmarks/bench_opencl.py --bounds-overhead [--models mobilenet_v2] [--runs 20]
+
+measures what the kernels' bounds checks cost (every LOAD / STORE compares its index with the
+buffer's length): the same plan loaded twice in one process, once as shipped and once with the
+checks compiled out (a benchmark-only rendering: the runtime has no way to turn them off), run
+alternately so that both see the same machine load.
 """
 
 from __future__ import annotations
@@ -91,6 +98,50 @@ def bench_model(name: str, args) -> dict:
     }
 
 
+def _unchecked_predictor(data: bytes, threads: int):
+    """The plan on a ClDevice of its own whose programs are rendered with the unchecked
+    accesses (LOADn / STOREn = the raw ones; the length arguments are still passed, unused)."""
+    import optcli
+    import optcli.runtime.opencl as opencl
+    from optcli.gpu import dialect
+
+    raw = "\n".join(f"#define {m}(p, i) RAW_{m}(p, i)" for m in ("LOAD4", "LOAD1")) + "\n" + "\n".join(
+        f"#define {m}(v, p, i) RAW_{m}(v, p, i)" for m in ("STORE4", "STORE1")) + "\n"
+    render, shared = opencl.render_opencl, opencl.ClDevice._shared
+    opencl.render_opencl = lambda source, defines: render(source, defines).replace(dialect.BOUNDS, raw, 1)
+    opencl.ClDevice._shared = {}  # a device (program table) of its own
+    try:
+        return optcli.load(data, require_gpu=True, threads=threads)
+    finally:
+        opencl.render_opencl, opencl.ClDevice._shared = render, shared
+
+
+def bounds_overhead(name: str, args) -> dict:
+    """Median latency with and without the bounds checks, runs interleaved (A B A B ...)."""
+    import optcli
+    from optcli.zoo import build, sample_inputs
+
+    model = build(name, full=True)
+    feeds = sample_inputs(model)
+    data = optcli.optimize(model=model, valid_targets="opencl,arm", precision=args.precision).data
+    checked = optcli.load(data, require_gpu=True, threads=args.threads)
+    unchecked = _unchecked_predictor(data, args.threads)
+    a, b = checked.run(feeds)["output"], unchecked.run(feeds)["output"]
+    assert np.array_equal(a, b), "the checks changed a result"
+    times: dict[str, list[float]] = {"checked": [], "unchecked": []}
+    for k in range(2 * (args.runs + 2)):
+        which, p = ("checked", checked) if k % 2 == 0 else ("unchecked", unchecked)
+        t = time.perf_counter()
+        p.run(feeds)
+        if k >= 4:  # two warm-up runs each
+            times[which].append(time.perf_counter() - t)
+    med = {k: float(np.median(v) * 1e3) for k, v in times.items()}
+    best = {k: float(np.min(v) * 1e3) for k, v in times.items()}  # the least disturbed run of each
+    return {"name": name, "checked_ms": med["checked"], "unchecked_ms": med["unchecked"],
+            "overhead": med["checked"] / med["unchecked"] - 1.0, "checked_min_ms": best["checked"],
+            "unchecked_min_ms": best["unchecked"], "overhead_min": best["checked"] / best["unchecked"] - 1.0}
+
+
 def machine(device_name: str) -> list[str]:
     import platform
 
@@ -139,10 +190,19 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--precision", choices=["fp32", "fp16"], default="fp32")
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--bounds-overhead", action="store_true", help="measure the kernels' bounds checks")
     args = parser.parse_args()
     from optcli.runtime.opencl import ClDevice
 
     device_name = ClDevice.shared().name
+    if args.bounds_overhead:
+        for name in args.models.split(","):
+            r = bounds_overhead(name, args)
+            print(f"{LABELS.get(name, name)} on {device_name}, {args.precision}, {args.runs} runs each, "
+                  f"interleaved: median checked {r['checked_ms']:.1f} ms vs unchecked {r['unchecked_ms']:.1f} ms "
+                  f"({r['overhead']:+.1%}); fastest {r['checked_min_ms']:.1f} vs {r['unchecked_min_ms']:.1f} ms "
+                  f"({r['overhead_min']:+.1%})", flush=True)
+        return 0
     rows = []
     for name in args.models.split(","):
         print(f"{LABELS.get(name, name)}: ...", flush=True)

@@ -43,6 +43,21 @@ def load_manifest(folder: Path | None = None) -> list[dict]:
     return json.loads(path.read_text())["models"]
 
 
+BUILD_HINT = "python corpus/build.py --subset ci (in a venv with corpus/requirements-ci.txt; see corpus/README.md)"
+
+
+def require_corpus(found: bool, what: str) -> None:
+    """In tests: skip when the corpus is not built, or fail when ``OPTCLI_REQUIRE_CORPUS=1`` (CI)."""
+    import pytest
+
+    if found:
+        return
+    message = f"no {what} in {corpus_dir()}; build it with {BUILD_HINT}"
+    if os.environ.get("OPTCLI_REQUIRE_CORPUS") == "1":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def feeds_for(entry: dict, seed: int = 0) -> dict[str, np.ndarray]:
     """Random inputs within each input's range (token ids stay below the vocabulary size)."""
     rng = np.random.default_rng(seed)

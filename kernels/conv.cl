@@ -23,15 +23,13 @@ INLINE FLOAT4 mask_lanes(FLOAT4 v, int valid)
     return v;
 }
 
-INLINE FLOAT4 finish(FLOAT4 acc, int o4, int M)
-{
-    return mask_lanes(activate(acc), M - o4 * 4);
-}
+// The epilogue (a macro: `activate` reads the kernel's EPILOGUE argument), then the lane mask.
+#define finish(acc, o4, M) mask_lanes(activate(acc), (M) - (o4) * 4)
 
 // Pointwise: 1x1 kernel, no padding, stride 1 or 2, one group.  4 output pixels along the
 // flattened output plane.  grid: (ceil(OH*OW / 4), O4, N).  w: [O4][C4][4].
 KERNEL(conv2d_1x1, IN(x), IN(w), IN(bias), OUT(y), INT(C4), INT(H), INT(W), INT(M), INT(OH), INT(OW),
-       INT(stride))
+       INT(stride), EPILOGUE)
 {
     const int pb = GID(0) * 4;
     const int o4 = GID(1);
@@ -70,7 +68,8 @@ KERNEL(conv2d_1x1, IN(x), IN(w), IN(bias), OUT(y), INT(C4), INT(H), INT(W), INT(
 // one group); weights outside a channel's group are zero.  KH x KW taps of any stride, padding
 // (negative too) and dilation.  grid: (ceil(OW / 4), O4, N * OH).  w: [O4][SPAN][KH*KW][4].
 KERNEL(conv2d_direct, IN(x), IN(w), IN(bias), OUT(y), INT(C4), INT(H), INT(W), INT(M), INT(OH), INT(OW),
-       INT(KH), INT(KW), INT(SH), INT(SW), INT(PH), INT(PW), INT(DH), INT(DW), INT(SPAN), INT(CG), INT(MG))
+       INT(KH), INT(KW), INT(SH), INT(SW), INT(PH), INT(PW), INT(DH), INT(DW), INT(SPAN), INT(CG), INT(MG),
+       EPILOGUE)
 {
     const int ow0 = GID(0) * 4;
     const int o4 = GID(1);
@@ -121,7 +120,7 @@ KERNEL(conv2d_direct, IN(x), IN(w), IN(bias), OUT(y), INT(C4), INT(H), INT(W), I
 // Direct 3x3, one group: conv2d_direct with the taps fixed at compile time (unrolled).
 // grid: (ceil(OW / 4), O4, N * OH).  w: [O4][C4][9][4].
 KERNEL(conv2d_3x3, IN(x), IN(w), IN(bias), OUT(y), INT(C4), INT(H), INT(W), INT(M), INT(OH), INT(OW),
-       INT(SH), INT(SW), INT(PH), INT(PW), INT(DH), INT(DW))
+       INT(SH), INT(SW), INT(PH), INT(PW), INT(DH), INT(DW), EPILOGUE)
 {
     const int ow0 = GID(0) * 4;
     const int o4 = GID(1);
@@ -181,7 +180,8 @@ INLINE float pick(FLOAT4 v, int lane)
 // MULT == 1 output slice o4 is input slice o4, one vector multiply-add per tap; otherwise each
 // lane gathers its own input channel.  grid: (ceil(OW / 4), O4, N * OH).  w: [O4][KH*KW] (lanes).
 KERNEL(conv2d_depthwise, IN(x), IN(w), IN(bias), OUT(y), INT(C4), INT(H), INT(W), INT(M), INT(OH), INT(OW),
-       INT(KH), INT(KW), INT(SH), INT(SW), INT(PH), INT(PW), INT(DH), INT(DW), INT(MULT))
+       INT(KH), INT(KW), INT(SH), INT(SW), INT(PH), INT(PW), INT(DH), INT(DW), INT(MULT),
+       EPILOGUE)
 {
     const int ow0 = GID(0) * 4;
     const int o4 = GID(1);
@@ -243,7 +243,8 @@ KERNEL(conv2d_depthwise, IN(x), IN(w), IN(bias), OUT(y), INT(C4), INT(H), INT(W)
 // where oh + PH - kh * DH == ih * SH (and likewise along w).  One output pixel, 4 output
 // channels; groups as in conv2d_direct.  grid: (OW, O4, N * OH).  w: [O4][SPAN][KH*KW][4].
 KERNEL(conv_transpose2d, IN(x), IN(w), IN(bias), OUT(y), INT(C4), INT(H), INT(W), INT(M), INT(OH), INT(OW),
-       INT(KH), INT(KW), INT(SH), INT(SW), INT(PH), INT(PW), INT(DH), INT(DW), INT(SPAN), INT(CG), INT(MG))
+       INT(KH), INT(KW), INT(SH), INT(SW), INT(PH), INT(PW), INT(DH), INT(DW), INT(SPAN), INT(CG), INT(MG),
+       EPILOGUE)
 {
     const int ow = GID(0);
     const int o4 = GID(1);

@@ -77,7 +77,7 @@ INLINE FLOAT4 mask_channels(FLOAT4 v, int s, int channels) {
 }
 
 // unary_op then the epilogue; `plane` = H * W of the packed tensor, `channels` its C.
-KERNEL(map4, IN(x), OUT(y), INT(count), INT(channels), INT(plane))
+KERNEL(map4, IN(x), OUT(y), INT(count), INT(channels), INT(plane), EPILOGUE)
 {
     const int i = GID(0);
     if (i >= count) return;
@@ -86,7 +86,7 @@ KERNEL(map4, IN(x), OUT(y), INT(count), INT(channels), INT(plane))
 }
 
 // Both inputs have the output's packed shape.
-KERNEL(binary4_same, IN(a), IN(b), OUT(y), INT(count), INT(channels), INT(plane))
+KERNEL(binary4_same, IN(a), IN(b), OUT(y), INT(count), INT(channels), INT(plane), EPILOGUE)
 {
     const int i = GID(0);
     if (i >= count) return;
@@ -107,7 +107,7 @@ INLINE int bcast_index(int n, int s, int h, int w, int pn, int pc, int ph, int p
 // Multidirectional broadcasting in the packed 4-D view: each operand's dims are either the
 // output's or 1.
 KERNEL(binary4, IN(a), IN(b), OUT(y), INT(count), INT(C), INT(H), INT(W),
-       INT(an), INT(ac), INT(ah), INT(aw), INT(bn), INT(bc), INT(bh), INT(bw))
+       INT(an), INT(ac), INT(ah), INT(aw), INT(bn), INT(bc), INT(bh), INT(bw), EPILOGUE)
 {
     const int i = GID(0);
     if (i >= count) return;

@@ -19,7 +19,7 @@ INLINE FLOAT4 mask_lanes(FLOAT4 v, int valid)
 // so the reduction runs along the channel slices and output columns are the float4 lanes.
 // 4 rows x 4 columns per work item.  grid: (ceil(M / 4), N4).  w: [N4][K4][4 k lanes] float4s
 // of 4 column lanes; bias: [N4 * 4].
-KERNEL(gemm_rows, IN(a), IN(w), IN(bias), OUT(y), INT(M), INT(K4), INT(N))
+KERNEL(gemm_rows, IN(a), IN(w), IN(bias), OUT(y), INT(M), INT(K4), INT(N), EPILOGUE)
 {
     const int m0 = GID(0) * 4;
     const int n4 = GID(1);
@@ -49,7 +49,7 @@ KERNEL(gemm_rows, IN(a), IN(w), IN(bias), OUT(y), INT(M), INT(K4), INT(N))
 // stores along W: each of the R = N * C4 * H rows holds K float4s whose lanes are 4 channels.
 // A work item computes 4 output columns for the 4 channels of one row.
 // grid: (ceil(NOUT / 4), R).  w: [K][N4 * 4] (plain, columns padded); bias: [N4 * 4].
-KERNEL(gemm_lanes, IN(x), IN(w), IN(bias), OUT(y), INT(K), INT(NOUT), INT(C), INT(H), INT(R))
+KERNEL(gemm_lanes, IN(x), IN(w), IN(bias), OUT(y), INT(K), INT(NOUT), INT(C), INT(H), INT(R), EPILOGUE)
 {
     const int j0 = GID(0) * 4;
     const int r = GID(1);
@@ -79,7 +79,7 @@ KERNEL(gemm_lanes, IN(x), IN(w), IN(bias), OUT(y), INT(K), INT(NOUT), INT(C), IN
 
 // y = x * scale[c] + shift[c] per channel, then the epilogue (BatchNormalization folded on the
 // host, ChannelAffine).  One float4 per work item.  grid: (count).  scale, shift: [C4 * 4].
-KERNEL(channel_affine, IN(x), IN(scale), IN(shift), OUT(y), INT(count), INT(HW), INT(C))
+KERNEL(channel_affine, IN(x), IN(scale), IN(shift), OUT(y), INT(count), INT(HW), INT(C), EPILOGUE)
 {
     const int i = GID(0);
     if (i >= count) return;

@@ -9,7 +9,7 @@
 // (kh, kw, sh, sw) window and strides, (ph, pw) begin pads, (eh, ew) declared end pads,
 // (dh, dw) dilations; include_pad: AveragePool's count_include_pad.
 KERNEL(pool2d, IN(x), OUT(y), INT(count), INT(H), INT(W), INT(OH), INT(OW), INT(kh), INT(kw), INT(sh), INT(sw),
-       INT(ph), INT(pw), INT(eh), INT(ew), INT(dh), INT(dw), INT(include_pad))
+       INT(ph), INT(pw), INT(eh), INT(ew), INT(dh), INT(dw), INT(include_pad), EPILOGUE)
 {
     const int i = GID(0);
     if (i >= count) return;

@@ -8,15 +8,16 @@ INLINE FLOAT4 mac4(FLOAT4 acc, FLOAT4 v, FLOAT4 w0, FLOAT4 w1, FLOAT4 w2, FLOAT4
     return acc + w0 * v.x + w1 * v.y + w2 * v.z + w3 * v.w;
 }
 
-INLINE FLOAT4 finish(FLOAT4 acc, int o4, int M)
+INLINE FLOAT4 mask_lanes(FLOAT4 v, int valid)
 {
-    const int valid = M - o4 * 4;
-    FLOAT4 v = activate(acc);
     if (valid < 4) v.w = 0.0f;
     if (valid < 3) v.z = 0.0f;
     if (valid < 2) v.y = 0.0f;
     return v;
 }
+
+// The epilogue (a macro: `activate` reads the kernel's EPILOGUE argument), then the lane mask.
+#define finish(acc, o4, M) mask_lanes(activate(acc), (M) - (o4) * 4)
 
 // Stride 1, dilation 1, one group.  Three launches over T = N * TH * TW tiles of 2x2 outputs:
 //   winograd_input:   v[xi][s][t]  = (B^T d B)[xi] for the 4x4 input patch d of tile t, slice s
@@ -87,7 +88,8 @@ KERNEL(winograd_product, IN(v), IN(u), OUT(m), INT(C4), INT(O4), INT(T))
 }
 
 // grid: (T, O4).
-KERNEL(winograd_output, IN(m), IN(bias), OUT(y), INT(M), INT(OH), INT(OW), INT(TH), INT(TW), INT(T))
+KERNEL(winograd_output, IN(m), IN(bias), OUT(y), INT(M), INT(OH), INT(OW), INT(TH), INT(TW), INT(T),
+       EPILOGUE)
 {
     const int t = GID(0);
     const int o4 = GID(1);

@@ -63,7 +63,8 @@ def _macs(plan: Plan, step: Step) -> float:
     if step.op_type in ("Gemm", "MatMul", "FullyConnected") and len(step.inputs) > 1:
         w = _shape(plan, step.inputs[1])
         if w:
-            k = w[-1] if step.op_type == "Gemm" and step.attrs.get("transB") else w[0]
+            # the contraction axis: B's rows ([.., K, N]; a batched MatMul's leading axes are not K)
+            k = w[-1] if step.op_type == "Gemm" and step.attrs.get("transB") else w[-2] if len(w) > 1 else w[0]
             return float(out * k)
     return 0.0
 

@@ -2,9 +2,9 @@
 random ones.
 
 A folder holds one sample per file: ``.npy`` (single-input models), ``.npz`` (keyed by input
-name), or images (``.png``/``.jpg``/``.jpeg``/``.bmp``, Pillow needed: ``pip install
-"optcli[images]"``) turned into a tensor by ``--calib_preprocess="resize=224,mean=0.485,0.456,0.406,
-std=0.229,0.224,0.225,layout=NCHW,scale=255"``.  Files are read in name order, so runs repeat.
+name), or images (``.png``/``.jpg``/``.jpeg``/``.bmp``/``.webp``, Pillow needed: ``pip install
+"optcli[images]"``) turned into a tensor by ``--calib_preprocess`` (``optcli/preprocess.py``, the
+same spec and code as ``optcli run --preprocess``).  Files are read in name order, so runs repeat.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from optcli import preprocess
 from optcli.errors import UsageError
 from optcli.ir import Value
-
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 
 
 def concrete_shape(v: Value, fallback_batch: int = 1, fallback_dim: int = 32) -> tuple[int, ...]:
@@ -46,69 +45,21 @@ def random_samples(inputs: list[Value], count: int, seed: int = 0) -> list[dict[
     return samples
 
 
-def parse_preprocess(spec: str | None) -> dict:
-    opts = {"resize": None, "mean": [0.0], "std": [1.0], "layout": "NCHW", "scale": 255.0}
-    if not spec:
-        return opts
-    key = None
-    for part in (p.strip() for p in spec.split(",") if p.strip()):
-        if "=" in part:
-            key, value = (s.strip() for s in part.split("=", 1))
-            if key not in opts:
-                raise UsageError(f"--calib_preprocess: unknown key '{key}'; keys: {', '.join(opts)}")
-            opts[key] = [value] if key in ("mean", "std") else value
-        elif key in ("mean", "std"):
-            opts[key].append(part)  # mean=0.485,0.456,0.406 continues the list
-        else:
-            raise UsageError(f"--calib_preprocess: '{part}' is not KEY=VALUE")
-    try:
-        opts["mean"] = [float(m) for m in opts["mean"]]
-        opts["std"] = [float(s) for s in opts["std"]]
-        opts["scale"] = float(opts["scale"])
-        if opts["resize"] is not None:
-            opts["resize"] = [int(r) for r in str(opts["resize"]).lower().split("x")]
-    except ValueError as exc:
-        raise UsageError(f"--calib_preprocess: {exc}") from None
-    if opts["layout"] not in ("NCHW", "NHWC"):
-        raise UsageError("--calib_preprocess: layout must be NCHW or NHWC")
-    return opts
-
-
-def load_image(path: Path, opts: dict) -> np.ndarray:
-    """An image file as a float32 [1, C, H, W] (or NHWC) tensor, per the preprocessing spec."""
-    try:
-        from PIL import Image
-    except ImportError:
-        raise UsageError(f"{path}: reading images needs Pillow: pip install \"optcli[images]\"") from None
-    try:
-        img = Image.open(path).convert("RGB")
-    except Exception as exc:
-        raise UsageError(f"{path}: not a readable image ({exc})") from None
-    if opts["resize"]:
-        size = opts["resize"]
-        img = img.resize((size[-1], size[0]) if len(size) > 1 else (size[0], size[0]))
-    x = np.asarray(img, dtype=np.float32) / opts["scale"]
-    x = (x - np.asarray(opts["mean"], np.float32)) / np.asarray(opts["std"], np.float32)
-    x = x[None]
-    return np.ascontiguousarray(x.transpose(0, 3, 1, 2) if opts["layout"] == "NCHW" else x)
-
-
-def load_samples(folder: str | Path, inputs: list[Value], preprocess: str | None = None,
-                 limit: int | None = None) -> list[dict[str, np.ndarray]]:
+def load_samples(folder: str | Path, inputs: list[Value], spec: str | None = None,
+                 limit: int | None = None, flag: str = "--calib_data") -> list[dict[str, np.ndarray]]:
+    """One feed dict per file of ``folder`` (name order); images through the ``spec``."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise UsageError(f"--calib_data: {folder} is not a directory")
-    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".npy", ".npz", *IMAGE_SUFFIXES))
+        raise UsageError(f"{flag}: {folder} is not a directory")
+    files = sorted(p for p in folder.iterdir()
+                   if p.suffix.lower() in (".npy", ".npz") or preprocess.is_image(p))
     if not files:
-        raise UsageError(f"--calib_data: {folder} holds no .npy, .npz or image files")
-    opts = parse_preprocess(preprocess)
-    samples = []
-    for path in files[:limit]:
-        samples.append(_sample(path, inputs, opts))
-    return samples
+        raise UsageError(f"{flag}: {folder} holds no .npy, .npz or image files")
+    opts = preprocess.parse(spec, "--calib_preprocess")
+    return [_sample(path, inputs, opts, flag) for path in files[:limit]]
 
 
-def _sample(path: Path, inputs: list[Value], opts: dict) -> dict[str, np.ndarray]:
+def _sample(path: Path, inputs: list[Value], opts: preprocess.Preprocess, flag: str) -> dict[str, np.ndarray]:
     suffix = path.suffix.lower()
     if suffix == ".npz":
         with np.load(path, allow_pickle=False) as data:
@@ -120,7 +71,8 @@ def _sample(path: Path, inputs: list[Value], opts: dict) -> dict[str, np.ndarray
         raise UsageError(f"{path}: the model has {len(inputs)} inputs; use .npz files keyed by input name")
     v = inputs[0]
     try:
-        x = np.load(path, allow_pickle=False) if suffix == ".npy" else load_image(path, opts)
+        x = np.load(path, allow_pickle=False) if suffix == ".npy" else preprocess.load_image(
+            path, v.shape, v.dtype, opts, what=flag)
     except ValueError as exc:
         raise UsageError(f"{path}: not a readable .npy file ({exc})") from None
     return {v.name: _fit(path, v, x)}

@@ -20,6 +20,8 @@ from optcli.commands.inspect import inspect_command
 from optcli.commands.run import run_command
 from optcli.errors import OptError, OutputError, TargetError, UsageError
 from optcli.nb.layout import FORMAT_VERSION
+from optcli.preprocess import HELP as PREPROCESS_HELP
+from optcli.progress import silenced
 
 BOOL_FLAG = {"is_flag": False, "flag_value": "true", "default": "false", "type": click.BOOL}
 
@@ -113,15 +115,25 @@ def _split_passes(values: tuple[str, ...]) -> set[str]:
 @click.option("--enable_fp16", help="Store weights as fp16 (about 2x smaller) and GPU tensors as half "
               "(same as --precision=fp16 for the GPU).", **BOOL_FLAG)
 @click.option("--verify", help="Run the original model (onnxruntime, else the fp32 arm plan) and the optimized "
-              ".nb on --calib_data samples (else seeded random inputs) and report per output max error, cosine "
-              "similarity and top-1 agreement. A failure exits with code 3 and writes no .nb.", **BOOL_FLAG)
-@click.option("--verify_tolerance", type=float, default=None, metavar="REL",
-              help="Largest error relative to each output's scale that --verify accepts (default: the budget of "
-                   "the plan's precision: fp32 1e-4, fp16 1e-2, int8 5e-2).")
-@click.option("--calib_data", metavar="DIR", help="Samples for --verify (and calibration): one per file, .npy, .npz "
-              "keyed by input name, or images (with --calib_preprocess; needs optcli[images]).")
-@click.option("--calib_preprocess", metavar="SPEC", help='Image preprocessing, e.g. "resize=224,mean=0.485,0.456,'
-              '0.406,std=0.229,0.224,0.225,layout=NCHW".')
+              ".nb on the same inputs (--verify_data, else --calib_data, else seeded random inputs with a warning "
+              "that the verdict is weak) and report per output SNR (dB), cosine similarity, max error relative to "
+              "the output's scale (per channel for maps) and, for classifier-like [N, K] outputs, top-1/top-5 "
+              "agreement. Pass rule per plan precision: SNR >= 80 dB (fp32), 60 dB (QUANT_INT16), 40 dB (fp16), "
+              "20 dB (int8) and, for int8 on real samples, top-1 >= 95%. A failure exits with code 3 and writes "
+              "no .nb.", **BOOL_FLAG)
+@click.option("--verify_tolerance", type=float, default=None, metavar="R",
+              help="--verify's noise budget: the largest RMS error per RMS of each output (SNR >= -20*log10(R) dB; "
+                   "default by plan precision: fp32 1e-4, QUANT_INT16 1e-3, fp16 1e-2, int8 0.1). With "
+                   "--precision=auto also the per-op budget on the max error relative to the output's scale.")
+@click.option("--verify_top1", type=click.FloatRange(0, 1), default=None, metavar="FRACTION",
+              help="Top-1 agreement --verify requires of classifier-like [N, K] outputs (default 0.95 for int8 "
+                   "plans on real samples, else not judged; 0 turns it off).")
+@click.option("--verify_data", metavar="DIR", help="Samples --verify runs on (held out from calibration), in "
+              "--calib_data's formats, images through --calib_preprocess.")
+@click.option("--calib_data", metavar="DIR", help="Samples for calibration (and --verify when no --verify_data): one "
+              "per file, .npy, .npz keyed by input name, or images (with --calib_preprocess; needs optcli[images]).")
+@click.option("--calib_preprocess", metavar="SPEC", help=PREPROCESS_HELP + " The same spec and code as optcli run "
+              "--preprocess; applies to --verify_data too.")
 @click.option("--tune", type=click.Choice(["fast", "normal", "exhaustive"]), default=None,
               help="Time GPU kernel variants and work-group sizes on this machine's device and keep the fastest "
                    "(run it on the machine whose GPU you tune; winners are also cached for tuned loads).")
@@ -130,7 +142,8 @@ def _split_passes(values: tuple[str, ...]) -> set[str]:
 def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out_type, input_shapes,
                 disable_pass, placement_config, report_path, print_supported_ops, print_all_ops,
                 print_model_ops, display_kernels, print_passes, advise, precision, tune, quant_model, quant_type,
-                enable_fp16, verify, verify_tolerance, calib_data, calib_preprocess, calibrator, quiet):
+                enable_fp16, verify, verify_tolerance, verify_top1, verify_data, calib_data, calib_preprocess,
+                calibrator, quiet):
     """Optimize an ONNX model for the given targets and write one compact NAME.nb file.
 
     \b
@@ -159,13 +172,15 @@ def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out
     from optcli.nb.writer import write_atomic
 
     show = _progress(quiet)
-    result = compile_model(model_file=model_file, model_dir=model_dir, valid_targets=valid_targets,
-                           input_shapes=input_shapes, disabled_passes=_split_passes(disable_pass),
-                           placement_overrides=_load_placement_config(placement_config), progress=show,
-                           precision=precision, tune=tune, calibrator=calibrator,
-                           quant_type=(quant_type or "QUANT_INT8") if quant_model else quant_type,
-                           enable_fp16=enable_fp16, verify=verify, verify_tolerance=verify_tolerance,
-                           calib_data=calib_data, calib_preprocess=calib_preprocess)
+    with silenced(quiet):
+        result = compile_model(model_file=model_file, model_dir=model_dir, valid_targets=valid_targets,
+                               input_shapes=input_shapes, disabled_passes=_split_passes(disable_pass),
+                               placement_overrides=_load_placement_config(placement_config), progress=show,
+                               precision=precision, tune=tune, calibrator=calibrator,
+                               quant_type=(quant_type or "QUANT_INT8") if quant_model else quant_type,
+                               enable_fp16=enable_fp16, verify=verify, verify_tolerance=verify_tolerance,
+                               verify_top1=verify_top1, verify_data=verify_data, calib_data=calib_data,
+                               calib_preprocess=calib_preprocess)
     if show:
         click.echo("\r\033[K", nl=False, err=True)
     if not quiet:
@@ -215,10 +230,10 @@ def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out
     if checked is not None and not checked["passed"]:
         from optcli.verify import VerifyError
 
-        failed = [o["name"] for o in checked["outputs"] if not o["passed"]]
-        raise VerifyError(f"verification failed for output(s) {', '.join(failed)} (relative tolerance "
-                          f"{checked['tolerance']:.0e}); no .nb written. Use a higher precision, or "
-                          "--verify_tolerance if the error is acceptable")
+        failed = [f"{o['name']} ({'; '.join(o['failures'])})" for o in checked["outputs"] if not o["passed"]]
+        raise VerifyError(f"verification failed for output(s) {', '.join(failed)}; rule for {checked['precision']} "
+                          f"plans: {checked['rule']['text']}; no .nb written. Use a higher precision, or "
+                          "--verify_tolerance / --verify_top1 if the error is acceptable")
 
 
 def _steps_summary(report: dict, per_target: dict[str, int]) -> str:
@@ -316,7 +331,8 @@ def devices_command(as_json, no_check):
             click.echo(f"    recommended: --precision={d['recommended']['precision']} ({d['recommended']['why']})")
     usable = [i for i, d in enumerate(found) if d["usable"]]
     if usable and not as_json and not no_check:
-        pick = next((i for i in usable if found[i]["kind"] == "GPU"), usable[0])  # the runtime's order
+        # the runtime's order: GPUs, then the rest; simulators (oclgrind) only when nothing else is usable
+        pick = min(usable, key=lambda i: (found[i]["simulator"], found[i]["kind"] != "GPU", i))
         click.echo(f"GPU steps run on [{pick}] {found[pick]['name']} ({found[pick]['kind']}), unless "
                    "--device / device= names another")
     if not usable:

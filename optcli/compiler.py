@@ -57,9 +57,13 @@ def compile_model(
     calib_preprocess: str | None = None,
     verify_samples: int = 8,
     calibrator: str = "percentile",
+    verify_data: str | Path | None = None,
+    verify_top1: float | None = None,
 ) -> CompileResult:
     """Optimize a model.  ``quant_type``: QUANT_INT8 / QUANT_INT16 (weight-only, per output channel);
-    ``enable_fp16``: weights stored as fp16 and GPU tensors in half (``precision="fp16"``)."""
+    ``enable_fp16``: weights stored as fp16 and GPU tensors in half (``precision="fp16"``).
+    ``verify``: judge the result against the original on ``verify_data``, else ``calib_data``, else
+    ``verify_samples`` seeded random inputs (``optcli/verify.py`` for the rule)."""
     if enable_fp16:
         precision = "fp16"
     if precision not in (*PRECISIONS, "auto"):
@@ -100,16 +104,30 @@ def compile_model(
         report["int8"] = {"calibrator": calibrator, "samples": len(ctx.options["calib_samples"]),
                           "kept_float": ctx.options.get("int8_kept_float", [])}
     if verify:
-        from optcli.calib import load_samples, random_samples
-        from optcli.frontend.onnx_reader import find_model_file, load_onnx
-        from optcli.verify import verify as run_verify
-
-        original = model if model is not None else load_onnx(find_model_file(
-            str(model_file) if model_file else None, str(model_dir) if model_dir else None))
-        samples = (load_samples(calib_data, plan.inputs, calib_preprocess) if calib_data
-                   else random_samples(plan.inputs, verify_samples))
-        report["verify"] = run_verify(original, data, samples, verify_tolerance, shapes)
+        report["verify"] = _verify(model, model_file, model_dir, plan, data, shapes, ctx, verify_tolerance, verify_top1,
+                                   verify_data, calib_data, calib_preprocess, verify_samples)
+        report["warnings"] = list(ctx.warnings)
     return CompileResult(plan, data, report, list(ctx.warnings))
+
+
+def _verify(model, model_file, model_dir, plan: Plan, data: bytes, shapes, ctx: PassContext, tolerance, top1,
+            verify_data, calib_data, calib_preprocess, count: int) -> dict:
+    from optcli.calib import load_samples, random_samples
+    from optcli.frontend.onnx_reader import find_model_file, load_onnx
+    from optcli.verify import verify
+
+    original = model if model is not None else load_onnx(find_model_file(
+        str(model_file) if model_file else None, str(model_dir) if model_dir else None))
+    if verify_data or calib_data:
+        flag = "--verify_data" if verify_data else "--calib_data"
+        samples = load_samples(verify_data or calib_data, plan.inputs, calib_preprocess, flag=flag)
+        source = flag[2:]
+    else:
+        samples, source = random_samples(plan.inputs, count), "random"
+        ctx.warnings.append(f"--verify judged the model on {count} seeded random inputs, a weak verdict: random "
+                            "inputs drive many models (detectors, segmenters) into corners real data never reaches. "
+                            "Give real samples with --verify_data=DIR or --calib_data=DIR")
+    return verify(original, data, samples, tolerance, shapes, data=source, top1=top1)
 
 
 WEIGHT_QUANT_TYPES = {"QUANT_INT8": "int8", "QUANT_INT16": "int16"}  # weight-only; INT8 is full int8 PTQ
@@ -143,10 +161,13 @@ def _tune(plan: Plan, level: str) -> dict:
 
 
 def _check_readable(data: bytes, source: str) -> None:
-    """Read the produced bytes back with the validation ``optcli.load`` applies: a file our own
-    reader refuses is our bug, and must never reach the disk."""
+    """Read the produced bytes back with the validation ``optcli.load`` applies (the reader, then
+    the runtime's checks of the steps and its shape derivation): a file our own loader refuses is
+    our bug, and must never reach the disk."""
+    from optcli.runtime.plan_shapes import check_at_load
+
     try:
-        load_bytes(data, "<the .nb being written>")
+        check_at_load(load_bytes(data, "<the .nb being written>")[0], "<the .nb being written>")
     except NbFormatError as exc:
         raise InternalError(f"{source}: opt produced a .nb its own reader refuses ({exc}); nothing was written. "
                             "This is a bug in optcli: please report it with the model") from None

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from optcli.ir import Graph, Value
-from optcli.passes.plan_memory import MemoryPlan, plan_graph
+from optcli.plan_memory_core import MemoryPlan, plan_graph
 
 
 @dataclass

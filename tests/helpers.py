@@ -8,7 +8,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from optcli.ops import kernels_for
-from optcli.tolerance import max_error, within
+from optcli.tolerance import describe_mismatch, within
 
 OPSET = 17
 
@@ -59,8 +59,7 @@ def assert_close(actual, expected, precision: str = "fp32", what: str = "") -> N
     actual, expected = np.asarray(actual), np.asarray(expected)
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != expected {expected.shape}"
     if not within(actual, expected, precision):
-        err, scale = max_error(actual, expected)
-        raise AssertionError(f"{what}: max abs error {err:.3g} > {precision} budget on scale {scale:.3g}")
+        raise AssertionError(f"{what}: {describe_mismatch(actual, expected, precision)}")
 
 
 def run_cli(main, prog: str, args: list[str], capsys) -> tuple[int, str, str]:

@@ -92,3 +92,75 @@ def test_audio_conv1d_model_on_opencl(precision):
     outputs = optcli.load(result.data, require_gpu=True).run(feeds)
     for key, expected in _ort(model, feeds).items():
         assert_close(outputs[key], expected, precision, what=f"audio_kws:{key} on opencl")
+
+
+def _attention_model(batch: int = 2, tokens: int = 7, heads: int = 3, head_dim: int = 5, dynamic: bool = False):
+    """One self-attention block as exporters write it: x [B, T, D] -> Q, K, V projections ->
+    Reshape [B, T, H, d] -> Transpose to heads -> MatMul(Q, K^T) * scale -> Softmax(-1) ->
+    MatMul(P, V) -> Transpose -> Reshape [B, T, D] -> output projection.  ``dynamic``: B and T
+    are symbolic (the Reshapes copy them with 0)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(17)
+    dim = heads * head_dim
+
+    def w(*shape, scale=0.4):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    lead = [0, 0] if dynamic else [batch, tokens]
+    inits = {"wq": w(dim, dim), "wk": w(dim, dim), "wv": w(dim, dim), "wo": w(dim, dim), "bo": w(dim),
+             "heads_shape": np.array([*lead, heads, head_dim], np.int64),
+             "flat_shape": np.array([*lead, dim], np.int64),
+             "scale": np.array(head_dim ** -0.5, np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", f"w{p}"], [p]) for p in "qkv"]
+    for p, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        nodes += [helper.make_node("Reshape", [p, "heads_shape"], [f"{p}4"]),
+                  helper.make_node("Transpose", [f"{p}4"], [f"{p}h"], perm=perm)]
+    nodes += [
+        helper.make_node("MatMul", ["qh", "kh"], ["scores"]),  # [B, H, T, d] x [B, H, d, T]
+        helper.make_node("Mul", ["scores", "scale"], ["scaled"]),
+        helper.make_node("Softmax", ["scaled"], ["probs"], axis=-1),
+        helper.make_node("MatMul", ["probs", "vh"], ["context"]),  # [B, H, T, T] x [B, H, T, d]
+        helper.make_node("Transpose", ["context"], ["ct"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["ct", "flat_shape"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "wo"], ["proj"]),
+        helper.make_node("Add", ["proj", "bo"], ["y"]),
+    ]
+    shape = ["B", "T", dim] if dynamic else [batch, tokens, dim]
+    graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model, {"x": rng.standard_normal((batch, tokens, dim)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_attention_block_on_opencl(precision):
+    """Q.K^T and P.V (MatMul of two run-time tensors) on the GPU, with the Softmax, scale and the
+    Reshape / Transpose around them: the whole block is one island on opencl."""
+    model, feeds = _attention_model()
+    result = optcli.optimize(model=model, valid_targets="opencl,arm", precision=precision,
+                             disabled_passes=KEEP_ON_GPU)
+    steps = [s for s in result.report["steps"] if s["domain"] != "optcli" or s["op"] not in COPIES]
+    matmuls = [s for s in steps if s["op"] == "MatMul"]
+    assert len(matmuls) == 2 and all(s["target"] == "opencl" for s in matmuls), matmuls
+    assert all(s["target"] == "opencl" for s in steps), [s for s in steps if s["target"] != "opencl"]
+    outputs = optcli.load(result.data, require_gpu=True).run(feeds)
+    for key, expected in _ort(model, feeds).items():
+        assert_close(outputs[key], expected, precision, what=f"attention:{key} on opencl")
+
+
+def test_attention_block_with_dynamic_batch_and_tokens_on_opencl():
+    """The same block with B and T symbolic: placed at nominal sizes, launched per input shape."""
+    import numpy as np
+
+    model, _ = _attention_model(dynamic=True)
+    result = optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU)
+    matmuls = [s for s in result.report["steps"] if s["op"] == "MatMul"]
+    assert len(matmuls) == 2 and all(s["target"] == "opencl" for s in matmuls), matmuls
+    predictor = optcli.load(result.data, require_gpu=True)
+    for batch, tokens in [(2, 7), (1, 13)]:
+        feeds = {"x": np.random.default_rng(tokens).standard_normal((batch, tokens, 15)).astype(np.float32)}
+        for key, expected in _ort(model, feeds).items():
+            assert_close(predictor.run(feeds)[key], expected, "fp32", what=f"attention {batch}x{tokens}:{key}")

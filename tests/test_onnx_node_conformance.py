@@ -4,7 +4,8 @@ The onnx wheel ships the node test *definitions* (``onnx.backend.test.case.node`
 data, so the data is regenerated once per session into a pytest tmp dir with onnx's own
 ``cmd_tools.generate_data``.  Every case whose graph outputs are all float32 tensors (and whose
 inputs are tensors, not sequences/optionals/maps/strings) is optimized for `arm`, loaded, run on
-its ``test_data_set_*`` inputs and compared to the expected outputs at the fp32 tolerance.
+its ``test_data_set_*`` inputs and compared to the expected outputs at the fp32 tolerance
+(``optcli.tolerance.within``: per element, infinities exactly).
 
 One test per case (ids = case names); the terminal summary prints
 "onnx node tests on arm: N/M float32 cases pass, K excluded".
@@ -24,7 +25,7 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 import optcli
-from optcli.tolerance import max_error, within
+from optcli.tolerance import RELATIVE, describe_mismatch, max_error, within
 
 # Cases left out, each with the reason it can't (or shouldn't) pass.  All but the last two fail on
 # onnxruntime (CPU EP) too, or their expected output is not well defined.  The last two are our
@@ -47,6 +48,20 @@ EXCLUDED: dict[str, str] = {
     "test_scan_sum":
         "KNOWN GAP (onnxruntime passes): Scan opset 8 (batch axis, sequence_lens) runs through "
         "onnx.reference, which cannot run Scan-8 at all (it fails on the whole model too)",
+}
+
+# Cases whose expected outputs are printed with 4 decimals in onnx's case definitions (or computed
+# by an older implementation): compared at the old tensor-wide budget (max error <= 1e-4 of the
+# output's scale) instead of per element.  optcli matches onnxruntime's own result to 1e-7 where
+# onnxruntime runs them (gridsample; it refuses these RoiAlign cases).
+ROUNDED_EXPECTED = {"test_roialign_aligned_false", "test_roialign_aligned_true", "test_gridsample_bicubic"}
+
+# Real inaccuracies the per-element check exposes on opencl, to fix in the kernels (strict xfail:
+# a fixed kernel makes the test fail until the entry goes).
+GPU_KNOWN_INACCURATE: dict[str, str] = {
+    "test_logsoftmax_large_number":
+        "kernels/softmax.cl LogSoftmax computes v - (max + log(sum)): at inputs near 1e4 the shift rounds "
+        "to float's 1e-3 step there (2.4e-4 off on -0.44); (v - max) - log(sum) is exact",
 }
 
 # Input element types with no native numpy dtype (ml_dtypes / sub-byte types).  A `.nb` holds
@@ -112,7 +127,8 @@ class _Summary:
             values = list(_RESULTS_GPU.values())
             terminalreporter.write_line(
                 f"onnx node tests with opencl first: {values.count('gpu')} ran on opencl (PoCL) and pass, "
-                f"{values.count('host')} fell back to arm by placement and pass, {values.count('failed')} fail")
+                f"{values.count('host')} fell back to arm by placement and pass, {values.count('failed')} fail, "
+                f"{values.count('known inaccurate')} known inaccurate (xfail)")
 
 
 @pytest.fixture(scope="session")
@@ -167,12 +183,15 @@ def _gpu_cases() -> list[str]:
 
 @pytest.mark.opencl
 @pytest.mark.parametrize("name", _gpu_cases())
-def test_node_case_opencl(name, node_data):
+def test_node_case_opencl(name, node_data, request):
     """The same cases with the GPU first: what opencl claims runs on PoCL and must match; what it
     refuses (a reason in the report) falls back to the host and must still match."""
     if exclusion_reason(_CASES[name]) is not None:
         pytest.skip(exclusion_reason(_CASES[name]))
     _RESULTS_GPU[name] = "failed"
+    if name in GPU_KNOWN_INACCURATE:
+        request.node.add_marker(pytest.mark.xfail(reason=GPU_KNOWN_INACCURATE[name], strict=True))
+        _RESULTS_GPU[name] = "known inaccurate"
     result = _run_case(name, node_data, "opencl,arm")
     on_gpu = any(s["target"] == "opencl" and s["domain"] == "" for s in result.report["steps"])
     _RESULTS_GPU[name] = "gpu" if on_gpu else "host"
@@ -211,15 +230,14 @@ def _run_case(name: str, node_data: Path, targets: str):
             a = got[vi.name]
             if a.shape != e.shape:
                 pytest.fail(f"data set {k}, output '{vi.name}': shape {a.shape}, expected {e.shape}")
-            with np.errstate(invalid="ignore"):  # inf - inf at non-finite positions, which are masked
-                ok = within(a, e, "fp32")
+            if name in ROUNDED_EXPECTED:
                 err, scale = max_error(a, e)
+                ok = err <= RELATIVE["fp32"] * scale
+            else:
+                ok = within(a, e, "fp32")
             if not ok:
                 kernels = sorted({s["kernel"] for s in result.report["steps"]})
-                same_nan = np.array_equal(np.isnan(a), np.isnan(e))
-                same_inf = np.array_equal(np.isinf(a), np.isinf(e))
-                pytest.fail(f"data set {k}, output '{vi.name}': max abs error {err:.3g} over scale "
-                            f"{scale:.3g} (same nan/inf positions: {same_nan}/{same_inf}); kernels {kernels}")
+                pytest.fail(f"data set {k}, output '{vi.name}': {describe_mismatch(a, e, 'fp32')}; kernels {kernels}")
     return result
 
 

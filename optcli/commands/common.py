@@ -64,6 +64,9 @@ def load_npy(path: str) -> np.ndarray:
         raise UsageError(f"--input: {path} is not a readable .npy file ({exc})") from None
 
 
+MAX_RANDOM_BYTES = 2 << 30  # per input: a model file may declare any size; made-up data stays bounded
+
+
 def random_inputs(predictor, shapes: dict[str, list[int]] | None = None, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded inputs for every model input: standard normal floats, small non-negative integers,
     random booleans.  Symbolic dims take their size from ``shapes`` (as --input_shapes)."""
@@ -76,6 +79,11 @@ def random_inputs(predictor, shapes: dict[str, list[int]] | None = None, seed: i
             raise UsageError(f"input '{spec.name}' has dynamic dims {list(spec.shape)}: give its size with "
                              f"--input_shapes={spec.name}:{example} or a file with --input")
         dtype = np.dtype(spec.dtype if spec.dtype != "unknown" else "float32")
+        nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        if nbytes > MAX_RANDOM_BYTES:
+            raise UsageError(f"input '{spec.name}' has shape {shape}: {human_bytes(nbytes)} of random data is more "
+                             f"than the {human_bytes(MAX_RANDOM_BYTES)} optcli makes up; give the input as a file "
+                             "with --input")
         if dtype.kind == "f":
             feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind == "b":

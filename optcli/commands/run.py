@@ -10,8 +10,9 @@ import click
 import numpy as np
 
 from optcli.commands.common import CONTEXT, clip, file_name, load_npy, load_options, load_predictor, parse_inputs, table
-from optcli.commands.images import PREPROCESS_HELP, is_image, load_image, parse_preprocess
 from optcli.errors import UsageError
+from optcli.preprocess import HELP as PREPROCESS_HELP
+from optcli.preprocess import is_image, load_image, parse
 
 
 def read_inputs(predictor, specs: tuple[str, ...], preprocess: str | None) -> dict[str, np.ndarray]:
@@ -21,7 +22,7 @@ def read_inputs(predictor, specs: tuple[str, ...], preprocess: str | None) -> di
     if missing:
         raise UsageError(f"no --input for {', '.join(repr(n) for n in missing)}; give each input as "
                          "--input NAME=FILE.npy (or an image: .png, .jpg)")
-    opts = parse_preprocess(preprocess)
+    opts = parse(preprocess, "--preprocess")
     feeds = {}
     for name, path in files.items():
         spec = specs_by_name[name]
@@ -62,9 +63,9 @@ def top_k_rows(scores: np.ndarray, k: int, labels: list[str] | None) -> list[lis
 @click.command(name="run", context_settings=CONTEXT)
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE", help="An input: a .npy array, or an "
-              "image (.png, .jpg; needs pip install 'optcli[images]') resized and scaled to the input (see "
-              "--preprocess). Repeat for each input; a one-input model takes just FILE.")
-@click.option("--preprocess", metavar="SPEC", help=PREPROCESS_HELP)
+              "image (.png, .jpg; needs pip install 'optcli[images]') resized, center-cropped and scaled to the input "
+              "(see --preprocess). Repeat for each input; a one-input model takes just FILE.")
+@click.option("--preprocess", metavar="SPEC", help=PREPROCESS_HELP + " The same spec as opt --calib_preprocess.")
 @click.option("--output_dir", metavar="DIR", help="Save every output as DIR/NAME.npy (the folder is created).")
 @click.option("--top_k", type=click.IntRange(min=1), default=None, metavar="N",
               help="For classifiers: print the N highest scores of the first output (with softmax probabilities "
@@ -80,7 +81,7 @@ def run_command(model, inputs, preprocess, output_dir, top_k, labels, targets, p
     Examples:
       optcli run model.nb --input input=x.npy --output_dir out
       optcli run classifier.nb --input image=photo.png --preprocess imagenet --top_k 5
-      optcli run model.nb --input x.png --preprocess resize=224x224,mean=0.5,std=0.5
+      optcli run model.nb --input x.png --preprocess signed,size=256,crop=224
     """
     start = time.perf_counter()
     predictor = load_predictor(model, targets, precision, device, threads)

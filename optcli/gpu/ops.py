@@ -7,6 +7,7 @@ from optcli.gpu import (  # noqa: F401
     ops_gemm,
     ops_layout,
     ops_lstm,
+    ops_matmul,
     ops_norm,
     ops_pool,
     ops_quant,

@@ -1,10 +1,11 @@
 """GPU kernels for stand-alone activations: the element-wise ``map4`` kernel (identity
-``UNARY_OP``) with the same ``activate`` epilogue the fused kernels use, selected by a define.
-``map4`` zeroes the padding channels, which activations such as Sigmoid would otherwise fill."""
+``UNARY_OP``) with the same ``activate`` epilogue the fused kernels use, selected by a define
+(its alpha / beta are the kernel's EPILOGUE argument).  ``map4`` zeroes the padding channels,
+which activations such as Sigmoid would otherwise fill."""
 
 from __future__ import annotations
 
-from optcli.gpu.dialect import ACTIVATION_CODES
+from optcli.gpu.dialect import ACTIVATION_CODES, Epilogue
 from optcli.gpu.layout import dims4, packed_elements
 from optcli.gpu.registry import Launch, common_check, gpu_kernel
 from optcli.ir import Graph, Node
@@ -24,8 +25,8 @@ def unary_activation(ctx, node) -> list[Launch]:
     _, channels, h, w = dims4(shape)
     count = packed_elements(shape) // 4
     return [Launch("elementwise.cl", "map4", [ctx.tensor(node.inputs[0]), ctx.tensor(node.outputs[0]), count,
-                                              channels, h * w], (count,),
-                   {"UNARY_OP": 0, "ACTIVATION": ACTIVATION_CODES[name], "ACT_ALPHA": alpha, "ACT_BETA": beta})]
+                                              channels, h * w, Epilogue(alpha, beta)], (count,),
+                   {"UNARY_OP": 0, "ACTIVATION": ACTIVATION_CODES[name]})]
 
 
 gpu_kernel("Swish", domain="optcli", check=_check)(unary_activation)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from optcli.gpu.layout import c4, dims4, pack
-from optcli.gpu.registry import Launch, common_check, epilogue_defines, gpu_kernel, input_of
+from optcli.gpu.registry import Launch, common_check, epilogue_arg, epilogue_defines, gpu_kernel, input_of
 from optcli.ir import Graph, Node
 from optcli.ops.spatial import Window, conv_transpose_geometry, window
 
@@ -209,7 +209,7 @@ def conv_1x1(ctx, node) -> list[Launch]:
     m, c = w.shape[:2]
     wb = _blocked_weight(w.reshape(m, c, 1), m, c, m, c, c4(c))
     args = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m),
-            ctx.tensor(node.outputs[0]), c4(c), xs[2], xs[3], m, oh, ow, win.strides[1]]
+            ctx.tensor(node.outputs[0]), c4(c), xs[2], xs[3], m, oh, ow, win.strides[1], epilogue_arg(node.attrs)]
     return [Launch(SOURCE, "conv2d_1x1", args, (-(-(oh * ow) // 4), c4(m), on), epilogue_defines(node.attrs))]
 
 
@@ -233,7 +233,7 @@ def conv_3x3(ctx, node) -> list[Launch]:
     m, c = w.shape[:2]
     wb = _blocked_weight(w.reshape(m, c, 9), m, c, m, c, c4(c))
     args = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m),
-            ctx.tensor(node.outputs[0]), c4(c), xs[2], xs[3], m, oh, ow, *_geometry_args(win)]
+            ctx.tensor(node.outputs[0]), c4(c), xs[2], xs[3], m, oh, ow, *_geometry_args(win), epilogue_arg(node.attrs)]
     return [Launch(SOURCE, "conv2d_3x3", args, (-(-ow // 4), c4(m), on * oh), epilogue_defines(node.attrs))]
 
 
@@ -247,7 +247,8 @@ def conv_generic(ctx, node) -> list[Launch]:
     span = _span(m, c, mg, cg)
     wb = _blocked_weight(w.reshape(m, cg, kh * kw), m, c, mg, cg, span)
     args = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m),
-            ctx.tensor(node.outputs[0]), c4(c), xs[2], xs[3], m, oh, ow, kh, kw, *_geometry_args(win), span, cg, mg]
+            ctx.tensor(node.outputs[0]), c4(c), xs[2], xs[3], m, oh, ow, kh, kw, *_geometry_args(win), span, cg, mg,
+            epilogue_arg(node.attrs)]
     return [Launch(SOURCE, "conv2d_direct", args, (-(-ow // 4), c4(m), on * oh), epilogue_defines(node.attrs))]
 
 
@@ -275,7 +276,8 @@ def conv_depthwise(ctx, node) -> list[Launch]:
     wb[:m] = w.reshape(m, kh * kw)
     wb = wb.reshape(c4(m), 4, kh * kw).transpose(0, 2, 1)  # [O4][taps][4 out lanes]
     args = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m),
-            ctx.tensor(node.outputs[0]), c4(xs[1]), xs[2], xs[3], m, oh, ow, kh, kw, *_geometry_args(win), m // xs[1]]
+            ctx.tensor(node.outputs[0]), c4(xs[1]), xs[2], xs[3], m, oh, ow, kh, kw, *_geometry_args(win), m // xs[1],
+            epilogue_arg(node.attrs)]
     return [Launch(SOURCE, "conv2d_depthwise", args, (-(-ow // 4), c4(m), on * oh), epilogue_defines(node.attrs))]
 
 
@@ -335,7 +337,8 @@ def conv_winograd(ctx, node) -> list[Launch]:
                defines),
         Launch(WINOGRAD, "winograd_product", [v, ctx.weight(f"{node.name}/u", ub), mm, ci, co, t],
                (-(-t // 4), co, 16), defines),
-        Launch(WINOGRAD, "winograd_output", [mm, _bias(ctx, node, m), ctx.tensor(out), m, oh, ow, th, tw, t],
+        Launch(WINOGRAD, "winograd_output", [mm, _bias(ctx, node, m), ctx.tensor(out), m, oh, ow, th, tw, t,
+                                             epilogue_arg(node.attrs)],
                (t, co), defines),
     ]
 
@@ -380,5 +383,5 @@ def conv_transpose(ctx, node) -> list[Launch]:
     args: list[Any] = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), _bias(ctx, node, m),
                        ctx.tensor(out),
                        c4(c), xs[2], xs[3], m, oh, ow, kh, kw, strides[0], strides[1], begin[0], begin[1],
-                       dil[0], dil[1], span, cg, mg]
+                       dil[0], dil[1], span, cg, mg, epilogue_arg(node.attrs)]
     return [Launch(SOURCE, "conv_transpose2d", args, (ow, c4(m), on * oh), epilogue_defines(node.attrs))]

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from optcli.gpu.layout import dims4, pack, packed_elements
-from optcli.gpu.registry import Launch, common_check, epilogue_defines, gpu_kernel
+from optcli.gpu.registry import Launch, common_check, epilogue_arg, epilogue_defines, gpu_kernel
 from optcli.ir import Graph, Node
 
 BINARY_CODES = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Max": 4, "Min": 5, "PRelu": 6, "And": 7}
@@ -103,10 +103,13 @@ def binary(ctx, node) -> list[Launch]:
     defines = {"BINARY_OP": BINARY_CODES[node.op_type]}
     if node.op_type in _EPILOGUE_OPS:
         defines.update(epilogue_defines(node.attrs))
+    epi = epilogue_arg(node.attrs if node.op_type in _EPILOGUE_OPS else {})
     (a, da), (b, db) = _operand(ctx, node, 0, out_shape), _operand(ctx, node, 1, out_shape)
     if da == db == (n, c, h, w):
-        return [Launch("elementwise.cl", "binary4_same", [a, b, ctx.tensor(out), count, c, h * w], (count,), defines)]
-    return [Launch("elementwise.cl", "binary4", [a, b, ctx.tensor(out), count, c, h, w, *da, *db], (count,), defines)]
+        return [Launch("elementwise.cl", "binary4_same", [a, b, ctx.tensor(out), count, c, h * w, epi], (count,),
+                       defines)]
+    return [Launch("elementwise.cl", "binary4", [a, b, ctx.tensor(out), count, c, h, w, *da, *db, epi], (count,),
+                   defines)]
 
 
 # --------------------------------------------------------------------------- unary
@@ -121,7 +124,7 @@ def unary(ctx, node) -> list[Launch]:
     shape = ctx.shape(node.outputs[0])
     count = packed_elements(shape) // 4
     return [Launch("elementwise.cl", "map4", [ctx.tensor(node.inputs[0]), ctx.tensor(node.outputs[0]), count,
-                                              dims4(shape)[1], plane(shape)], (count,),
+                                              dims4(shape)[1], plane(shape), epilogue_arg({})], (count,),
                    {"UNARY_OP": UNARY_CODES[node.op_type]})]
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from optcli.gpu.layout import c4, dims4, packed_elements
 from optcli.gpu.ops_conv import packed_input
-from optcli.gpu.registry import Launch, common_check, epilogue_defines, gpu_kernel, input_of
+from optcli.gpu.registry import Launch, common_check, epilogue_arg, epilogue_defines, gpu_kernel, input_of
 from optcli.ir import OPTCLI_DOMAIN, Graph, Node
 
 SOURCE = "gemm.cl"
@@ -41,13 +41,15 @@ def _matmul_launches(ctx, node, w: np.ndarray, bias: np.ndarray) -> list[Launch]
         wp = np.zeros((c4(k) * 4, c4(n) * 4), np.float32)
         wp[:k, :n] = w
         wb = wp.reshape(c4(k), 4, c4(n), 4).transpose(2, 0, 1, 3)  # [N4][K4][4 k][4 n]
-        args = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), b, ctx.tensor(out), m, c4(k), n]
+        args = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wb), b, ctx.tensor(out), m, c4(k), n,
+                epilogue_arg(node.attrs)]
         return [Launch(SOURCE, "gemm_rows", args, (-(-m // 4), c4(n)), defines)]
     bn, c, h, _ = dims4(xs)
     wp = np.zeros((k, c4(n) * 4), np.float32)
     wp[:, :n] = w
     rows = bn * c4(c) * h
-    args = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wp), b, ctx.tensor(out), k, n, c, h, rows]
+    args = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/w", wp), b, ctx.tensor(out), k, n, c, h, rows,
+            epilogue_arg(node.attrs)]
     return [Launch(SOURCE, "gemm_lanes", args, (-(-n // 4), rows), defines)]
 
 
@@ -155,7 +157,8 @@ def _affine_launch(ctx, node, scale: np.ndarray, shift: np.ndarray) -> list[Laun
     _, c, h, w = dims4(ctx.shape(x))
     count = packed_elements(ctx.shape(x)) // 4
     args = [packed_input(ctx, node, 0), ctx.weight(f"{node.name}/scale", _pad(scale, c)),
-            ctx.weight(f"{node.name}/shift", _pad(shift, c)), ctx.tensor(out), count, h * w, c]
+            ctx.weight(f"{node.name}/shift", _pad(shift, c)), ctx.tensor(out), count, h * w, c,
+            epilogue_arg(node.attrs)]
     return [Launch(SOURCE, "channel_affine", args, (count,), epilogue_defines(node.attrs))]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from optcli.gpu.layout import dims4, packed_elements
 from optcli.gpu.ops_elementwise import data_check
-from optcli.gpu.registry import Launch, fake_quant_defines, gpu_kernel
+from optcli.gpu.registry import Launch, epilogue_arg, fake_quant_defines, gpu_kernel
 from optcli.ir import Graph, Node
 from optcli.ops.spatial import window
 
@@ -49,5 +49,6 @@ def pool(ctx, node) -> list[Launch]:
                 *lift(win.dilations, 1)]
         include_pad = int(node.attrs.get("count_include_pad", 0))
     count = packed_elements(ctx.shape(y)) // 4
-    return [Launch("pool.cl", "pool2d", [ctx.tensor(x), ctx.tensor(y), count, h, w, oh, ow, *geom, include_pad],
+    return [Launch("pool.cl", "pool2d", [ctx.tensor(x), ctx.tensor(y), count, h, w, oh, ow, *geom, include_pad,
+                                        epilogue_arg(node.attrs)],
                    (count,), {"POOL_MAX": int(node.op_type.endswith("MaxPool")), **fake_quant_defines(node.attrs)})]

@@ -7,9 +7,12 @@ At load time ``launch`` turns a plan step into one or more ``Launch``es: the ker
 defines, its arguments in the order of the kernel's ``KERNEL(...)`` head, and the grid.
 
 Launch arguments refer to tensors by name (``ctx.tensor``), to weights derived once at load
-(``ctx.weight``: e.g. a conv weight re-laid for the kernel), to scratch buffers (``ctx.temp``)
-and to plain ints and floats.  Tensors are always in the packed NC4HW4 layout (``layout.py``)
-except where a step says otherwise (the host copies and the pack/unpack steps).
+(``ctx.weight``: e.g. a conv weight re-laid for the kernel), to scratch buffers (``ctx.temp``),
+to plain ints and floats, and to a fused epilogue's parameters (``epilogue_arg``).  Defines
+are enumerated choices only (``optcli.gpu.variants`` lists every program); buffer sizes are
+added by the runtime at bind time (``dialect.kernel_arguments``).  Tensors are always in the
+packed NC4HW4 layout (``layout.py``) except where a step says otherwise (the host copies and the
+pack/unpack steps).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from optcli.gpu.dialect import ACTIVATION_CODES
+from optcli.gpu.dialect import ACTIVATION_CODES, Epilogue
 from optcli.ir import Graph, Node
 from optcli.ops.activation import epilogue, output_quant
 
@@ -44,7 +47,7 @@ class TempRef:
 class Launch:
     source: str  # kernel file in kernels/
     entry: str  # kernel function name
-    args: list[Any]  # TensorRef | WeightRef | TempRef | int | float, in KERNEL(...) order
+    args: list[Any]  # TensorRef | WeightRef | TempRef | int | float | Epilogue, in KERNEL(...) order
     global_size: tuple[int, ...]
     defines: dict[str, Any] = field(default_factory=dict)
     local_size: tuple[int, ...] | None = None
@@ -138,21 +141,28 @@ def common_check(node: Node, graph: Graph, max_rank: int = 4, dtypes: tuple[str,
 
 
 def epilogue_defines(attrs: dict) -> dict[str, Any]:
-    """ACTIVATION / ACT_ALPHA / ACT_BETA defines for a node's fused epilogue, and FAKE_QUANT with
-    FQ_SCALE / FQ_ZERO_POINT / FQ_QMIN / FQ_QMAX when a FakeQuant was fused after it."""
-    name, alpha, beta = epilogue(attrs)
-    defines: dict[str, Any] = {"ACTIVATION": ACTIVATION_CODES[name], "ACT_ALPHA": float(alpha),
-                               "ACT_BETA": float(beta)}
-    return {**defines, **fake_quant_defines(attrs)}
+    """The enumerated defines of a node's fused epilogue: ACTIVATION (which function) and
+    FAKE_QUANT when a FakeQuant was fused after it.  Their float parameters are the kernel's
+    ``EPILOGUE`` argument (``epilogue_arg``), never defines: a file cannot make one program per
+    alpha."""
+    name, _alpha, _beta = epilogue(attrs)
+    if name not in ACTIVATION_CODES:
+        raise ValueError(f"unknown fused activation {name!r}")
+    return {"ACTIVATION": ACTIVATION_CODES[name], **fake_quant_defines(attrs)}
 
 
 def fake_quant_defines(attrs: dict) -> dict[str, Any]:
-    """FAKE_QUANT and its FQ_* parameters when a FakeQuant was fused into the node, else nothing
-    (the epilogue's default: no quantization, and the same program as before)."""
+    """FAKE_QUANT when a FakeQuant was fused into the node, else nothing (the epilogue's default:
+    no quantization, and the same program as before)."""
+    return {} if output_quant(attrs) is None else {"FAKE_QUANT": 1}
+
+
+def epilogue_arg(attrs: dict) -> Epilogue:
+    """The ``EPILOGUE`` argument of a node's fused epilogue: activation alpha / beta and the fused
+    FakeQuant's scale, zero point and range (identity values where there is none)."""
+    _name, alpha, beta = epilogue(attrs)
     quant = output_quant(attrs)
-    if quant is None:
-        return {}
-    return dict(zip(("FAKE_QUANT", "FQ_SCALE", "FQ_ZERO_POINT", "FQ_QMIN", "FQ_QMAX"), (1, *quant)))
+    return Epilogue(alpha, beta) if quant is None else Epilogue(alpha, beta, *quant)
 
 
 def input_of(step: Any, i: int) -> str:

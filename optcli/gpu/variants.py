@@ -1,14 +1,14 @@
-"""Every kernel program the GPU launch functions can emit, as (source, defines) pairs.
+"""Every kernel program the GPU launch functions can emit, as (source, defines) pairs: a fixed,
+finite set.
 
 A GPU target compiles one program per (kernel source, defines): the launch functions in
 ``ops_*`` pick the source and the defines (fused epilogue, unary / binary op, pooling mode), and
-the runtime adds the precision (``STORAGE_HALF``).  This module lists the define domains each
-source can get, from the same code tables the launch functions use, so that a Metal library
-cache can be warmed ahead of time and the tests can compile every variant for every language.
-
-Float defines (``ACT_ALPHA`` / ``ACT_BETA``, the fused FakeQuant's ``FQ_*``) take any value at
-run time; they are enumerated with representative values (one set with infinite Clip bounds,
-which render as ``INFINITY``).
+the runtime adds the precision (``STORAGE_HALF``).  Defines are enumerated choices only; every
+float (an activation's alpha, a fused FakeQuant's scale) and every size is a kernel argument.
+This module lists every program from the same code tables the launch functions use, so that a
+Metal library cache can be warmed ahead of time, the tests can compile every variant for every
+language, and the runtime refuses to build anything else (``check_program``): however many
+steps a file holds, the programs it can make the runtime build are at most these.
 ``tests/metal/test_variants.py`` walks the registry over representative nodes and checks that
 every launch it sees falls inside this enumeration, so a new define cannot go unlisted.
 """
@@ -19,26 +19,20 @@ import re
 from collections.abc import Iterator
 from functools import cache
 from importlib import resources
+from typing import Any
 
 from optcli.gpu.dialect import ACTIVATION_CODES, kernel_params, load_source
-
-# (ACTIVATION name, ACT_ALPHA, ACT_BETA): every fused epilogue, Clip also with open bounds.
-_EPILOGUE_SAMPLES = [(None, 0.0, 0.0), ("relu", 0.0, 0.0), ("clip", 0.0, 6.0), ("clip", float("-inf"), float("inf")),
-                     ("leaky_relu", 0.1, 0.0), ("sigmoid", 0.0, 0.0), ("tanh", 0.0, 0.0), ("hard_sigmoid", 0.2, 0.5),
-                     ("hard_swish", 0.0, 0.0), ("swish", 0.0, 0.0)]
 
 # Sources whose launches carry the fused-epilogue defines for every activation.
 _EPILOGUE_SOURCES = ("conv.cl", "winograd.cl", "gemm.cl")
 
 
-# A FakeQuant fused after any of them (quantized models): a switch, and four float defines.
-_FAKE_QUANT_SAMPLE = {"FAKE_QUANT": 1, "FQ_SCALE": 0.05, "FQ_ZERO_POINT": 3.0, "FQ_QMIN": 0.0, "FQ_QMAX": 255.0}
-
-
 def epilogue_variants(with_none: bool = True, fake_quant: bool = True) -> list[dict]:
-    plain = [{"ACTIVATION": ACTIVATION_CODES[name], "ACT_ALPHA": alpha, "ACT_BETA": beta}
-             for name, alpha, beta in _EPILOGUE_SAMPLES if with_none or name is not None]
-    return plain + ([{**e, **_FAKE_QUANT_SAMPLE} for e in plain] if fake_quant else [])
+    """ACTIVATION (every fused activation, none included when asked) and, when asked, the same
+    with a FakeQuant fused after it."""
+    plain = [{"ACTIVATION": code} for name, code in sorted(ACTIVATION_CODES.items(), key=lambda kv: kv[1])
+             if with_none or name is not None]
+    return plain + ([{**e, "FAKE_QUANT": 1} for e in plain] if fake_quant else [])
 
 
 def _elementwise_variants() -> list[dict]:
@@ -68,11 +62,24 @@ def program_variants() -> Iterator[tuple[str, dict]]:
         elif source == "elementwise.cl":
             variants = _elementwise_variants()
         elif source == "pool.cl":
-            variants = [{"POOL_MAX": 0}, {"POOL_MAX": 1}, {"POOL_MAX": 0, **_FAKE_QUANT_SAMPLE}]
+            variants = [{"POOL_MAX": 0}, {"POOL_MAX": 1}, {"POOL_MAX": 0, "FAKE_QUANT": 1}]
         else:
             variants = [{}]
         for defines in variants:
             yield source, defines
+
+
+@cache
+def _listed() -> frozenset[tuple[str, frozenset]]:
+    return frozenset((source, frozenset(defines.items())) for source, defines in program_variants())
+
+
+def check_program(source: str, defines: dict[str, Any]) -> None:
+    """Refuse (ValueError) a program outside the enumeration: the runtime builds nothing else,
+    so the programs one file can cost are bounded whatever its steps ask for."""
+    rest = {k: v for k, v in defines.items() if k != "STORAGE_HALF"}
+    if defines.get("STORAGE_HALF", 0) not in (0, 1) or (source, frozenset(rest.items())) not in _listed():
+        raise ValueError(f"{source} with defines {defines} is not a program of the kernel library")
 
 
 def define_keys(source: str) -> set[str]:

@@ -15,12 +15,13 @@ from optcli.ir import Value
 from optcli.nb.layout import ALIGN, SUPPORTED_DTYPES
 from optcli.nb.quant import SCHEMES, dequantize
 from optcli.ops import get_kernel
-from optcli.passes.plan_memory import MemoryPlan, lifetimes_of
 from optcli.plan import Plan, Step
+from optcli.plan_memory_core import MemoryPlan, lifetimes_of
 from optcli.targets import TARGETS
 from optcli.targets.arm import fallback_kernel_id
 
 MAX_RANK = 64
+MAX_ELEMENTS = 2**62  # per declared shape: its byte size still fits an int64 (no dim beyond int64 either)
 
 
 class _Checker:
@@ -62,6 +63,11 @@ class _Checker:
                     d is None or isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool) and d >= 0)
                     for d in shape):
                 raise self.fail(where, f"bad shape {shape!r:.80}")
+            count = 1
+            for dim in shape:
+                count *= dim if isinstance(dim, int) else 1
+            if count > MAX_ELEMENTS:
+                raise self.fail(where, f"shape {shape!r:.80} has more than 2^62 elements")
             shape = tuple(shape)
         return Value(name, dtype, shape)
 
@@ -110,12 +116,14 @@ def plan_from_body(body: dict, blob: memoryview, source: str) -> Plan:
         if t not in TARGETS:
             raise c.fail("targets", f"unknown target '{t}'")
     opsets = c.get(body, "opsets", dict, "body")
-    if not all(isinstance(k, str) and isinstance(v, int) and 0 < v < 10_000 for k, v in opsets.items()):
+    if not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and 0 < v < 10_000
+               for k, v in opsets.items()):
         raise c.fail("opsets", "expected a map of domain -> version")
     inputs = [c.value(v, f"inputs[{i}]") for i, v in enumerate(c.get(body, "inputs", list, "body"))]
     outputs = [c.value(v, f"outputs[{i}]") for i, v in enumerate(c.get(body, "outputs", list, "body"))]
     raw_values = c.get(body, "values", list, "body")
-    values = {v.name: v for v in (c.value(x, f"values[{i}]") for i, x in enumerate(raw_values))}
+    described = [c.value(x, f"values[{i}]") for i, x in enumerate(raw_values)]
+    values = {v.name: v for v in described}
     weights: dict[str, np.ndarray] = {}
     formats: dict[str, tuple[str, int]] = {}
     for i, w in enumerate(c.get(body, "weights", list, "body")):
@@ -131,6 +139,9 @@ def plan_from_body(body: dict, blob: memoryview, source: str) -> Plan:
             weights[wname] = dequantize(weights[wname], scheme, axis, quant["scales"])
             formats[wname] = (scheme, axis)
     steps = [_step(c, s, i, targets) for i, s in enumerate(c.get(body, "steps", list, "body"))]
+    if any(s.domain in ("", "ai.onnx") for s in steps) and not ({"", "ai.onnx"} & set(opsets)):
+        raise c.fail("opsets", "the default ONNX domain's version is missing")
+    _check_names(c, inputs, outputs, described, weights)
     _check_dataflow(c, inputs, outputs, weights, steps)
     memory = _memory(c, c.get(body, "memory", dict, "body"), inputs, outputs, weights, steps)
     metadata = c.get(body, "metadata", dict, "body")
@@ -170,29 +181,40 @@ def _step(c: _Checker, s: Any, i: int, targets: list[str]) -> Step:
     step = Step(op, domain, c.get(s, "name", str, where), target, kid,
                 c.str_list(c.get(s, "inputs", list, where), f"{where}.inputs"),
                 c.str_list(c.get(s, "outputs", list, where), f"{where}.outputs"), attrs, proto, cpu_kernel)
+    if proto is not None:
+        _check_proto(c, step, where)
     if TARGETS[target].device == "gpu":
         _check_gpu_step(c, step, i, where)
         return step
+    if cpu_kernel is not None and cpu_kernel != kid:
+        raise c.fail(where, "a host step names a second host kernel")
     kern = get_kernel(kid)
     if kern is not None:
         if (kern.op_type, kern.domain) != (op, domain):
             raise c.fail(where, f"kernel '{kid}' does not implement op {op}")
     elif proto is not None and kid == fallback_kernel_id(op, domain):
-        import onnx  # only files with fallback steps need protobuf parsing
-        from google.protobuf.message import DecodeError
-
-        node = onnx.NodeProto()
-        try:
-            node.ParseFromString(proto)
-        except (DecodeError, ValueError, RuntimeError):
-            raise c.fail(where, "fallback node proto does not parse") from None
-        explicit = len(node.input)
-        if node.op_type != op or list(node.input) != step.inputs[:explicit] or list(node.output) != step.outputs:
-            raise c.fail(where, "fallback node proto does not match its step")
+        pass  # the onnx reference runs the proto (checked above)
     else:
         raise NbFormatError(f"{c.source}: step {i} ({step.name}, {op}) needs kernel '{kid}', which this "
                             "optcli does not have; the file was made by another optcli version")
     return step
+
+
+def _check_proto(c: _Checker, step: Step, where: str) -> None:
+    """A step's NodeProto (the fallback's, or a native op's subgraphs) parses and is this step's node."""
+    import onnx  # only files with protos need protobuf parsing
+    from google.protobuf.message import DecodeError
+
+    node = onnx.NodeProto()
+    try:
+        node.ParseFromString(step.proto)
+    except (DecodeError, ValueError, RuntimeError):
+        raise c.fail(where, "fallback node proto does not parse") from None
+    explicit = len(node.input)
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    if node.op_type != step.op_type or domain != ("" if step.domain == "ai.onnx" else step.domain) or \
+            list(node.input) != step.inputs[:explicit] or list(node.output) != step.outputs:
+        raise c.fail(where, "fallback node proto does not match its step")
 
 
 def _check_gpu_step(c: _Checker, step: Step, i: int, where: str) -> None:
@@ -210,16 +232,69 @@ def _check_gpu_step(c: _Checker, step: Step, i: int, where: str) -> None:
         raise c.fail(where, "GPU step without a valid host fallback kernel")
 
 
+def _check_names(c: _Checker, inputs, outputs, described, weights) -> None:
+    """Graph inputs and outputs are named, once each; a value is described once; no input is a weight."""
+    for kind, values in (("inputs", inputs), ("outputs", outputs)):
+        seen: set[str] = set()
+        for i, v in enumerate(values):
+            if not v.name:
+                raise c.fail(f"{kind}[{i}]", "empty name")
+            if v.name in seen:
+                raise c.fail(f"{kind}[{i}]", f"'{v.name:.60}' is listed twice")
+            seen.add(v.name)
+    clash = {v.name for v in inputs} & set(weights)
+    if clash:
+        raise c.fail("inputs", f"'{sorted(clash)[0]:.60}' is both a graph input and a weight")
+    if len(described) != len({v.name for v in described}):
+        raise c.fail("values", "a value is described twice")
+
+
 def _check_dataflow(c: _Checker, inputs, outputs, weights, steps) -> None:
+    """Single assignment: every value is written once (a graph input, a weight, or one output of one
+    step) and read only after it is written.  A second writer would make the value's shape (and
+    its buffer) depend on which write a reader sees."""
     known = {v.name for v in inputs} | set(weights) | {""}
     for i, s in enumerate(steps):
         for name in s.inputs:
             if name not in known:
                 raise c.fail(f"steps[{i}]", f"reads '{name:.60}', which no earlier step produces")
-        known.update(s.outputs)
+        written = [o for o in s.outputs if o]
+        for name in written:
+            if name in known:
+                raise c.fail(f"steps[{i}]", f"writes '{name:.60}', which already has a value (a graph input, a "
+                             "weight or an earlier step's output)")
+        if len(set(written)) != len(written):
+            raise c.fail(f"steps[{i}]", "writes one value twice")
+        if not written:
+            raise c.fail(f"steps[{i}]", "writes no value")
+        known.update(written)
     for v in outputs:
         if v.name not in known:
             raise c.fail("outputs", f"output '{v.name:.60}' is never produced")
+    _check_borders(c, outputs, weights, steps)
+
+
+def _check_borders(c: _Checker, outputs, weights, steps) -> None:
+    """Values cross between the host and a GPU only through ``Upload`` and ``Download``: a GPU
+    step's output lives in a device buffer, a host step's in host memory, and a step reading the
+    other side's value would find nothing there (or a buffer nobody wrote)."""
+    where_is: dict[str, str] = {}  # value -> "host" or the GPU target holding it; unlisted: inputs
+    for i, s in enumerate(steps):
+        gpu = TARGETS[s.target].device == "gpu"
+        if not gpu or s.op_type == "Upload":
+            wanted = "host"
+        else:
+            wanted = s.target
+        for name in s.inputs:
+            if name and name not in weights and where_is.get(name, "host") != wanted:
+                side = "the host" if wanted == "host" else f"the {wanted} device"
+                raise c.fail(f"steps[{i}]", f"reads '{name:.60}' on {side}, where it never is (values cross "
+                             "only through Upload and Download)")
+        for name in s.outputs:
+            where_is[name] = "host" if not gpu or s.op_type == "Download" else s.target
+    for v in outputs:
+        if where_is.get(v.name, "host") != "host":
+            raise c.fail("outputs", f"output '{v.name:.60}' stays on the device (no Download)")
 
 
 def _memory(c: _Checker, m: dict, inputs, outputs, weights, steps) -> MemoryPlan:

@@ -112,7 +112,13 @@ def derive_shapes(nodes: list[Node], inputs: dict[str, tuple[str, tuple[Dim, ...
     now known, and then any small computation on known values (Gather, Unsqueeze, Concat, Range,
     Slice of a position-id table...), becomes a constant for the next round.  onnx's own data
     propagation covers Reshape and Expand targets but not, e.g., a Slice whose ends come from a
-    Shape, which a transformer's position embedding uses."""
+    Shape, which a transformer's position embedding uses.
+
+    Nothing large is ever computed: a node is evaluated only when onnx's inference already gave
+    each of its outputs a known shape of at most ``SMALL_CONSTANT`` elements (its inputs are such
+    constants too), so the work is bounded per node and the whole derivation by the number of
+    nodes times ``rounds`` (the runtime derives at load, where no plan may be executed).
+    Subgraph ops (the fallback's protos) and random ops are never evaluated."""
     known = {k: np.asarray(a) for k, a in constants.items() if a.size <= SMALL_CONSTANT and a.dtype != object}
     pending = list(nodes)
     shapes: dict[str, tuple[Dim, ...]] = {}
@@ -123,7 +129,77 @@ def derive_shapes(nodes: list[Node], inputs: dict[str, tuple[str, tuple[Dim, ...
         if not folded:
             break
         pending = [n for n in pending if not all(o in known for o in n.outputs if o)]
+    if strict:
+        problem = inconsistency(nodes, shapes, inputs, constants)
+        if problem:
+            raise ShapeDerivationError(problem)
     return shapes
+
+
+def inconsistency(nodes: list[Node], shapes: dict[str, tuple[Dim, ...]], inputs: dict,
+                  constants: dict[str, np.ndarray]) -> str:
+    """What onnx's inference does not check and a kernel relies on: a Conv's input channels against
+    its weight and group, a ConvTranspose's likewise, the length of a bias or a per-channel
+    parameter.  Only dims known on both sides are compared; '' when nothing disagrees.  The
+    message names the node as onnx's do: ``(op_type:Conv, node name: conv1): ...``."""
+    def shape(name: str):
+        if not name:
+            return None
+        if name in constants:
+            return tuple(np.shape(constants[name]))
+        return inputs[name][1] if name in inputs else shapes.get(name)
+
+    for node in nodes:
+        if node.domain not in ("", "ai.onnx", "optcli") or node.proto is not None:
+            continue
+        problem = _node_inconsistency(node, [shape(i) for i in node.inputs])
+        if problem:
+            return f"(op_type:{node.op_type}, node name: {node.name}): {problem}"
+    return ""
+
+
+def _node_inconsistency(node: Node, shapes: list) -> str:
+    def dim(k: int, axis: int):
+        s = shapes[k] if k < len(shapes) else None
+        if s is None or not -len(s) <= axis < len(s):
+            return None
+        d = s[axis]
+        return d if isinstance(d, int) and not isinstance(d, bool) else None
+
+    def length(k: int):
+        s = shapes[k] if k < len(shapes) else None
+        return int(np.prod(s)) if is_concrete(s) else None
+
+    op, group = node.op_type, node.attrs.get("group", 1)
+    group = group if isinstance(group, int) and group > 0 else 1
+    if op in ("Conv", "ConvTranspose") and len(shapes) >= 2:
+        x, w = shapes[0], shapes[1]
+        if x is not None and w is not None and len(x) != len(w):
+            return f"input rank {len(x)} differs from the weight's {len(w)}"
+        c, w0, w1 = dim(0, 1), dim(1, 0), dim(1, 1)
+        per_group_in = w1 if op == "Conv" else w0
+        expected = None if per_group_in is None else (per_group_in * group if op == "Conv" else per_group_in)
+        if c is not None and expected is not None and c != expected:
+            return f"the input has {c} channels, the weight takes {expected} (group {group})"
+        if op == "Conv" and w0 is not None and w0 % group:
+            return f"{w0} output channels do not split into {group} groups"
+        if op == "ConvTranspose" and w0 is not None and w0 % group:
+            return f"{w0} input channels do not split into {group} groups"
+        outs = (w0 if op == "Conv" else (None if w1 is None else w1 * group))
+        bias = length(2)
+        if bias is not None and outs is not None and bias != outs:
+            return f"the bias has {bias} values for {outs} output channels"
+    elif op == "ChannelAffine" and node.domain == "optcli":
+        c = dim(0, 1)
+        for k in (1, 2):
+            n = length(k)
+            if c is not None and n is not None and n not in (1, c):
+                return f"input {k} has {n} values for {c} channels"
+    elif op == "FullyConnected" and node.domain == "optcli":
+        n_out, bias = dim(1, -1), length(2)
+        if n_out is not None and bias is not None and bias not in (1, n_out):
+            return f"the bias has {bias} values for {n_out} outputs"
+    return ""
 
 
 _NOT_FOLDED = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
@@ -147,6 +223,10 @@ def _fold(nodes: list[Node], inputs: dict, shapes: dict, known: dict[str, np.nda
                 start, end = int(node.attrs.get("start", 0)), int(node.attrs.get("end", rank))
                 results = [np.array(shape[slice(start, end)], np.int64)]
             elif node.op_type in _NOT_FOLDED or not node.inputs or not all(i in known for i in node.inputs if i):
+                continue
+            elif not all(_small(shapes.get(o)) for o in node.outputs if o):
+                # Sized before it is evaluated: a small constant can ask for terabytes (Expand,
+                # Range, ConstantOfShape, Tile...), and deriving shapes must never compute them.
                 continue
             else:
                 generic = [k for k in kernels_for(node.op_type, node.domain) if k.applies is None]
@@ -195,6 +275,16 @@ def _infer(nodes: list[Node], inputs: dict, constants: dict[str, np.ndarray], kn
 def _short(exc: Exception) -> str:
     text = str(exc).replace("[ShapeInferenceError] Inference error(s): ", "").strip()
     return " ".join(text.split())[:300]
+
+
+def _small(shape: Any) -> bool:
+    """A shape onnx's inference knows, of at most ``SMALL_CONSTANT`` elements."""
+    if not is_concrete(shape):
+        return False
+    count = 1
+    for d in shape:
+        count *= d
+    return count <= SMALL_CONSTANT
 
 
 def is_concrete(shape: Any) -> bool:

@@ -17,7 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from optcli.errors import InputError
 from optcli.ops.registry import kernel
+
+RANGE_LIMIT = 2**36  # elements: the largest value opt accepts (a count from data cannot ask for more)
 
 Inputs = list[np.ndarray | None]
 Attrs = dict[str, Any]
@@ -305,7 +308,13 @@ def constant_of_shape(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
 def range_(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     start, limit, delta = (np.asarray(v).reshape(()) for v in inputs[:3])
     dtype = start.dtype
-    n = max(int(np.ceil((float(limit) - float(start)) / float(delta))), 0)
+    if float(delta) == 0:
+        raise InputError("Range: its delta is 0, so the range never ends; check the input values")
+    count = np.ceil((float(limit) - float(start)) / float(delta))
+    if not np.isfinite(count) or count > RANGE_LIMIT:
+        raise InputError(f"Range: start {start}, limit {limit} and delta {delta} make {count:g} elements, more than "
+                         f"{RANGE_LIMIT}; check the input values")
+    n = max(int(count), 0)
     if dtype.kind in "iu":
         return [(int(start) + np.arange(n, dtype=np.int64) * int(delta)).astype(dtype)]
     return [(start + np.arange(n, dtype=dtype) * delta).astype(dtype, copy=False)]

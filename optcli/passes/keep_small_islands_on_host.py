@@ -30,15 +30,20 @@ HOST_ELEMENTS_PER_S = 2e9  # memory-bound ops
 GPU_ELEMENTS_PER_S = 20e9
 
 
-def _elements(graph: Graph, name: str) -> int:
+def _shape(graph: Graph, name: str) -> tuple[int, ...] | None:
     shape = graph.shape_of(name)
     if shape is not None and not all(isinstance(d, int) for d in shape):
         # Symbolic dims count at their nominal sizes (batch 1, other dims 64: targets/nominal.py).
         views = nominal_views(graph)
         shape = views[0].shape_of(name) if views else None
     if shape is None or not all(isinstance(d, int) for d in shape):
-        return 0
-    return int(np.prod(shape, dtype=np.int64))
+        return None
+    return tuple(shape)
+
+
+def _elements(graph: Graph, name: str) -> int:
+    shape = _shape(graph, name)
+    return 0 if shape is None else int(np.prod(shape, dtype=np.int64))
 
 
 def node_work(graph: Graph, node: Node) -> tuple[float, float]:
@@ -50,9 +55,10 @@ def node_work(graph: Graph, node: Node) -> tuple[float, float]:
             per_output = int(np.prod(w[1:]))
             return float(out * per_output), float(out)
     if node.op_type in ("Gemm", "MatMul", "FullyConnected"):
-        w = graph.shape_of(node.input(1))
-        if w and all(isinstance(d, int) for d in w):
-            k = w[0] if node.op_type != "Gemm" or not node.attrs.get("transB") else w[-1]
+        w = _shape(graph, node.input(1))  # a run-time right operand may have symbolic dims
+        if w:
+            # the contraction axis: B's rows ([.., K, N]; a batched MatMul's leading axes are not K)
+            k = w[-1] if node.op_type == "Gemm" and node.attrs.get("transB") else w[-2] if len(w) > 1 else w[0]
             return float(out * k), float(out)
     return 0.0, float(out + sum(_elements(graph, i) for i in node.inputs if i and i not in graph.initializers))
 

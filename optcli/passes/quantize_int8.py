@@ -146,11 +146,11 @@ def _entropy_range(s: _Stats) -> tuple[float, float]:
 
 def calibrate(graph: Graph, samples: list[dict], names: set[str], method: str) -> dict[str, dict]:
     stats = {n: _Stats() for n in names}
-    for feeds in progress(samples, desc="calibrating (ranges)", total=len(samples)):
+    for feeds in progress(samples, desc="calibrating (ranges)", total=len(samples), unit="samples"):
         for name, x in _run(graph, feeds, watch=names)[1].items():
             stats[name].observe_range(x)
     if method != "minmax":
-        for feeds in progress(samples, desc=f"calibrating ({method})", total=len(samples)):
+        for feeds in progress(samples, desc=f"calibrating ({method})", total=len(samples), unit="samples"):
             for name, x in _run(graph, feeds, watch=names)[1].items():
                 stats[name].observe_hist(x)
     params = {}
@@ -183,7 +183,7 @@ def choose_ops(graph: Graph, ops: list[Node], plan: dict, samples: list[dict], b
     probe = samples[: min(4, len(samples))]
     reference = [_run(graph, f)[0] for f in probe]
     sensitivity = []
-    for node in progress(ops, desc="measuring per-op int8 error", total=len(ops)):
+    for node in progress(ops, desc="measuring per-op int8 error", total=len(ops), unit="ops"):
         err = _output_error(reference, [_run(graph, f, {id(node): plan[id(node)]})[0] for f in probe])
         sensitivity.append((err, node))
     chosen: dict[int, tuple] = {}

@@ -6,9 +6,10 @@ runtime needs every device value's shape before it sizes a buffer or a launch gr
 them itself (``optcli.ops.shape_rules``: the plan's steps with the inputs pinned, nothing recorded
 about intermediate values used), then
 
-* refuses input shapes the model cannot take (onnx's inference finds the steps inconsistent, a
-  device value comes out with a negative size, or a value's fixed dim recorded in the plan differs)
-  with an ``InputError`` that names the value and the step;
+* refuses input shapes the model cannot take (onnx's inference or our own rules find the steps
+  inconsistent, e.g. a Conv's input channels against its weight; a device value comes out with a
+  negative size; or a value's fixed dim recorded in the plan differs) with an ``InputError`` that
+  names the value and the step;
 * asks every GPU step's kernel ``check`` again on the real sizes (placement judged nominal ones):
   a kernel that refuses them, an empty device value, or a device value whose shape does not
   follow from the inputs (data-dependent), makes this input shape one the device cannot serve, and the call runs on the
@@ -21,8 +22,9 @@ from dataclasses import dataclass
 
 from optcli.errors import InputError
 from optcli.ir import Graph, Node, Value
-from optcli.ops.shape_rules import ShapeDerivationError, derive_shapes, is_concrete
+from optcli.ops.shape_rules import is_concrete
 from optcli.plan import Plan
+from optcli.runtime.plan_shapes import Derivation, derive
 
 
 @dataclass
@@ -40,18 +42,12 @@ def describe_inputs(shapes: dict[str, tuple[int, ...]]) -> str:
 
 
 def derive_device_shapes(plan: Plan, input_shapes: dict[str, tuple[int, ...]], device_values: set[str],
-                         gpu_indices: list[int], source: str) -> Derived:
-    """Shapes of ``device_values`` for these input shapes (see the module docstring)."""
-    nodes = [Node(s.op_type, list(s.inputs), list(s.outputs), dict(s.attrs), s.name, s.domain, proto=s.proto)
-             for s in plan.steps]
-    inputs = {v.name: (v.dtype, tuple(input_shapes[v.name])) for v in plan.inputs}
-    outputs = [v.name for v in plan.outputs]
-    strict_error = ""
-    try:
-        derived = derive_shapes(nodes, inputs, plan.weights, plan.opsets, outputs, strict=True)
-    except ShapeDerivationError as exc:
-        strict_error = str(exc)
-        derived = derive_shapes(nodes, inputs, plan.weights, plan.opsets, outputs)
+                         gpu_indices: list[int], source: str, derivation: Derivation | None = None) -> Derived:
+    """Shapes of ``device_values`` for these input shapes (see the module docstring).
+    ``derivation``: the plan's shapes already derived for these input shapes (the load's, for a
+    plan whose inputs are static), else they are derived here."""
+    derived_all = derivation if derivation is not None else derive(plan, input_shapes)
+    derived, strict_error = derived_all.shapes, derived_all.strict_error
     writer = {o: s for s in plan.steps for o in s.outputs if o}
     shapes: dict[str, tuple[int, ...]] = {}
     unknown = []
@@ -74,7 +70,7 @@ def derive_device_shapes(plan: Plan, input_shapes: dict[str, tuple[int, ...]], d
                              f"{where} would have shape {_show(shape)}, the model has {_show(recorded.shape)}; "
                              f"{_hint(plan)}")
         shapes[name] = shape
-    if unknown and strict_error:
+    if strict_error:  # the steps disagree about these shapes: nothing may be sized from them
         raise InputError(f"{source}: input shapes {describe_inputs(input_shapes)} do not fit the model: "
                          f"{strict_error}; {_hint(plan)}")
     if unknown:

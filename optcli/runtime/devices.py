@@ -81,7 +81,8 @@ def _smoke_test(device) -> str | None:
         src = np.arange(6, dtype=np.float32)
         a = cl.Buffer(context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=src)
         b = cl.Buffer(context, cl.mem_flags.READ_WRITE, 2 * 4 * 4)
-        kern.set_args(a, b, np.int32(1), np.int32(3), np.int32(1), np.int32(2))
+        # N, C, H, W, then the two buffers' lengths (the bounds the kernel's accesses check)
+        kern.set_args(a, b, np.int32(1), np.int32(3), np.int32(1), np.int32(2), np.int32(6), np.int32(8))
         cl.enqueue_nd_range_kernel(queue, kern, (2, 1, 1), None)
         out = np.empty(8, np.float32)
         cl.enqueue_copy(queue, out, b)
@@ -112,6 +113,18 @@ def device_problems(device, check: bool = True) -> list[str]:
     return [failure] if failure else []
 
 
+SIMULATORS = ("Oclgrind",)  # platforms that simulate a device to debug kernels: never picked unasked
+
+
+def is_simulator(device) -> bool:
+    """A simulated device (oclgrind: it calls itself a GPU and runs kernels thousands of times
+    slower than a CPU device); the runtime takes one only when it is named."""
+    try:
+        return any(s.lower() in device.platform.name.lower() for s in SIMULATORS)
+    except Exception:  # a platform that cannot tell its name is no simulator we know
+        return False
+
+
 def list_devices(check: bool = True) -> list[dict[str, Any]]:
     """Every OpenCL device found (empty when there is no platform), with its capabilities."""
     try:
@@ -135,6 +148,7 @@ def list_devices(check: bool = True) -> list[dict[str, Any]]:
                 "vendor": d.vendor.strip(),
                 "type": cl.device_type.to_string(d.type),
                 "kind": device_kind(d),
+                "simulator": is_simulator(d),
                 "version": d.version.strip(),
                 "driver": d.driver_version.strip(),
                 "compute_units": int(d.max_compute_units),

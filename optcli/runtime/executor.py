@@ -27,8 +27,7 @@ class Executor:
         self.fns = [None if i in on_gpu else bind_step(s, plan.opsets) for i, s in enumerate(plan.steps)]
         self.free_after = plan.memory.free_after
 
-    def run(self, feeds: dict[str, np.ndarray], record_sizes: dict[str, int] | None = None,
-            record_shapes: dict[str, tuple] | None = None) -> dict[str, np.ndarray]:
+    def run(self, feeds: dict[str, np.ndarray], record_sizes: dict[str, int] | None = None) -> dict[str, np.ndarray]:
         env: dict[str, object] = dict(self.plan.weights)
         env.update(feeds)
         try:
@@ -36,7 +35,7 @@ class Executor:
                 if fn is None:
                     self.gpu.run_step(i, step, env)
                 else:
-                    self._host_step(i, step, fn, env, record_sizes, record_shapes)
+                    self._host_step(i, step, fn, env, record_sizes)
                 for name in self.free_after[i]:
                     env.pop(name, None)
         finally:
@@ -44,7 +43,7 @@ class Executor:
                 self.gpu.finish()
         return {v.name: env[v.name] for v in self.plan.outputs}
 
-    def _host_step(self, i, step, fn, env, record_sizes, record_shapes=None) -> None:
+    def _host_step(self, i, step, fn, env, record_sizes) -> None:
         # A device input read on the host (its first reader is a host step) comes over here.
         args = [_host(env[n]) if n else None for n in step.inputs]
         try:
@@ -55,6 +54,11 @@ class Executor:
             # Indices are data (Gather, Scatter*, OneHot...): an index out of range is the input's fault.
             raise StepError(f"step {i} {step.name} ({step.op_type}): an index in its input is out of range "
                             f"({exc}); check the input values") from exc
+        except MemoryError as exc:
+            # Sizes follow the inputs (their shapes, and data such as a Range's bounds): too big to
+            # hold is the input's fault, not a bug.
+            raise StepError(f"step {i} {step.name} ({step.op_type}): its result does not fit in memory ({exc}); "
+                            "check the input sizes and values") from exc
         except Exception as exc:
             # The inputs passed every check (names, dtypes, shapes): a kernel that still raises is ours.
             raise KernelError(f"step {i} {step.name} ({step.op_type}, kernel {step.kernel}) crashed: "
@@ -71,5 +75,3 @@ class Executor:
                 env[name] = arr if isinstance(arr, (np.ndarray, list)) or arr is None else np.asarray(arr)
                 if record_sizes is not None and isinstance(env[name], np.ndarray):
                     record_sizes[name] = env[name].nbytes
-                if record_shapes is not None and isinstance(env[name], np.ndarray):
-                    record_shapes[name] = tuple(env[name].shape)

@@ -1,11 +1,17 @@
 """Prepare and run the GPU part of a plan on an OpenCL device.
 
-At load (per input shape when the plan has dynamic dims: ``GpuSteps.bind_inputs``): every
-device value gets a buffer (values whose lifetimes do not overlap share one, by
-best fit), weights are re-laid and uploaded once by the kernels' launch functions, programs are
-built (or fetched from the binary cache) and kernel arguments bound.  At run time a GPU step is
-only an enqueue; ``Upload`` copies a host array into its device buffer without waiting, and
-``Download`` is the one blocking read: host syncs happen only at target borders.
+Every buffer size and launch grid comes from shapes the runtime derives itself from the input
+shapes (``runtime.plan_shapes`` at load, ``runtime.bind_shapes`` per input shape), never from the
+shapes the file records.  A *binding* (per input shape; a plan with static inputs has one):
+every device value gets a buffer (values whose lifetimes do not overlap share one, by best fit),
+weights are re-laid and uploaded once by the kernels' launch functions, programs are built (or
+fetched from the binary cache) and kernel arguments bound.  A plan with static inputs is bound at
+load when its device buffers take at most ``LOAD_BIND_BYTES``, else at its first run, so what a
+load allocates follows the file's size, not the sizes the file declares.  At most
+``MAX_PROGRAMS`` distinct programs are built per plan.  At run time a GPU step is only an
+enqueue; ``Upload`` copies a host array into its device buffer without waiting (after checking
+its shape against the derived one), and ``Download`` is the one blocking read: host syncs happen
+only at target borders.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from optcli.errors import InputError, NbFormatError
 from optcli.gpu.ops_layout import TRANSFER_OPS
 from optcli.gpu.registry import get_gpu_kernel
 from optcli.plan import Plan, Step
@@ -23,11 +30,24 @@ from optcli.runtime.bind_shapes import derive_device_shapes
 from optcli.runtime.cpu import StepError
 from optcli.runtime.device_buffers import LINEAR_OPS, device_values, share_buffers
 from optcli.runtime.opencl import BoundLaunch, ClDevice, ClLaunchContext, cl
+from optcli.runtime.plan_shapes import Derivation
 
 if cl is not None:
     import pyopencl.array as cl_array
 
-__all__ = ["GpuSteps", "LINEAR_OPS"]
+__all__ = ["GpuRefusal", "GpuSteps", "LINEAR_OPS", "LOAD_BIND_BYTES", "MAX_PROGRAMS"]
+
+MAX_PROGRAMS = 64  # distinct programs (kernel source + defines) one plan may build
+LOAD_BIND_BYTES = 256 << 20  # device buffers a static plan may allocate at load; beyond, at its first run
+
+
+class GpuRefusal(Exception):
+    """This device cannot run the plan's GPU steps (the message says why): they run on the CPU,
+    or ``require_gpu=True`` makes it a ``TargetError``."""
+
+
+class TooManyPrograms(GpuRefusal):
+    """The plan asks for more than ``MAX_PROGRAMS`` distinct programs."""
 
 
 class GpuSteps:
@@ -43,7 +63,8 @@ class GpuSteps:
 
     MAX_BINDINGS = 8  # input shapes whose buffers and bound launches are kept (least recently used go)
 
-    def __init__(self, plan: Plan, dev: ClDevice, precision: str, gpu_targets: set[str], source: str = "model"):
+    def __init__(self, plan: Plan, dev: ClDevice, precision: str, gpu_targets: set[str], source: str = "model",
+                 derivation: Derivation | None = None):
         self.plan, self.dev, self.precision, self.source = plan, dev, precision, source
         self.queue = dev.new_queue()  # one queue per predictor
         self.storage = np.dtype(np.float16 if precision == "fp16" else np.float32)
@@ -53,32 +74,58 @@ class GpuSteps:
         self.outputs_on_device = False
         self.graph_outputs = {v.name for v in plan.outputs}
         self.shared_weights: dict[str, tuple[str, Any]] = {}  # weight key -> (digest, device buffer)
+        self.programs: set[tuple] = set()  # (source, defines) of every program this plan asked for
         self._bindings: OrderedDict[tuple, _Binding | str] = OrderedDict()
-        static = {k: tuple(v.shape) for k, v in plan.values.items() if v.shape is not None
-                  and all(isinstance(d, int) for d in v.shape)}
         # Values whose shapes the device steps need: their buffers, and the host arrays Download makes.
         self.device_names = set(device_values(plan, self.gpu_indices, _AnyShape(), 1)) | {
             plan.steps[i].outputs[0] for i in self.gpu_indices if plan.steps[i].op_type == "Download"}
-        self.dynamic = any(name not in static for name in self.device_names)
+        self.static_inputs = ({v.name: tuple(v.shape) for v in plan.inputs}
+                              if all(v.is_static for v in plan.inputs) else None)
+        self.dynamic = self.static_inputs is None  # bound per input shape at run
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.buffers: dict[str, Any] = {}
         self.device_bytes = 0
         self.ctx: ClLaunchContext | None = None
         self.bound: dict[int, list[BoundLaunch]] = {}
-        if not self.dynamic:
-            self._activate(self._bind(static))
+        self._static_shapes: dict[str, tuple[int, ...]] | None = None
+        if self.static_inputs is not None:
+            self._static_shapes = self._derive_static(derivation)
+            values = device_values(plan, self.gpu_indices, self._static_shapes, self.storage.itemsize)
+            if sum(nbytes for _, _, nbytes in values.values()) <= LOAD_BIND_BYTES:
+                refusal = self.bind_inputs(self.static_inputs)
+                if refusal:
+                    raise GpuRefusal(refusal)
+
+    def _derive_static(self, derivation: Derivation | None) -> dict[str, tuple[int, ...]]:
+        """Device shapes of a plan with static inputs, from the load's derivation."""
+        try:
+            derived = derive_device_shapes(self.plan, self.static_inputs, self.device_names, self.gpu_indices,
+                                           self.source, derivation)
+        except InputError as exc:  # the file's own input shapes do not fit its steps
+            raise NbFormatError(f"{exc}; the file is corrupted or crafted") from None
+        if derived.shapes is None:
+            raise GpuRefusal(derived.reason)
+        return derived.shapes
 
     def bind_inputs(self, input_shapes: dict[str, tuple[int, ...]]) -> str:
         """Make the binding for these input shapes current; '' when done, else why the device cannot
         run them (the caller runs the call on the host).  Raises ``InputError`` for shapes the model
-        cannot take.  Static plans are bound already: their uploads check shapes themselves."""
-        if not self.dynamic:
-            return ""
+        cannot take.  A plan with static inputs has one binding, made at load or at its first run."""
+        if self._static_shapes is not None:
+            input_shapes = self.static_inputs  # the caller checked the inputs (a raw buffer has no shape)
         key = tuple((k, tuple(v)) for k, v in sorted(input_shapes.items()))
         binding = self._bindings.get(key)
         if binding is None:
-            derived = derive_device_shapes(self.plan, input_shapes, self.device_names, self.gpu_indices, self.source)
-            binding = self._bind(derived.shapes) if derived.shapes is not None else derived.reason
+            if self._static_shapes is not None:
+                shapes: dict | str = self._static_shapes
+            else:
+                derived = derive_device_shapes(self.plan, input_shapes, self.device_names, self.gpu_indices,
+                                               self.source)
+                shapes = derived.shapes if derived.shapes is not None else derived.reason
+            try:
+                binding = self._bind(shapes) if isinstance(shapes, dict) else shapes
+            except TooManyPrograms as exc:
+                binding = str(exc)
             self._bindings[key] = binding
             while len(self._bindings) > self.MAX_BINDINGS:
                 self._bindings.popitem(last=False)  # its buffers are released with it
@@ -121,12 +168,24 @@ class GpuSteps:
         self.ctx.namespace = kern.id
         bound = []
         for launch in kern.launch(self.ctx, step):
+            self._count_program(launch, step)
             if local_size is not None:
                 local = _fit_local(local_size, launch.global_size)
                 if local is not None:
                     launch.local_size = local
             bound.append(self.ctx.bind(launch, f"step {i} {step.name}"))
         return bound
+
+    def _count_program(self, launch, step: Step) -> None:
+        """Refuse a program beyond ``MAX_PROGRAMS`` before it is built: a file cannot make a load
+        compile without bound (defines are a finite set per kernel, but a file has many steps)."""
+        key = (launch.source, tuple(sorted((k, repr(v)) for k, v in launch.defines.items())))
+        if key in self.programs:
+            return
+        if len(self.programs) >= MAX_PROGRAMS:
+            raise TooManyPrograms(f"its GPU steps need more than {MAX_PROGRAMS} distinct programs (step "
+                                  f"'{step.name[:60]}' would build one more)")
+        self.programs.add(key)
 
     def enable_profiling(self) -> None:
         """Enqueue on a profiling queue from now on and keep each step's events in ``events``
@@ -170,7 +229,8 @@ class GpuSteps:
             host = np.empty(shape, dtype=self.storage)
             record(cl.enqueue_copy(queue, host, self.buffers[step.inputs[0]], is_blocking=True))
             self._keep.clear()
-            dtype = self.plan.values[step.outputs[0]].dtype  # float32, or bool stored as 0/1
+            described = self.plan.values.get(step.outputs[0])
+            dtype = described.dtype if described is not None else "float32"  # float32, or bool stored as 0/1
             env[step.outputs[0]] = host.astype(dtype if dtype != "unknown" else np.float32, copy=False)
         else:
             for launch in self.bound[i]:

@@ -1,6 +1,8 @@
 """What every GPU backend's launch context shares: shapes and constants of the plan, weights
-uploaded once per (kernel variant, key), scratch buffers, and resolving launch arguments to
-buffers.  A backend says only how it allocates a buffer (``_upload``, ``_allocate``)."""
+uploaded once per (kernel variant, key), scratch buffers, and resolving a launch's arguments to
+what the rendered kernel takes (``arguments``: buffers with their real lengths, which bound
+every access of the kernel).  A backend says only how it allocates a buffer (``_upload``,
+``_allocate``) and how long one is (``_nbytes``)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from optcli.gpu.registry import TempRef, TensorRef, WeightRef
+from optcli.gpu.dialect import kernel_arguments, kernel_params, load_source
+from optcli.gpu.registry import Launch, TempRef, TensorRef, WeightRef
 
 
 class LaunchContextBase:
@@ -68,7 +71,19 @@ class LaunchContextBase:
             return self.temps[ref.key]
         raise RuntimeError(f"{label}: buffer argument expected, got {ref!r}")
 
+    def arguments(self, launch: Launch, label: str) -> list[tuple[str, Any]]:
+        """The launch's arguments in the rendered kernel's order (``dialect.kernel_arguments``):
+        each buffer's bound is the length of the buffer this context allocated for it, never a
+        size computed from the plan, so a wrong launch cannot reach past it."""
+        params = kernel_params(load_source(launch.source))[launch.entry]
+        itemsize = np.dtype(self.storage).itemsize
+        return kernel_arguments(params, launch.args, f"{label}: {launch.entry}", lambda a: self._buffer(a, label),
+                                lambda buf: self._nbytes(buf) // itemsize)
+
     # backend specifics
+    def _nbytes(self, buffer: Any) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
+
     def _upload(self, data: np.ndarray) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 

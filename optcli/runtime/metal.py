@@ -35,6 +35,7 @@ from optcli.errors import DeviceError, InputError, UsageError
 from optcli.gpu.dialect import kernel_params, load_source, render_metal
 from optcli.gpu.ops_layout import TRANSFER_OPS
 from optcli.gpu.registry import Launch, get_gpu_kernel
+from optcli.gpu.variants import check_program
 from optcli.plan import Plan, Step
 from optcli.runtime.cl_cache import cache_root, private_dir, read_entry, write_entry
 from optcli.runtime.device_buffers import device_values, share_buffers
@@ -150,6 +151,7 @@ class MetalDevice:
 
     def pipelines(self, source: str, defines: dict[str, Any]) -> dict[str, Any]:
         """entry -> compute pipeline state, for every kernel of one source and set of defines."""
+        check_program(source, defines)  # one of the finitely many programs of the library, or refused
         key = (source, tuple(sorted(defines.items())))
         with self._lock:
             if key not in self._pipelines:
@@ -279,21 +281,22 @@ class MetalLaunchContext(LaunchContextBase):
     def _allocate(self, nbytes: int):
         return self.dev.device.newBufferWithLength_options_(nbytes, self.dev.Metal.MTLResourceStorageModeShared)
 
+    def _nbytes(self, buffer) -> int:
+        return int(buffer.length())
+
     def bind(self, launch: Launch, label: str) -> BoundDispatch:
         defines = {**launch.defines, "STORAGE_HALF": int(self.precision == "fp16")}
         pipeline = self.dev.pipelines(launch.source, defines)[launch.entry]
-        params = kernel_params(load_source(launch.source))[launch.entry]
-        if len(params) != len(launch.args):
-            raise RuntimeError(f"{label}: {launch.entry} takes {len(params)} arguments, launch gives "
-                               f"{len(launch.args)}")
         args: list[tuple[str, Any]] = []
-        for p, a in zip(params, launch.args):
-            if p.kind in ("IN", "OUT"):
-                args.append(("buffer", self._buffer(a, label)))
-            elif p.kind == "INT":
-                args.append(("bytes", struct.pack("<i", int(a))))
-            else:
-                args.append(("bytes", struct.pack("<f", float(a))))
+        for kind, value in self.arguments(launch, label):
+            if kind == "buffer":
+                args.append(("buffer", value))
+            elif kind == "int":
+                args.append(("bytes", struct.pack("<i", value)))
+            elif kind == "float":
+                args.append(("bytes", struct.pack("<f", value)))
+            else:  # the epilogue's floats: `constant float*` set from bytes
+                args.append(("bytes", np.asarray(value, "<f4").tobytes()))
         grid = (tuple(int(g) for g in launch.global_size) + (1, 1, 1))[:3]
         return BoundDispatch(pipeline, args, grid, _threadgroup(pipeline, grid, launch.local_size), label)
 
@@ -310,14 +313,16 @@ class MetalSteps:
 
     tunable = False  # work-group tuning is OpenCL's (``optcli.runtime.tuning``)
 
-    def __init__(self, plan: Plan, dev: MetalDevice, precision: str, gpu_targets: set[str]):
+    def __init__(self, plan: Plan, dev: MetalDevice, precision: str, gpu_targets: set[str],
+                 shapes: dict[str, tuple[int, ...]] | None = None):
         self.plan, self.dev, self.precision = plan, dev, precision
         self.Metal = dev.Metal
         self.queue = dev.queue
         self.storage = np.dtype(np.float16 if precision == "fp16" else np.float32)
         self.gpu_indices = [i for i, s in enumerate(plan.steps) if s.target in gpu_targets]
-        self.shapes = {k: tuple(v.shape) for k, v in plan.values.items() if v.shape is not None
-                       and all(isinstance(d, int) for d in v.shape)}
+        # The runtime's derived shapes (``runtime.plan_shapes``), never the recorded ones, size buffers.
+        self.shapes = shapes if shapes is not None else {
+            k: tuple(v.shape) for k, v in plan.values.items() if v.is_static}
         self.buffers, self.device_bytes = self._allocate()
         self.ctx = MetalLaunchContext(dev, self.shapes, plan.weights, self.buffers, precision)
         self.bound: dict[int, list[BoundDispatch]] = {}

@@ -8,15 +8,17 @@ kernel's ``Launch`` descriptions into bound ``cl.Kernel`` objects ready to enque
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from optcli.gpu.dialect import kernel_params, load_source, render_opencl
+from optcli.gpu.dialect import render_opencl
 from optcli.gpu.layout import packed_elements
 from optcli.gpu.registry import Launch
+from optcli.gpu.variants import check_program
 from optcli.runtime.cl_cache import ProgramCache
 from optcli.runtime.devices import (
     HOW_TO_GET_ONE,
@@ -25,6 +27,7 @@ from optcli.runtime.devices import (
     device_kind,
     device_problems,
     failure_text,
+    is_simulator,
 )
 from optcli.runtime.launch_context import LaunchContextBase
 
@@ -40,9 +43,15 @@ class DeviceUnavailable(RuntimeError):
     """No usable OpenCL device (no platform, no device, or every device failed the smoke test)."""
 
 
+DEVICE_ENV = "OPTCLI_OPENCL_DEVICE"  # part of a device's name: the device to use when none is named
+
+
 def _candidates(name: str | None = None) -> list:
     """The OpenCL devices in the order the runtime tries them: GPUs first, then the rest in
-    platform order (a system ICD before pip's PoCL: the loader lists /etc/OpenCL/vendors first)."""
+    platform order (a system ICD before pip's PoCL: the loader lists /etc/OpenCL/vendors first),
+    simulators (Oclgrind, which calls itself a GPU and runs kernels thousands of times slower)
+    last.  ``name`` (else ``$OPTCLI_OPENCL_DEVICE``) keeps the devices whose name contains it."""
+    name = name or os.environ.get(DEVICE_ENV) or None
     if cl is None:
         raise DeviceUnavailable(f"pyopencl cannot be imported; {GET_ONE}")
     try:
@@ -63,7 +72,7 @@ def _candidates(name: str | None = None) -> list:
             found = ", ".join(describe_device(d) for d in devices)
             raise DeviceUnavailable(f"no OpenCL device matches '{name}' (found: {found})")
         devices = matches
-    return sorted(devices, key=lambda d: not int(d.type) & cl.device_type.GPU)
+    return sorted(devices, key=lambda d: (is_simulator(d), not int(d.type) & cl.device_type.GPU))
 
 
 def _pick_device(name: str | None = None):
@@ -122,6 +131,7 @@ class ClDevice:
         return describe_device(self.device)
 
     def program(self, source: str, defines: dict[str, Any]):
+        check_program(source, defines)  # one of the finitely many programs of the library, or refused
         key = (source, tuple(sorted(defines.items())))
         with self._lock:
             prog = self._programs.get(key)
@@ -164,27 +174,19 @@ class ClLaunchContext(LaunchContextBase):
     def _allocate(self, nbytes: int):
         return cl.Buffer(self.dev.context, cl.mem_flags.READ_WRITE, nbytes)
 
+    def _nbytes(self, buffer) -> int:
+        return int(buffer.size)  # the allocation itself (a sub-buffer's own size)
+
     # binding
     def bind(self, launch: Launch, label: str) -> BoundLaunch:
         defines = {**launch.defines, "STORAGE_HALF": int(self.precision == "fp16")}
         kern = self.dev.kernel(launch.source, launch.entry, defines)
-        params = kernel_params(load_source(launch.source))[launch.entry]
-        if len(params) != len(launch.args):
-            raise RuntimeError(f"{label}: {launch.entry} takes {len(params)} arguments, launch gives "
-                               f"{len(launch.args)}")
-        args = []
-        for p, a in zip(params, launch.args):
-            if p.kind in ("IN", "OUT"):
-                args.append(self._buffer(a, label))
-            elif p.kind == "INT":
-                args.append(np.int32(a))
-            else:
-                args.append(np.float32(a))
-        for index, arg in enumerate(args):  # set_arg, not set_args: pyopencl would generate code per kernel
-            kern.set_arg(index, arg)
+        for index, (kind, value) in enumerate(self.arguments(launch, label)):
+            # set_arg, not set_args: pyopencl would generate code per kernel
+            kern.set_arg(index, value if kind in ("buffer", "floats") else
+                         np.int32(value) if kind == "int" else np.float32(value))
         return BoundLaunch(kern, tuple(int(g) for g in launch.global_size),
                            tuple(launch.local_size) if launch.local_size else None, label)
-
 
 
 def packed_nbytes(shape, precision: str) -> int:

@@ -1,6 +1,8 @@
 """Predictor: a loaded `.nb` ready to run.
 
-``optcli.load`` builds one; ``run`` checks the inputs (names, dtypes, ranks, fixed dims, and that
+``optcli.load`` builds one: the plan's steps are checked against their ops and every value's shape
+is derived from the inputs, executing nothing (``runtime.plan_shapes``); the GPU part is sized
+from that derivation only.  ``run`` checks the inputs (names, dtypes, ranks, fixed dims, and that
 a symbolic dim has one size across all inputs), executes the plan and returns the outputs.
 Plans with dynamic dims are re-planned per new input shape (memory offsets from the observed
 sizes) and the result cached, so a repeated shape costs nothing extra; their GPU steps are bound
@@ -20,11 +22,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from optcli.errors import DeviceError, InputError, TargetError, UsageError
+from optcli.errors import DeviceError, InputError, KernelError, NbFormatError, TargetError, UsageError
 from optcli.ir import Value
-from optcli.passes.plan_memory import MemoryPlan, plan_offsets
 from optcli.plan import Plan
+from optcli.plan_memory_core import MemoryPlan, plan_offsets
 from optcli.runtime.executor import Executor
+from optcli.runtime.plan_shapes import check_at_load
 from optcli.targets import TARGETS, get_target
 
 PRECISIONS = ("fp32", "fp16")
@@ -66,6 +69,9 @@ class Predictor:
             raise UsageError(f"threads must be a positive whole number, got {threads!r}")
         self.threads = threads
         self.require_gpu = require_gpu
+        # The runtime's own shapes: the steps checked against their ops and every value's shape
+        # derived from the inputs (nothing executed); the recorded shapes only compared.
+        self.derivation = check_at_load(plan, source)
         self.gpu = self._start_gpu(require_gpu, device)
         self.tuning = {}
         if tune is not None and self.gpu is not None and getattr(self.gpu, "tunable", True):
@@ -87,10 +93,6 @@ class Predictor:
                 raise TargetError(f"{self.source}: require_gpu=True, but the plan has no GPU steps; optimize "
                                   "with --valid_targets=opencl,arm")
             return None
-        if usable:
-            from optcli.runtime.shape_check import check_recorded_shapes
-
-            check_recorded_shapes(self.plan, self.header.get("sha256"), self.source)
         reason = None
         if not usable:
             why = ("load(targets=...) leaves out" if not gpu_targets & set(self.targets)
@@ -98,7 +100,7 @@ class Predictor:
             reason = f"the plan's GPU steps are for {', '.join(sorted(gpu_targets))}, which {why}"
         elif "opencl" in usable:
             from optcli.runtime.devices import failure_text
-            from optcli.runtime.gpu_plan import GpuSteps
+            from optcli.runtime.gpu_plan import GpuRefusal, GpuSteps
             from optcli.runtime.opencl import ClDevice, DeviceUnavailable
 
             try:
@@ -107,7 +109,11 @@ class Predictor:
                 reason = str(exc)
             else:
                 try:
-                    return GpuSteps(self.plan, dev, self.precision, usable, self.source)
+                    return GpuSteps(self.plan, dev, self.precision, usable, self.source, self.derivation)
+                except NbFormatError:
+                    raise
+                except GpuRefusal as exc:  # a device value sized by data, too many programs...
+                    reason = f"the GPU cannot run this plan: {exc}"
                 except Exception as exc:  # build failure, out of device memory, lost device
                     reason = f"the OpenCL device {dev.describe()} failed ({failure_text(exc)})"
         else:
@@ -119,8 +125,10 @@ class Predictor:
             except MetalUnavailable as exc:
                 reason = f"the plan's GPU steps are for metal, and {exc}"
             else:
+                derived = {k: tuple(v) for k, v in self.derivation.shapes.items()
+                           if v is not None and all(isinstance(d, int) for d in v)}
                 try:
-                    return MetalSteps(self.plan, mtl, self.precision, usable)
+                    return MetalSteps(self.plan, mtl, self.precision, usable, derived)
                 except Exception as exc:  # library build failure, out of device memory
                     reason = f"the Metal device {mtl.name} failed ({type(exc).__name__}: {_first_line(exc)})"
         if require_gpu:
@@ -158,10 +166,30 @@ class Predictor:
         key = tuple(tuple(getattr(arrays[v.name], "shape", v.shape)) for v in self.plan.inputs)
         record = {} if self.plan.memory.arena_bytes is None and key not in self._shape_plans else None
         with self._lock, self._limiter():
-            outputs = self._run_locked(arrays, record, outputs_on_device)
+            try:
+                outputs = self._run_locked(arrays, record, outputs_on_device)
+            except KernelError as exc:
+                raise self._blame(arrays, exc) from exc
         if record is not None:
             self._replan(key, arrays, record)
         return {k: _owned(v) for k, v in outputs.items()}
+
+    def _blame(self, arrays: dict, exc: KernelError) -> Exception:
+        """Whose fault a host kernel's crash is.  Static input shapes were checked against every
+        step at load, so there it is ours.  Dynamic or undeclared ones: when the steps' shape rules
+        refuse the inputs' concrete shapes (a rank a Conv cannot take, dims that do not
+        broadcast), it is the input's, an ``InputError``; else ours (``KernelError``)."""
+        if all(v.is_static for v in self.plan.inputs):
+            return exc
+        from optcli.runtime.bind_shapes import describe_inputs
+        from optcli.runtime.plan_shapes import derive
+
+        shapes = {v.name: tuple(getattr(arrays[v.name], "shape", ())) for v in self.plan.inputs}
+        derived = derive(self.plan, shapes)
+        if not derived.strict_error:
+            return exc
+        return InputError(f"{self.source}: input shapes {describe_inputs(shapes)} do not fit the model: "
+                          f"{derived.strict_error}")
 
     def _run_locked(self, arrays, record, outputs_on_device: bool) -> dict:
         """One run; a device failure mid-run (lost device, out of resources) never yields a partial

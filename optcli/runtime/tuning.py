@@ -116,17 +116,17 @@ def tune(gpu_steps, level: str, repeats: int = 5, cache: TuningCache | None = No
     if level not in LEVELS:
         raise UsageError(f"tune must be one of {', '.join(LEVELS)}, got '{level}'")
     plan, queue = gpu_steps.plan, gpu_steps.queue
-    if getattr(gpu_steps, "dynamic", False):
-        # Dynamic dims: tune at the nominal input sizes placement judged (targets/nominal.py); other
-        # shapes run the chosen variants with the default work-group size.
-        from optcli.errors import OptError
-        from optcli.targets.nominal import nominal_input_shapes
+    # Tuning times bound launches: bind now (static inputs: their one binding, perhaps not made at
+    # load; dynamic dims: the nominal input sizes placement judged, targets/nominal.py; other
+    # shapes run the chosen variants with the default work-group size).
+    from optcli.errors import OptError
+    from optcli.targets.nominal import nominal_input_shapes
 
-        try:
-            if gpu_steps.bind_inputs(nominal_input_shapes(plan)):
-                return {}
-        except OptError:
+    try:
+        if gpu_steps.bind_inputs(getattr(gpu_steps, "static_inputs", None) or nominal_input_shapes(plan)):
             return {}
+    except OptError:
+        return {}
     cache = cache or TuningCache(gpu_steps.dev.device)
     graph = plan_graph(plan)
     for name, shape in gpu_steps.shapes.items():  # the bound sizes (the nominal ones for dynamic dims)

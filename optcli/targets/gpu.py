@@ -187,7 +187,7 @@ class GpuTarget(Target):
 
     def _limit_reason(self, kernel, node: Node, graph: Graph) -> str | None:
         lim = self.limits
-        from optcli.gpu.dialect import kernel_params, load_source
+        from optcli.gpu.dialect import kernel_params, load_source, signature_params
         from optcli.gpu.ops_layout import TRANSFER_OPS
 
         if kernel.domain == "optcli" and kernel.op_type in TRANSFER_OPS:
@@ -199,7 +199,8 @@ class GpuTarget(Target):
         except Exception as exc:  # a launch the runtime could not make either
             return f"{kernel.id} cannot lay out its launches ({type(exc).__name__}: {exc})"
         for launch in launches:
-            args = len(kernel_params(load_source(launch.source))[launch.entry])
+            # the rendered kernel's arguments: the declared ones and each buffer's length
+            args = len(signature_params(kernel_params(load_source(launch.source))[launch.entry]))
             if lim.max_kernel_args is not None and args > lim.max_kernel_args:
                 return (f"kernel {launch.entry} takes {args} arguments; {self.name} binds at most "
                         f"{lim.max_kernel_args} per kernel")

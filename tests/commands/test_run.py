@@ -36,12 +36,12 @@ def test_image_input_is_resized_and_scaled(cpu_model, tmp_path, capsys):
 
 def test_image_tensor_layout_and_values():
     pytest.importorskip("PIL")
-    from optcli.commands.images import load_image, parse_preprocess
+    from optcli.preprocess import load_image, parse
 
-    x = load_image(str(PHOTO), (1, 3, 32, 48), "float32", parse_preprocess(None))
+    x = load_image(str(PHOTO), (1, 3, 32, 48), "float32", parse(None))
     assert x.shape == (1, 3, 32, 48) and 0 <= x.min() and x.max() <= 1
     assert x[0, 0].mean() > x[0, 2].mean()  # a sunset: more red than blue
-    nhwc = load_image(str(PHOTO), (1, 64, 96, 4), "float32", parse_preprocess("raw"))
+    nhwc = load_image(str(PHOTO), (1, 64, 96, 4), "float32", parse("raw"))
     assert nhwc.shape == (1, 64, 96, 4) and nhwc.max() > 200
 
 
@@ -55,7 +55,8 @@ def test_missing_pillow_names_the_extra(cpu_model, capsys, monkeypatch):
     ([], "no --input for 'input'"),
     (["--input=nope=x.npy"], "has no input 'nope'"),
     (["--input=input=missing.npy"], "no such file"),
-    (["--input=input=x.npy", "--preprocess=size=3"], "not understood"),
+    (["--input=input=x.npy", "--preprocess=colour=3"], "not understood"),
+    (["--input=input=x.npy", "--preprocess=imagenet,crop=0"], "not understood"),
 ])
 def test_user_errors(gpu_model, capsys, monkeypatch, args, message):
     monkeypatch.chdir(gpu_model[1].parent)

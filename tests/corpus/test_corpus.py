@@ -18,20 +18,15 @@ import os
 
 import pytest
 
-from corpus.evaluate import corpus_dir, is_static_vision, load_manifest, ort_extended_nodes, run_model
+from corpus.evaluate import corpus_dir, is_static_vision, load_manifest, ort_extended_nodes, require_corpus, run_model
 
 SUBSET = os.environ.get("OPTCLI_CORPUS", "ci")
 FOLDER = corpus_dir()
 ENTRIES = [e for e in load_manifest(FOLDER) if SUBSET == "all" or SUBSET in e.get("subset", [])]
-BUILD = "python corpus/build.py --subset ci (in a venv with corpus/requirements-ci.txt; see corpus/README.md)"
 
 
 def test_corpus_is_built():
-    if ENTRIES:
-        return
-    if os.environ.get("OPTCLI_REQUIRE_CORPUS") == "1":
-        pytest.fail(f"no corpus models for subset '{SUBSET}' in {FOLDER}; build them: {BUILD}")
-    pytest.skip(f"no corpus in {FOLDER}: build it with {BUILD}")
+    require_corpus(bool(ENTRIES), f"corpus models for subset '{SUBSET}'")
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,16 @@ import numpy as np
 
 import optcli.gpu.ops  # noqa: F401  (registers the kernels)
 from optcli.gpu.ops_elementwise import BINARY_CODES, UNARY_CODES
-from tests.gpu import test_conv, test_elementwise, test_gemm, test_norm, test_pool, test_resize, test_tensor
+from tests.gpu import (
+    test_conv,
+    test_elementwise,
+    test_gemm,
+    test_matmul,
+    test_norm,
+    test_pool,
+    test_resize,
+    test_tensor,
+)
 from tests.gpu.harness import one_node_graph
 from tests.gpu.test_conv import EPILOGUES, conv_case, ir_graph
 
@@ -139,6 +148,8 @@ def _cases() -> list[Case]:
     for x_shape, n in [((5, 7), 6), ((2, 5, 7), 6), ((2, 3, 5, 9), 3)]:
         xm = _r(*x_shape)
         out.append(Case(f"matmul-{len(x_shape)}d", _ir("MatMul", {"x": xm}, {"w": _r(x_shape[-1], n)}, {})))
+    for k, (a_shape, b_shape) in enumerate(test_matmul.CASES):  # two run-time operands: heads / batched
+        out.append(Case(f"matmul-runtime-{k}", _onnx("MatMul", {"a": _r(*a_shape), "b": _r(*b_shape)})))
     for k, (attrs, c_shape) in enumerate(test_gemm.GEMM_CASES):
         b = _r(6, 7) if attrs.get("transB") else _r(7, 6)
         consts = {"b": b, **({"c": _r(*c_shape)} if c_shape is not None else {})}

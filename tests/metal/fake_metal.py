@@ -101,21 +101,24 @@ class FakeEncoder:
         self.slots[index] = buffer
 
     def setBytes_length_atIndex_(self, data, length, index):  # noqa: N802
-        assert len(data) == length == 4
+        assert len(data) == length and length in (4, 32)  # a scalar, or the epilogue's 8 floats
         self.slots[index] = bytes(data)
 
     def dispatchThreads_threadsPerThreadgroup_(self, grid, group):  # noqa: N802
         assert all(g >= 1 for g in group) and np.prod(group) <= 1024
         fn = self.pipeline.function
-        kinds = [k for k in fn.program.entries[fn.entry] if k in ("IN", "OUT", "INT", "FLOAT")]
+        kinds = [k for k in fn.program.entries[fn.entry] if k in shim.ARG_KINDS]
         args = []
         for index, kind in enumerate(kinds):
             slot = self.slots[index]
             if kind in ("IN", "OUT"):
                 assert isinstance(slot, FakeBuffer), f"{fn.entry}: argument {index} is not a buffer"
                 args.append(slot.array.ctypes.data)
+            elif kind == "EPI":
+                assert isinstance(slot, bytes) and len(slot) == 32, f"{fn.entry}: argument {index} is not 8 floats"
+                args.append(np.frombuffer(slot, np.float32).copy())
             else:
-                assert isinstance(slot, bytes), f"{fn.entry}: argument {index} is not a scalar"
+                assert isinstance(slot, bytes) and len(slot) == 4, f"{fn.entry}: argument {index} is not a scalar"
                 args.append(struct.unpack("<i" if kind == "INT" else "<f", slot)[0])
         self.command.dispatches.append((fn, args, grid))
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from optcli.gpu.dialect import render_metal
+from optcli.gpu.dialect import kernel_arguments, kernel_params, load_source, render_metal
 from optcli.gpu.layout import pack, packed_elements, unpack
 from optcli.gpu.registry import Launch, TempRef, TensorRef, WeightRef
 
@@ -74,11 +74,13 @@ def syntax_check(files: list[Path], what: str) -> None:
 # ------------------------------------------------------------------------------ execution
 
 
-_KINDS = {"device const STORAGE*": "IN", "device STORAGE*": "OUT", "constant int&": "INT", "constant float&": "FLOAT"}
+_KINDS = {"device const STORAGE*": "IN", "device STORAGE*": "OUT", "constant int&": "INT", "constant float&": "FLOAT",
+          "constant float*": "EPI"}
+ARG_KINDS = ("IN", "OUT", "INT", "FLOAT", "EPI")  # kinds that take an argument slot (not thread ids)
 
 
 def metal_entries(text: str) -> dict[str, list[str]]:
-    """entry -> parameter kinds (IN, OUT, INT, FLOAT, then thread ids), read off the rendered
+    """entry -> parameter kinds (IN, OUT, INT (buffer sizes too), FLOAT, EPI, then thread ids), read off the rendered
     Metal signatures themselves: the shim drives what Metal would see, argument i at index i."""
     entries = {}
     for m in re.finditer(r"^kernel void (\w+)\((.*)\)\s*$", text, re.M):  # one line per signature
@@ -99,6 +101,7 @@ def _driver(entries: dict[str, list[str]]) -> str:
         args = []
         for k, kind in enumerate(kinds):
             args.append({"IN": f"(const STORAGE*)b[{k}]", "OUT": f"(STORAGE*)b[{k}]", "INT": f"iv[{k}]",
+                         "EPI": f"(const float*)b[{k}]",
                          "FLOAT": f"fv[{k}]", "_gid": "uint3{x, y, z}",
                          "_gsize": "uint3{(uint)g[0], (uint)g[1], (uint)g[2]}"}.get(kind, kind))
             assert kind != "_lid", f"{entry} uses local ids: a serial grid loop does not model it"
@@ -129,16 +132,19 @@ class ShimProgram:
         self.lib = ctypes.CDLL(str(lib))
 
     def run(self, entry: str, args: list, grid: tuple[int, ...]) -> None:
-        """Arguments in signature order: numpy arrays (or anything with a data pointer: ints) for
-        buffers, numbers for scalars."""
-        kinds = [k for k in self.entries[entry] if k in ("IN", "OUT", "INT", "FLOAT")]
+        """Arguments in signature order (``dialect.signature_params``: buffer sizes included):
+        numpy arrays (or anything with a data pointer: ints) for buffers and the epilogue's
+        floats, numbers for scalars."""
+        kinds = [k for k in self.entries[entry] if k in ARG_KINDS]
         assert len(kinds) == len(args), f"{entry}: {len(kinds)} parameters, {len(args)} arguments"
         n = len(kinds)
         bufs = (ctypes.c_void_p * n)()
         ints = np.zeros(n, np.int32)
         floats = np.zeros(n, np.float32)
         for k, (kind, a) in enumerate(zip(kinds, args)):
-            if kind in ("IN", "OUT"):
+            if kind in ("IN", "OUT", "EPI"):
+                if kind == "EPI":
+                    assert isinstance(a, np.ndarray) and a.dtype == np.float32 and a.size == 8, f"{entry} epilogue"
                 if isinstance(a, np.ndarray):
                     assert a.flags.c_contiguous, f"{entry} argument {k}"
                     a = a.ctypes.data
@@ -211,12 +217,20 @@ class HostLaunchContext:
         return arg
 
 
+def launch_arguments(launch: Launch, ctx: HostLaunchContext) -> list:
+    """A launch's arguments in signature order, as the runtimes bind them
+    (``dialect.kernel_arguments``): each buffer's size is the numpy array's own length."""
+    params = kernel_params(load_source(launch.source))[launch.entry]
+    bound = kernel_arguments(params, launch.args, launch.entry, ctx.resolve, lambda a: a.size)
+    return [value for _kind, value in bound]
+
+
 def run_launches(launches: list[Launch], ctx: HostLaunchContext) -> list[tuple[str, str, dict]]:
     """Run launches in order; returns (source, entry, defines) of each, for coverage."""
     seen = []
     for launch in launches:
         defines = {**launch.defines, "STORAGE_HALF": int(ctx.precision == "fp16")}
-        program(launch.source, defines).run(launch.entry, [ctx.resolve(a) for a in launch.args], launch.global_size)
+        program(launch.source, defines).run(launch.entry, launch_arguments(launch, ctx), launch.global_size)
         seen.append((launch.source, launch.entry, defines))
     return seen
 

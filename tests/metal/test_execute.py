@@ -85,10 +85,11 @@ def test_pack_unpack(precision):
     packed = np.full(packed_elements(x.shape), 7.0, storage)
     prog = shim.program("layout.cl", {"STORAGE_HALF": int(precision == "fp16")})
     grid = (5, 3, 2 * c4(6))
-    prog.run("pack_nc4hw4", [np.ascontiguousarray(x.reshape(-1)), packed, 2, 6, 3, 5], grid)
+    src = np.ascontiguousarray(x.reshape(-1))
+    prog.run("pack_nc4hw4", [src, packed, 2, 6, 3, 5, src.size, packed.size], grid)  # then the buffers' sizes
     assert np.array_equal(packed, pack(x, storage))
     plain = np.full(x.size, 7.0, storage)
-    prog.run("unpack_nc4hw4", [packed, plain, 2, 6, 3, 5], grid)
+    prog.run("unpack_nc4hw4", [packed, plain, 2, 6, 3, 5, packed.size, plain.size], grid)
     assert np.array_equal(plain.reshape(x.shape), unpack(packed, x.shape, storage))
 
 

@@ -111,19 +111,21 @@ def test_limits_give_placement_reasons():
 
 
 def test_limits_steer_kernel_selection():
-    """A variant over the limit is skipped for one that fits: the 1x1 conv takes 11 arguments,
-    the generic direct conv 21."""
+    """A variant over the limit is skipped for one that fits: the 1x1 conv takes 16 arguments
+    (11 declared, its epilogue, its 4 buffers' lengths), the 3x3 one 21, winograd's launches at
+    most 13, the generic direct conv 26."""
     graph, node = _conv(kernel=(1, 1))
     assert METAL.select_kernel(node, graph) == "gpu.onnx.Conv.1x1"
-    assert dataclasses.replace(METAL, limits=GpuLimits(max_kernel_args=11)).can_run(node, graph)[0]
+    assert dataclasses.replace(METAL, limits=GpuLimits(max_kernel_args=16)).can_run(node, graph)[0]
+    assert not dataclasses.replace(METAL, limits=GpuLimits(max_kernel_args=15)).can_run(node, graph)[0]
     graph, node = _conv(kernel=(3, 3))
-    tight = dataclasses.replace(METAL, limits=GpuLimits(max_kernel_args=16))
+    tight = dataclasses.replace(METAL, limits=GpuLimits(max_kernel_args=21))
     assert tight.select_kernel(node, graph) in ("gpu.onnx.Conv.3x3", "gpu.onnx.Conv.winograd")
 
 
 def test_library_kernels_fit_metal_argument_table():
-    from optcli.gpu.dialect import kernel_params, load_source
+    from optcli.gpu.dialect import kernel_params, load_source, signature_params
     from optcli.gpu.variants import source_names
 
-    widest = max(len(p) for s in source_names() for p in kernel_params(load_source(s)).values())
+    widest = max(len(signature_params(p)) for s in source_names() for p in kernel_params(load_source(s)).values())
     assert widest <= METAL.limits.max_kernel_args

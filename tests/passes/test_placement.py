@@ -86,6 +86,19 @@ def test_cost_aware_placement_keeps_heavy_work_on_the_gpu():
     assert {s["name"]: s["target"] for s in result.report["steps"]}["conv"] == "opencl"
 
 
+@pytest.mark.parametrize("a_shape, b_shape, macs", [
+    ([2, 3, 5, 7], [2, 3, 7, 6], 2 * 3 * 5 * 6 * 7),  # attention-like: K is B's axis -2, not its batch
+    ([1, 3, "T", 8], [1, 3, 8, "T"], 3 * 64 * 64 * 8),  # symbolic dims count at nominal sizes (64)
+    ([5, 7], [7, 6], 5 * 6 * 7),
+])
+def test_island_cost_counts_a_matmul_by_its_contraction_axis(a_shape, b_shape, macs):
+    from optcli.frontend.onnx_reader import read_model
+    from optcli.passes.keep_small_islands_on_host import node_work
+
+    graph = read_model(model=_one_node("MatMul", {"a": (F, a_shape), "b": (F, b_shape)}))
+    assert node_work(graph, graph.nodes[0])[0] == macs
+
+
 def _one_node(op_type, inputs, attrs=None, initializers=None, opset=17):
     """A one-node model: ``inputs`` maps graph input names to (elem type, shape)."""
     node = helper.make_node(op_type, [*inputs, *(initializers or {})], ["y"], name="n0", **(attrs or {}))

@@ -1,13 +1,21 @@
-"""Shared pieces of the `.nb` fuzz tests: seed files, resealing, and the one allowed outcome.
+"""Shared pieces of the `.nb` fuzz tests: seed files, resealing, and the allowed outcomes.
 
-``load_or_clear_error`` is the oracle: a file either loads or raises ``NbFormatError``; any other
-exception fails the test, and so does a load that takes longer than ``TIME_BUDGET_S`` (a hang
-guard) or whose peak Python allocation exceeds ``alloc_bound(len(data))``.
+``load_or_clear_error`` is the reader's oracle: a file either loads or raises ``NbFormatError``;
+any other exception fails the test, and so does a load that takes longer than ``TIME_BUDGET_S``
+(a hang guard) or whose peak Python allocation exceeds ``alloc_bound(len(data))``.
+
+``load_run_or_clear_error`` goes on with what loads: ``optcli.load`` (the runtime's checks, the
+GPU steps on the session's device when there is one) and a run on a small input, under the same
+guards (``RUN_BUDGET_S``, ``alloc_bound + RUN_ALLOWANCE``).  The run must give a result or an
+``OptError``; where the plan has GPU steps, a result must agree with the same file run on the
+host (``targets="arm"``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import signal
 import time
 import tracemalloc
 
@@ -17,11 +25,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 import optcli
 import optcli.gpu.ops  # noqa: F401  (registered up front: imports must not count as a load's allocation)
-from optcli.errors import NbFormatError
+from optcli.errors import NbFormatError, OptError
 from optcli.nb.layout import CHECKSUM_SIZE, FORMAT_VERSION, HEADER, HEADER_SIZE, MAGIC, align
 from optcli.nb.reader import load_bytes
 
 TIME_BUDGET_S = 2.0
+RUN_BUDGET_S = 20.0  # load + two runs of a small input (the first GPU load of a kernel builds its program)
+RUN_ALLOWANCE = 16 << 20  # bytes a run of a small input may take beyond the load's bound
 
 
 def alloc_bound(size: int) -> int:
@@ -68,6 +78,98 @@ def load_or_clear_error(data: bytes, measure_memory: bool = True) -> str:
     if measure_memory:
         assert peak <= alloc_bound(len(data)), f"load of {len(data)} bytes allocated {peak} bytes at peak"
     return outcome
+
+
+class Hang(Exception):
+    """The run outlived its guard."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float):
+    """Interrupt Python code running past ``seconds`` (a hang in one C call is caught when it returns)."""
+    def expire(signum, frame):
+        raise Hang(f"still running after {seconds:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def small_inputs(predictor, seed: int = 0) -> dict[str, np.ndarray]:
+    """An input per model input: its fixed dims where that stays small, else small sizes (the run
+    may then refuse them with an InputError, which is an allowed outcome); symbolic and unknown
+    dims 2; an input of unknown rank [1, 1, 4, 4]."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in predictor.plan.inputs:
+        declared = spec.shape if spec.shape is not None else (1, 1, 4, 4)
+        shape = [d if isinstance(d, int) else 2 for d in declared]
+        if int(np.prod(shape, dtype=object)) > 4096:
+            shape = [min(d, 2) for d in shape]
+        dtype = np.dtype(spec.dtype if spec.dtype != "unknown" else "float32")
+        if dtype.kind == "f":
+            feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind == "b":
+            feeds[spec.name] = rng.integers(0, 2, shape).astype(bool)
+        else:
+            feeds[spec.name] = rng.integers(0, 3, shape).astype(dtype)
+    return feeds
+
+
+def _run(data: bytes, feeds, targets) -> dict | str:
+    """Outputs, or the OptError's message; anything else propagates (and fails the test)."""
+    try:
+        predictor = optcli.load(data, targets=targets)
+        if feeds is None:
+            feeds = small_inputs(predictor)
+        return predictor.run(feeds), feeds
+    except OptError as exc:
+        text = str(exc)
+        assert text and "\n" not in text, f"error message is not one clear line: {text!r}"
+        return text, feeds
+
+
+def load_run_or_clear_error(data: bytes, measure_memory: bool = True) -> str:
+    """``load_or_clear_error``, then, for a file that loads, ``optcli.load`` and a run on a small
+    input: 'ran', or the OptError's message.  Fails on any other exception, a hang, over-allocation,
+    or a GPU result that differs from the host's."""
+    outcome = load_or_clear_error(data, measure_memory)
+    if outcome != "ok":
+        return outcome
+    if measure_memory:
+        tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        with _deadline(RUN_BUDGET_S):
+            first, feeds = _run(data, None, None)
+            plan = optcli.load(data, targets="arm").plan if not isinstance(first, str) else None
+            on_gpu = plan is not None and any(s.cpu_kernel for s in plan.steps)
+            host = _run(data, feeds, "arm")[0] if on_gpu else None
+    finally:
+        elapsed = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1] if measure_memory else 0
+        if measure_memory:
+            tracemalloc.stop()
+    assert elapsed < RUN_BUDGET_S, f"load and run took {elapsed:.2f} s"
+    if measure_memory:
+        assert peak <= alloc_bound(len(data)) + RUN_ALLOWANCE, f"load and run allocated {peak} bytes at peak"
+    if isinstance(first, str):
+        return first
+    if isinstance(host, dict):
+        fp16 = "fp16" in str(plan.metadata.get("precision", ""))
+        for name, value in first.items():
+            a, b = np.asarray(value), np.asarray(host[name])
+            assert a.shape == b.shape, f"output '{name}': GPU shape {a.shape}, host {b.shape}"
+            if a.dtype.kind == "f" and a.size:
+                tol = 2e-2 if fp16 else 1e-4
+                assert np.allclose(a, b, rtol=tol, atol=tol, equal_nan=True), f"output '{name}': GPU and host differ"
+            else:
+                assert np.array_equal(a, b), f"output '{name}': GPU and host differ"
+    return "ran"
 
 
 def seed_models() -> dict[str, bytes]:

@@ -1,10 +1,13 @@
-"""The long `.nb` fuzz run: skipped unless ``OPTCLI_FUZZ_EXAMPLES`` is set.
+"""The long `.nb` fuzz run: a short fixed budget on every test run, as long as you ask for.
 
     OPTCLI_FUZZ_EXAMPLES=100000 .venv/bin/pytest tests/reliability/test_fuzz_long.py -q
 
-runs each test below for that many hypothesis examples (a few ms each); every load is
-checked by ``nbfuzz.load_or_clear_error`` (only NbFormatError, the hang guard, the allocation
-bound).  Hypothesis keeps failing examples in ``.hypothesis/`` and replays them first.
+runs each test below for that many hypothesis examples (a few ms each); unset, each runs
+``DEFAULT_EXAMPLES`` (CI's budget: a few seconds in all).  Every file is checked by
+``nbfuzz.load_run_or_clear_error``: the reader gives NbFormatError or a plan, under the hang
+guard and the allocation bound, and a file that loads is loaded by the runtime and run on a
+small input, which must give a result (on the GPU, the host's) or an OptError.  Hypothesis keeps
+failing examples in ``.hypothesis/`` and replays them first.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from optcli.nb.layout import CHECKSUM_SIZE, HEADER_SIZE
-from tests.reliability.nbfuzz import body_paths, load_or_clear_error, parts, rebuild, replaced, reseal, seed_models
+from tests.reliability.nbfuzz import body_paths, load_run_or_clear_error, parts, rebuild, replaced, reseal, seed_models
 
-EXAMPLES = int(os.environ.get("OPTCLI_FUZZ_EXAMPLES", "0") or 0)
-pytestmark = pytest.mark.skipif(EXAMPLES <= 0, reason="long fuzz run: set OPTCLI_FUZZ_EXAMPLES=N to run it")
-LONG = settings(max_examples=max(EXAMPLES, 1), deadline=None,
+DEFAULT_EXAMPLES = 50
+EXAMPLES = int(os.environ.get("OPTCLI_FUZZ_EXAMPLES", "0") or 0) or DEFAULT_EXAMPLES
+# A fixed seed for the default budget (every run checks the same files); a long run explores.
+LONG = settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES == DEFAULT_EXAMPLES,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 msgpack_values = st.recursive(
@@ -57,7 +61,7 @@ def test_long_byte_mutations(seeds, data):
             del raw[pos:]
         if not raw:
             break
-    load_or_clear_error(reseal(bytes(raw)) if data.draw(st.booleans()) else bytes(raw))
+    load_run_or_clear_error(reseal(bytes(raw)) if data.draw(st.booleans()) else bytes(raw))
 
 
 @LONG
@@ -67,7 +71,7 @@ def test_long_structured_body_mutations(seeds, data):
     for _ in range(data.draw(st.integers(1, 4))):
         paths = list(body_paths(body))
         body = replaced(body, data.draw(st.sampled_from(paths)), data.draw(msgpack_values))
-    load_or_clear_error(rebuild(body, blob))
+    load_run_or_clear_error(rebuild(body, blob))
 
 
 @LONG
@@ -81,4 +85,4 @@ def test_long_inflated_headers_in_the_body(seeds, data):
     width = {0xdc: 2, 0xde: 2, 0xda: 2, 0xc5: 2, 0xd9: 1, 0xc4: 1, 0xc7: 1, 0xd4: 1}.get(head[0], 4)
     count = data.draw(st.integers(0, 2 ** (8 * width) - 1))
     packed[pos:pos + data.draw(st.integers(0, 6))] = head + count.to_bytes(width, "big")
-    load_or_clear_error(rebuild(None, blob, raw_body=bytes(packed)))
+    load_run_or_clear_error(rebuild(None, blob, raw_body=bytes(packed)))

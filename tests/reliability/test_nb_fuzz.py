@@ -22,6 +22,7 @@ from optcli.nb.reader import load_bytes
 from tests.reliability.nbfuzz import (
     body_paths,
     load_or_clear_error,
+    load_run_or_clear_error,
     parts,
     rebuild,
     replaced,
@@ -50,16 +51,26 @@ def test_seeds_load_and_cover_gpu_steps(seeds):
 @pytest.mark.parametrize("seed", ["arm", "opencl"])
 def test_wrong_msgpack_type_at_every_level(seeds, seed):
     """Each path of the body (the root, every map, list and scalar) replaced by values of
-    every other msgpack type."""
+    every other msgpack type; every file that loads is run on a small input, which must give a
+    result (on the GPU, the host's) or an OptError: never another exception (before, a file with
+    ``outputs[0].name = ""`` loaded and its run raised a KeyError, and wrongly typed attributes
+    a KernelError that blamed optcli)."""
     body, blob = parts(seeds[seed])
     paths = list(body_paths(body))
     assert len(paths) > 50
-    outcomes = set()
+    outcomes: dict[str, int] = {}
     for path in paths:
         for value in WRONG:
-            outcomes.add(load_or_clear_error(rebuild(replaced(body, path, value), blob), measure_memory=False)
-                         == "ok")
-    assert False in outcomes
+            outcome = load_run_or_clear_error(rebuild(replaced(body, path, value), blob), measure_memory=False)
+            kind = outcome if outcome == "ran" else "refused"
+            outcomes[kind] = outcomes.get(kind, 0) + 1
+    assert outcomes.get("refused") and outcomes.get("ran", 0) > 100, outcomes
+
+
+def test_an_output_with_an_empty_name_is_refused_at_load(seeds):
+    body, blob = parts(seeds["opencl"])
+    body["outputs"][0]["name"] = ""
+    assert "outputs[0]: empty name" in load_or_clear_error(rebuild(body, blob))
 
 
 @pytest.mark.parametrize("version", [0, FORMAT_VERSION + 1, 7, 2**31, 2**32 - 1])

@@ -230,11 +230,11 @@ def test_inconsistent_recorded_shapes_are_refused_before_the_gpu(tmp_path, monke
     crafted = HEADER.pack(MAGIC, 1, 0, b"0.1.0", HEADER_SIZE, len(packed), off, blob_len) + packed + \
         b"\0" * (off - HEADER_SIZE - len(packed)) + data[blob_off:blob_off + blob_len]
     crafted += hashlib.sha256(crafted).digest()
-    with pytest.raises(NbFormatError, match="recorded as|does not run"):
+    with pytest.raises(NbFormatError, match=r"recorded as \[1, 4, 800, 800\] but its step computes \[1, 4, 8, 8\]"):
         optcli.load(crafted)
-    p = optcli.load(data)  # the honest file loads, and its check is remembered
+    p = optcli.load(data)  # the honest file loads; nothing is remembered: every load derives again
     assert p.run({"x": np.zeros((1, 4, 8, 8), np.float32)})["y"].shape == (1, 4, 8, 8)
-    assert any((tmp_path / "validated").iterdir())
+    assert not (tmp_path / "validated").exists()
 
 
 def test_entries_found_in_a_directory_others_could_write_are_discarded(tmp_path):

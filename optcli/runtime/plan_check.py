@@ -1,0 +1,225 @@
+"""What a plan's steps may say, checked at load against the ops' own definitions.
+
+The reader (``optcli/nb/schema.py``) checks the file's form: types, ranges, extents, dataflow.
+This checks each step against its op: the opset is one this onnx knows; inputs fill the op's
+required slots and no more slots than it has; attributes have the type the op's ONNX schema gives
+them (standard ops) or our own table (``optcli`` ops), the fused epilogue names a known
+activation, and window attributes (pads, strides, dilations, kernel sizes, groups) are in range.
+A fallback step's NodeProto goes through onnx's checker (``check_node``: attribute types,
+arity, subgraphs).  Anything else is an ``NbFormatError`` at load, so a kernel never meets an
+attribute it cannot read (before this, such a file loaded and its run raised a ``KernelError``
+that blamed optcli).  Nothing is executed; the work is one pass over the steps.
+
+Attributes an op does not define are left alone: kernels read only the ones they know.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from optcli.errors import NbFormatError
+from optcli.ops.activation import ACTIVATIONS, QUANT_ATTR
+from optcli.plan import Plan, Step
+
+INT64 = (-(2**63), 2**63 - 1)
+INT32_MAX = 2**31 - 1
+MIN_OPSET = 7
+STANDARD = ("", "ai.onnx")
+EPILOGUE = ("activation", "activation_alpha", "activation_beta", QUANT_ATTR)
+# Ops whose window attributes size loops and launch grids (int32 kernel arguments on the GPU).
+WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool",
+                        "MaxUnpool", "QLinearAveragePool"})
+WINDOW_LOW = {"pads": 0, "output_padding": 0, "output_shape": 0, "strides": 1, "dilations": 1, "kernel_shape": 1,
+              "group": 1}
+# optcli's own ops: (required input slots, most input slots, attributes: name -> type).
+OPTCLI_OPS: dict[str, tuple[int, int, dict[str, str]]] = {
+    **{op: (1, 1, {}) for op in ("Upload", "Download", "Pack", "Unpack", "Swish")},
+    "FakeQuant": (1, 1, {"scale": "FLOAT", "zero_point": "FLOAT", "qmin": "FLOAT", "qmax": "FLOAT"}),
+    "ChannelAffine": (2, 3, {}),
+    "FullyConnected": (2, 3, {}),
+    "DynamicQuantizeMatMul": (3, 5, {}),
+}
+
+
+def check_steps(plan: Plan, source: str) -> None:
+    """Raise ``NbFormatError`` for the first step its op does not allow (see the module docstring)."""
+    import onnx.defs
+
+    newest = onnx.defs.onnx_opset_version()
+    version = next((plan.opsets[d] for d in STANDARD if d in plan.opsets), None)
+    if version is not None and not MIN_OPSET <= version <= newest:
+        raise NbFormatError(f"{source}: the plan's ONNX opset is {version}; this optcli runs opsets {MIN_OPSET} to "
+                            f"{newest}. Rebuild the file with this optcli's opt")
+    for i, step in enumerate(plan.steps):
+        where = f"{source}: step {i} '{step.name[:60]}' ({step.op_type})"
+        problem = _problem(step, plan.opsets, version or newest)
+        if problem:
+            raise NbFormatError(f"{where}: {problem}; the file is corrupted or was not written by optcli")
+
+
+def _problem(step: Step, opsets: dict[str, int], version: int) -> str:
+    if step.proto is not None:
+        reads = tuple(dict.fromkeys(n for n in step.inputs if n))
+        return _proto_problem(step.proto, tuple(sorted(opsets.items())), reads)
+    problem = _epilogue_problem(step.attrs)
+    if problem:
+        return problem
+    if step.domain == "optcli":
+        spec = OPTCLI_OPS.get(step.op_type)
+        if spec is None:
+            return ""  # the reader already refused ops without a kernel of ours
+        need, most, types = spec
+        slots = ["Single"] * need + ["Optional"] * (most - need)
+        problem = _inputs_problem(step.inputs, slots, variadic=False)
+        return problem or _attrs_problem(step, types, set())
+    if step.domain not in STANDARD:
+        return ""  # contrib ops (com.microsoft) have no schema in onnx; their kernels check their inputs
+    schema = _schema(step.op_type, version)
+    if schema is None:
+        return f"op {step.op_type} is not an ONNX op this optcli knows"
+    slots = [p.option.name for p in schema.inputs]
+    variadic = bool(slots) and slots[-1] == "Variadic"
+    problem = _inputs_problem(step.inputs, slots, variadic)
+    if problem:
+        return problem
+    if len(step.outputs) > schema.max_output:
+        return f"it has {len(step.outputs)} outputs, the op at most {schema.max_output}"
+    types = {name: a.type.name for name, a in schema.attributes.items()}
+    required = {name for name, a in schema.attributes.items() if a.required}
+    return _attrs_problem(step, types, required)
+
+
+@lru_cache(maxsize=512)
+def _schema(op_type: str, version: int):
+    """The op's ONNX schema at the plan's opset, else its newest one (fusion makes ops newer than a
+    model's opset: Gelu, LayerNormalization, HardSwish), else None."""
+    import onnx.defs
+
+    for at in (version, onnx.defs.onnx_opset_version()):
+        try:
+            return onnx.defs.get_schema(op_type, at, "")
+        except onnx.defs.SchemaError:
+            continue
+    return None
+
+
+def _inputs_problem(inputs: list[str], slots: list[str], variadic: bool) -> str:
+    if len(inputs) > len(slots) and not variadic:
+        return f"it has {len(inputs)} inputs, the op at most {len(slots)}"
+    for k, name in enumerate(inputs):
+        slot = slots[min(k, len(slots) - 1)] if slots else "Optional"
+        if not name and slot != "Optional":
+            return f"its input {k} is required but absent"
+    missing = [k for k, slot in enumerate(slots) if slot == "Single" and k >= len(inputs)]
+    if missing:
+        return f"its input {missing[0]} is required but absent"
+    return ""
+
+
+def _attrs_problem(step: Step, types: dict[str, str], required: set[str]) -> str:
+    for name in sorted(required - set(step.attrs)):
+        return f"required attribute '{name}' is missing"
+    for name, value in step.attrs.items():
+        kind = types.get(name)
+        if kind is None:
+            continue
+        if not _of_type(value, kind):
+            return f"attribute '{name[:40]}' must be {kind}, got {_describe(value)}"
+        if step.op_type in WINDOW_OPS and name in WINDOW_LOW:
+            values = value if isinstance(value, list) else [value]
+            if not all(WINDOW_LOW[name] <= v <= INT32_MAX for v in values):
+                return f"attribute '{name}' {_describe(value)} is out of range ({WINDOW_LOW[name]} to {INT32_MAX})"
+    if step.domain == "optcli" and step.op_type == "FakeQuant":
+        return _fake_quant_problem(step.attrs)
+    return ""
+
+
+def _fake_quant_problem(attrs: dict) -> str:
+    scale = attrs.get("scale")
+    if scale is None or not (math.isfinite(scale) and scale > 0):
+        return "FakeQuant needs a positive finite 'scale'"
+    bounds = [attrs.get(k, d) for k, d in (("zero_point", 0.0), ("qmin", -128.0), ("qmax", 127.0))]
+    if not all(math.isfinite(b) for b in bounds) or bounds[1] > bounds[2]:
+        return "FakeQuant's zero point and bounds must be finite, with qmin <= qmax"
+    return ""
+
+
+def _epilogue_problem(attrs: dict) -> str:
+    name = attrs.get("activation")
+    if "activation" in attrs and name not in ACTIVATIONS:
+        return f"fused activation {_describe(name)} is not one of {', '.join(ACTIVATIONS)}"
+    for key in ("activation_alpha", "activation_beta"):
+        if key in attrs and not (_of_type(attrs[key], "FLOAT") and not math.isnan(attrs[key])):
+            return f"attribute '{key}' must be a number, got {_describe(attrs[key])}"
+    if QUANT_ATTR in attrs:
+        q = attrs[QUANT_ATTR]
+        if not (_of_type(q, "FLOATS") and len(q) == 4):
+            return f"attribute '{QUANT_ATTR}' must be [scale, zero_point, qmin, qmax], got {_describe(q)}"
+        return _fake_quant_problem(dict(zip(("scale", "zero_point", "qmin", "qmax"), q)))
+    return ""
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and INT64[0] <= v <= INT64[1]  # bools are ints, as in ONNX (0/1)
+
+
+def _float(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_TYPES = {
+    "INT": _int,
+    "FLOAT": _float,
+    "STRING": lambda v: isinstance(v, (str, bytes)),
+    "TENSOR": lambda v: isinstance(v, np.ndarray),
+    "INTS": lambda v: isinstance(v, list) and all(_int(x) for x in v),
+    "FLOATS": lambda v: isinstance(v, list) and all(_float(x) for x in v),
+    "STRINGS": lambda v: isinstance(v, list) and all(isinstance(x, (str, bytes)) for x in v),
+    "TENSORS": lambda v: isinstance(v, list) and all(isinstance(x, np.ndarray) for x in v),
+}
+
+
+def _of_type(value: Any, kind: str) -> bool:
+    check = _TYPES.get(kind)
+    return check is None or check(value)  # graphs and type protos live in the step's proto
+
+
+def _describe(value: Any) -> str:
+    text = repr(value.shape) if isinstance(value, np.ndarray) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+@lru_cache(maxsize=256)
+def _proto_problem(proto: bytes, opsets: tuple[tuple[str, int], ...], reads: tuple[str, ...]) -> str:
+    """onnx's checker on a fallback step's node: attribute types, arity, subgraphs.  The node is
+    checked inside a one-node graph whose inputs are every value the step reads, so subgraphs
+    may refer to the outer values they use."""
+    import onnx
+    from onnx import checker, helper
+
+    node = onnx.NodeProto()
+    node.ParseFromString(proto)  # parsed once by the reader already
+    imports = {("" if d == "ai.onnx" else d): v for d, v in opsets}
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    if domain not in imports:
+        return f"its node's domain '{node.domain[:40]}' has no opset in the file"
+    ctx = checker.C.CheckerContext()
+    ctx.ir_version = onnx.IR_VERSION
+    ctx.opset_imports = imports
+    def typed(name: str):
+        return helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [])  # the checker needs a type
+
+    graph = helper.make_graph([node], "step", [typed(n) for n in reads], [typed(n) for n in node.output if n])
+    try:
+        checker.check_graph(graph, ctx, checker.C.LexicalScopeContext())
+    except checker.ValidationError as exc:
+        if "No Op registered" in str(exc) and domain == "" and _schema(node.op_type, imports[""]) is not None:
+            return ""  # an op fusion made newer than the model's opset
+        return f"its ONNX node is invalid ({' '.join(str(exc).split())[:160]})"
+    except Exception as exc:  # noqa: BLE001 - whatever else the checker raises on hostile protobuf
+        return f"its ONNX node cannot be checked ({type(exc).__name__})"
+    return ""
