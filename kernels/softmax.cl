@@ -25,11 +25,13 @@ KERNEL(softmax_channel, IN(x), OUT(y), INT(count), INT(C), INT(H), INT(W), INT(l
         const FLOAT4 e = exp(LOAD4(x, base + s * plane) - F4S(m)) * lane_mask(s, C);
         sum += e.x + e.y + e.z + e.w;
     }
-    const float shift = m + log(sum);
+    // (v - m) - log(sum), not v - (m + log(sum)): near 1e4 the sum m + log(sum) would round to
+    // float's 1e-3 step there and lose the small log-probabilities.
+    const float log_sum = log(sum);
     const float inv = 1.0f / sum;
     for (int s = 0; s < c4; ++s) {
         const FLOAT4 v = LOAD4(x, base + s * plane);
-        const FLOAT4 r = log_out ? v - F4S(shift) : exp(v - F4S(m)) * inv;
+        const FLOAT4 r = log_out ? (v - F4S(m)) - F4S(log_sum) : exp(v - F4S(m)) * inv;
         STORE4(r * lane_mask(s, C), y, base + s * plane);
     }
 }
@@ -46,10 +48,10 @@ KERNEL(softmax_axis, IN(x), OUT(y), INT(count), INT(L), INT(inner), INT(C), INT(
     for (int k = 0; k < L; ++k) m = fmax(m, LOAD4(x, base + k * inner));
     FLOAT4 sum = F4S(0.0f);
     for (int k = 0; k < L; ++k) sum += exp(LOAD4(x, base + k * inner) - m);
-    const FLOAT4 shift = m + log(sum);
+    const FLOAT4 log_sum = log(sum);
     for (int k = 0; k < L; ++k) {
         const FLOAT4 v = LOAD4(x, base + k * inner);
-        const FLOAT4 r = log_out ? v - shift : exp(v - m) / sum;
+        const FLOAT4 r = log_out ? (v - m) - log_sum : exp(v - m) / sum;
         STORE4(r * mask, y, base + k * inner);
     }
 }

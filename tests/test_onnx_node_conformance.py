@@ -58,11 +58,7 @@ ROUNDED_EXPECTED = {"test_roialign_aligned_false", "test_roialign_aligned_true",
 
 # Real inaccuracies the per-element check exposes on opencl, to fix in the kernels (strict xfail:
 # a fixed kernel makes the test fail until the entry goes).
-GPU_KNOWN_INACCURATE: dict[str, str] = {
-    "test_logsoftmax_large_number":
-        "kernels/softmax.cl LogSoftmax computes v - (max + log(sum)): at inputs near 1e4 the shift rounds "
-        "to float's 1e-3 step there (2.4e-4 off on -0.44); (v - max) - log(sum) is exact",
-}
+GPU_KNOWN_INACCURATE: dict[str, str] = {}
 
 # Input element types with no native numpy dtype (ml_dtypes / sub-byte types).  A `.nb` holds
 # numpy dtypes only, and onnxruntime's Python API can't feed these either (it fails every such case).
