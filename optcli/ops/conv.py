@@ -13,6 +13,11 @@ Every variant falls back to ``im2col`` when called on a node it does not fit, so
 recorded a variant can never compute a wrong answer.  All of them finish with the fused
 epilogue: optional bias, then ``apply_activation``, then the fused FakeQuant if any.
 ConvTranspose is the adjoint: a GEMM to columns, then a col2im scatter-add over kernel taps.
+
+Where the native library is loaded (``optcli.native``: C, built at install), ``depthwise``
+runs its fp32 2-D and 1-D cases there, bias and activation included, and the GEMM variants
+finish with its one-pass bias + activation.  The kernel ids stay the same, so a plan runs
+the same way, with the same results within fp32 rounding, where the library is absent.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from optcli import native
 from optcli.ops.activation import apply_activation, apply_output_quant, epilogue
 from optcli.ops.registry import kernel
 from optcli.ops.spatial import compute_dtype, conv_transpose_geometry, pad_input, prod, window
@@ -71,6 +77,11 @@ def _finish(
     y: np.ndarray, bias: np.ndarray | None, attrs: dict[str, Any], dtype: np.dtype
 ) -> list[np.ndarray]:
     """Bias along the channel axis, then the fused activation, then back to the input dtype."""
+    # Below ~32K elements numpy's two passes cost less than a call into the library.
+    if native.available() and y.dtype == np.float32 and y.ndim >= 2 and y.flags.c_contiguous and y.size >= 1 << 15:
+        if bias is None or bias.shape == (y.shape[1],):
+            y = native.bias_activation_(y, bias, *epilogue(attrs))
+            return [apply_output_quant(y.astype(dtype, copy=False), attrs)]
     if bias is not None:
         y += bias.astype(y.dtype, copy=False).reshape((1, -1) + (1,) * (y.ndim - 2))
     y = apply_activation(y, *epilogue(attrs))
@@ -164,6 +175,13 @@ def conv_depthwise(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
     if x.ndim < 3 or not _is_depthwise(attrs, w.shape) or x.shape[1] != group:
         return conv_im2col(inputs, attrs)
     ct = compute_dtype(x.dtype)
+    if x.ndim <= 4 and ct == np.float32 and x.size:
+        if native.available():
+            win = _window_of(attrs, x.shape, w.shape)
+            if native.depthwise_fits(win.kernel, win.strides):
+                return _native_depthwise(x, w, _bias(inputs), attrs, win)
+        else:
+            native.note_unavailable()
     n, c = x.shape[:2]
     mult = w.shape[0] // c
     win = window(attrs, x.shape[2:], attrs.get("kernel_shape") or w.shape[2:])
@@ -199,6 +217,37 @@ def conv_depthwise(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
     y = _finish(y.reshape((n, c * mult, win.out[0]) + tuple(q[1:])), _bias(inputs), attrs, ct)[0]
     y = y[(slice(None), slice(None), slice(None)) + tuple(slice(0, o) for o in win.out[1:])]
     return [np.ascontiguousarray(y, dtype=x.dtype)]
+
+
+_GEOMETRY_ATTRS = ("kernel_shape", "strides", "dilations", "pads", "auto_pad")
+_WINDOWS: dict[tuple, Any] = {}  # resolved windows of the native path, by shapes and geometry attributes
+
+
+def _window_of(attrs: dict[str, Any], xshape: tuple[int, ...], wshape: tuple[int, ...]) -> Any:
+    """``window()`` for a conv, memoised: resolving it costs more than a small native call."""
+    key = (xshape, wshape) + tuple(tuple(v) if isinstance(v, (list, tuple, np.ndarray)) else v
+                                   for v in (attrs.get(k) for k in _GEOMETRY_ATTRS))
+    win = _WINDOWS.get(key)
+    if win is None:
+        if len(_WINDOWS) >= 1024:
+            _WINDOWS.clear()
+        win = _WINDOWS[key] = window(attrs, xshape[2:], attrs.get("kernel_shape") or wshape[2:])
+    return win
+
+
+def _native_depthwise(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict[str, Any],
+                      win: Any) -> list[np.ndarray]:
+    """The depthwise conv in the native library: 2-D as it is, 1-D as 2-D with a one-row window."""
+    lift = x.ndim == 3
+    if lift:
+        x, w = x[:, :, None, :], w[:, :, None, :]
+    one = (1,) if lift else ()
+    strides, dil = one + win.strides, one + win.dilations
+    begin, out = (0,) * lift + win.pad_begin, one + win.out
+    y = native.depthwise_conv2d(x, w, bias, strides, dil, begin, out, *epilogue(attrs))
+    if lift:
+        y = y.reshape(y.shape[:2] + win.out)
+    return [apply_output_quant(y.astype(x.dtype, copy=False), attrs)]
 
 
 # ------------------------------------------------------------------------------ ConvTranspose

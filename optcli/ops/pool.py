@@ -11,6 +11,10 @@ exist because of ``ceil_mode`` never do (onnxruntime's and PyTorch's convention)
 
 MaxPool's optional second output (Indices) is not produced: the kernel returns only ``Y``.
 AveragePool and GlobalAveragePool may end in a fused FakeQuant (``fuse_fake_quant``).
+
+Where the native library is loaded (``optcli.native``), fp32 1-D and 2-D MaxPool / AveragePool
+run there (one pass over each window row in cache instead of a pass over the whole output per
+tap), with the same ids and results.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from optcli import native
 from optcli.ops.activation import apply_output_quant
 from optcli.ops.registry import kernel
 from optcli.ops.spatial import Window, compute_dtype, pad_input, prod, window
@@ -44,25 +49,55 @@ def _lowest(dtype: np.dtype) -> Any:
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
 
+def _native_pool(x: np.ndarray, win: Window, op: str, include_pad: bool = False) -> np.ndarray | None:
+    """The pool in the native library (fp32, 1-D as 2-D with a one-row window), or None where it
+    does not run (no library, another dtype, 3-D, empty)."""
+    if not (x.dtype == np.float32 and x.ndim in (3, 4) and x.size and native.depthwise_fits(win.kernel, win.strides)):
+        return None
+    if not native.available():
+        native.note_unavailable()
+        return None
+    lift = x.ndim == 3
+    one = (1,) if lift else ()
+    rrow = rcol = None
+    if op == "avg":
+        counts = _axis_counts(win, x.shape[2:], include_pad)
+        rrow, rcol = (np.ones(1) if lift else 1.0 / counts[0]), 1.0 / counts[-1]
+    y = native.pool2d(x[:, :, None, :] if lift else x, op, one + win.kernel, one + win.strides, one + win.dilations,
+                      (0,) * lift + win.pad_begin, one + win.out, rrow, rcol)
+    return y.reshape(y.shape[:2] + win.out) if lift else y
+
+
 @kernel("MaxPool", max_outputs=1)
 def max_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """Max over the kernel taps of a -inf padded input (returns Y only, never Indices)."""
     x = inputs[0]
     win = _window(x, attrs)
+    y = _native_pool(x, win, "max")
+    if y is not None:
+        return [y]
     return [_over_taps(pad_input(x, win, _lowest(x.dtype)), win, np.maximum)]
+
+
+def _axis_counts(win: Window, spatial: tuple[int, ...], include_pad: bool) -> list[np.ndarray]:
+    """Per spatial axis, the number of counted input positions in each output window's extent."""
+    counts = []
+    for size, k, s, d, b, e, o in zip(
+        spatial, win.kernel, win.strides, win.dilations, win.pad_begin, win.declared_end, win.out
+    ):
+        # Position (in unpadded coordinates) of tap t of output j.
+        pos = np.arange(o)[:, None] * s + np.arange(k)[None, :] * d - b
+        ok = (pos >= -b) & (pos < size + e) if include_pad else (pos >= 0) & (pos < size)
+        counts.append(ok.sum(axis=1).astype(np.float64))
+    return counts
 
 
 def _counts(win: Window, spatial: tuple[int, ...], include_pad: bool) -> np.ndarray:
     """Number of counted input positions in each output window, shaped to broadcast over Y."""
     total: np.ndarray | None = None
     n = len(spatial)
-    for axis, (size, k, s, d, b, e, o) in enumerate(zip(
-        spatial, win.kernel, win.strides, win.dilations, win.pad_begin, win.declared_end, win.out
-    )):
-        # Position (in unpadded coordinates) of tap t of output j.
-        pos = np.arange(o)[:, None] * s + np.arange(k)[None, :] * d - b
-        ok = (pos >= -b) & (pos < size + e) if include_pad else (pos >= 0) & (pos < size)
-        cnt = ok.sum(axis=1).astype(np.float64).reshape((o,) + (1,) * (n - axis - 1))
+    for axis, cnt in enumerate(_axis_counts(win, spatial, include_pad)):
+        cnt = cnt.reshape((len(cnt),) + (1,) * (n - axis - 1))
         total = cnt if total is None else total * cnt
     assert total is not None
     return total
@@ -73,6 +108,9 @@ def average_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list
     """Sum over the kernel taps of a zero-padded input, divided by the per-window count."""
     x = inputs[0]
     win = _window(x, attrs)
+    y = _native_pool(x, win, "avg", bool(attrs.get("count_include_pad", 0)))
+    if y is not None:
+        return [apply_output_quant(y, attrs)]
     ct = compute_dtype(x.dtype)
     y = _over_taps(pad_input(x.astype(ct, copy=False), win, 0.0), win, np.add)
     counts = _counts(win, x.shape[2:], bool(attrs.get("count_include_pad", 0)))

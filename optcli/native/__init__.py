@@ -1,0 +1,222 @@
+"""Native host kernels: a small C library (``optcli/native/src``) built by ``pip install`` when a C
+compiler is present, loaded here once with ctypes.
+
+The library has no Python API, only a C ABI: ctypes releases the GIL around each call, and the
+library splits the work over its own pthread pool (never OpenMP, which fights OpenBLAS), sized
+by ``optcli.load(..., threads=N)`` through threadpoolctl like the BLAS threads are.
+
+The library is optional.  Where it was not built (no compiler at install), failed to load, or is
+turned off with ``OPTCLI_NATIVE=0``, the numpy kernels run instead and compute the same results;
+``status()`` says which, and the first kernel that would have used it logs that once.  Kernels
+keep their ids either way, so a ``.nb`` never depends on whether this library exists.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import math
+import os
+import platform
+import threading
+from pathlib import Path
+
+import numpy as np
+
+LOG = logging.getLogger("optcli")
+
+ABI = 1  # OPTCLI_NATIVE_ABI in src/optcli_native.h
+LIB_PREFIX = "_optcli_native"  # the extension's file name starts with this (threadpoolctl matches it)
+
+# Fused epilogue names (optcli/ops/activation.py) -> the library's codes (src/simd.h).
+ACTIVATION_CODES = {None: 0, "relu": 1, "clip": 2, "leaky_relu": 3, "sigmoid": 4, "tanh": 5,
+                    "hard_sigmoid": 6, "hard_swish": 7, "swish": 8}
+
+_i64p = ctypes.POINTER(ctypes.c_int64)
+_vp = ctypes.c_void_p
+_SIGNATURES = {
+    "optcli_native_abi": ([], ctypes.c_int),
+    "optcli_get_num_threads": ([], ctypes.c_int),
+    "optcli_set_num_threads": ([ctypes.c_int], ctypes.c_int),
+    "optcli_pool_workers": ([], ctypes.c_int),
+    "optcli_pool_selftest": ([ctypes.c_int64, ctypes.c_int, _i64p], ctypes.c_int64),  # tests only
+    "optcli_dwconv2d_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
+    "optcli_pool2d_f32": ([_vp, _vp, _vp, ctypes.c_int, _vp, _vp], ctypes.c_int),
+    "optcli_channel_affine_f32": ([_vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
+                                   ctypes.c_float, ctypes.c_float], ctypes.c_int),
+}
+
+
+def library_path() -> Path | None:
+    """The built library beside this file (``_optcli_native*.so`` from setup.py), if any."""
+    here = Path(__file__).resolve().parent
+    found = sorted(p for p in here.glob(LIB_PREFIX + "*") if p.suffix in (".so", ".dylib", ".pyd", ".dll"))
+    return found[0] if found else None
+
+
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    if os.environ.get("OPTCLI_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None, "disabled by OPTCLI_NATIVE=0: the numpy kernels run"
+    path = library_path()
+    if path is None:
+        return None, ("not built (no C compiler when optcli was installed?): the numpy kernels run; "
+                      "reinstall with gcc or clang present for faster CPU kernels")
+    try:
+        lib = ctypes.CDLL(str(path))
+        for name, (args, res) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, res
+        abi = lib.optcli_native_abi()
+    except (OSError, AttributeError) as exc:
+        return None, f"{path.name} failed to load ({exc}): the numpy kernels run; reinstall optcli"
+    if abi != ABI:
+        return None, f"{path.name} has ABI {abi}, this optcli expects {ABI}: the numpy kernels run; reinstall optcli"
+    return lib, f"loaded {path} ({platform.machine()}, {lib.optcli_get_num_threads()} threads by default)"
+
+
+_lib, _why = _load()
+_noted = threading.Event()
+
+
+def _register_with_threadpoolctl() -> None:
+    """Let ``threadpoolctl`` (and so ``optcli.load(..., threads=N)``) size the library's pool."""
+    try:
+        import threadpoolctl
+    except ImportError:  # pragma: no cover - a dependency
+        return
+    if not hasattr(threadpoolctl, "register"):  # threadpoolctl < 3.5: the pool keeps its default size
+        return
+
+    class NativeController(threadpoolctl.LibController):
+        user_api = "optcli"
+        internal_api = "optcli_native"
+        filename_prefixes = (LIB_PREFIX,)
+
+        def get_num_threads(self):
+            return self.dynlib.optcli_get_num_threads()
+
+        def set_num_threads(self, num_threads):
+            return self.dynlib.optcli_set_num_threads(int(num_threads))
+
+        def get_version(self):
+            return f"abi {self.dynlib.optcli_native_abi()}"
+
+    threadpoolctl.register(NativeController)
+
+
+if _lib is not None:
+    _register_with_threadpoolctl()
+
+
+def available() -> bool:
+    """Whether the native kernels run (else the numpy kernels do)."""
+    return _lib is not None
+
+
+def status() -> str:
+    """One line: where the native host kernels come from, or why the numpy kernels run."""
+    return f"native host kernels: {_why}"
+
+
+def note_unavailable() -> None:
+    """Log once per process that a kernel ran in numpy because the library is absent."""
+    if _lib is None and not _noted.is_set():
+        _noted.set()
+        LOG.info("optcli: %s", status())
+
+
+def get_num_threads() -> int:
+    return _lib.optcli_get_num_threads() if _lib is not None else 1
+
+
+def set_num_threads(n: int) -> int:
+    """Size the pool (the previous size is returned); ``optcli.load(threads=N)`` does this per run."""
+    return _lib.optcli_set_num_threads(int(n)) if _lib is not None else 1
+
+
+class NativeError(RuntimeError):
+    """The library refused its arguments (a bug on our side: callers check shapes first)."""
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise NativeError(f"native {what} failed with code {rc}" + (" (out of memory)" if rc == -2 else ""))
+
+
+def _ptr(a: np.ndarray | None) -> int | None:
+    return None if a is None else a.ctypes.data
+
+
+def depthwise_fits(kernel: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether the native depthwise takes this window: any usual one; absurd windows and strides
+    (a scratch row per stride phase, a register pass per tap) stay in numpy."""
+    return math.prod(kernel) <= 1024 and max(strides, default=1) <= 16
+
+
+def depthwise_conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: tuple[int, int],
+                     dilations: tuple[int, int], pad_begin: tuple[int, int], out: tuple[int, int],
+                     activation: str | None = None, alpha: float = 0.0, beta: float = 0.0) -> np.ndarray:
+    """Depthwise conv of float32 NCHW ``x`` by ``w`` [M, 1, KH, KW] (M a multiple of C), with bias
+    and a fused activation; zero padding at the start is ``pad_begin``, at the end whatever
+    ``out`` implies.  Returns a new float32 array [N, M, *out]."""
+    assert _lib is not None
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+    n, c, h, wd = x.shape
+    m, _, kh, kw = w.shape
+    y = np.empty((n, m, out[0], out[1]), dtype=np.float32)
+    geom = np.array([n, c, h, wd, m, kh, kw, strides[0], strides[1], dilations[0], dilations[1],
+                     pad_begin[0], pad_begin[1], out[0], out[1]], dtype=np.int64)
+    _check(_lib.optcli_dwconv2d_f32(x.ctypes.data, w.ctypes.data, _ptr(b), y.ctypes.data, geom.ctypes.data,
+                                    ACTIVATION_CODES[activation], alpha, beta), "depthwise conv")
+    return y
+
+
+POOL_OPS = {"max": 1, "avg": 2}
+
+
+def pool2d(x: np.ndarray, op: str, kernel: tuple[int, int], strides: tuple[int, int], dilations: tuple[int, int],
+           pad_begin: tuple[int, int], out: tuple[int, int], rrow: np.ndarray | None = None,
+           rcol: np.ndarray | None = None) -> np.ndarray:
+    """Max or average pooling of float32 NCHW ``x``; padding is -inf (max) or 0 (average), at the end
+    whatever ``out`` implies.  Average pooling multiplies each window's sum by ``rrow[oh] * rcol[ow]``
+    (1 / count along each axis).  Returns a new float32 array [N, C, *out]."""
+    assert _lib is not None
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n, c, h, wd = x.shape
+    y = np.empty((n, c, out[0], out[1]), dtype=np.float32)
+    geom = np.array([n, c, h, wd, c, kernel[0], kernel[1], strides[0], strides[1], dilations[0], dilations[1],
+                     pad_begin[0], pad_begin[1], out[0], out[1]], dtype=np.int64)
+    r = None if rrow is None else np.ascontiguousarray(rrow, dtype=np.float32)
+    k = None if rcol is None else np.ascontiguousarray(rcol, dtype=np.float32)
+    _check(_lib.optcli_pool2d_f32(x.ctypes.data, y.ctypes.data, geom.ctypes.data, POOL_OPS[op], _ptr(r), _ptr(k)),
+           f"{op} pooling")
+    return y
+
+
+def channel_affine(x: np.ndarray, scale: np.ndarray | None, shift: np.ndarray | None,
+                   activation: str | None = None, alpha: float = 0.0, beta: float = 0.0,
+                   out: np.ndarray | None = None) -> np.ndarray:
+    """``act(x * scale[c] + shift[c])`` over a float32 [N, C, ...] in one pass (``out=x``: in place);
+    ``scale`` / ``shift`` None mean 1 / 0."""
+    assert _lib is not None and x.ndim >= 2
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if out is None:
+        out = np.empty_like(x)
+    assert out.dtype == np.float32 and out.flags.c_contiguous and out.shape == x.shape
+    s = None if scale is None else np.ascontiguousarray(scale, dtype=np.float32)
+    b = None if shift is None else np.ascontiguousarray(shift, dtype=np.float32)
+    assert (s is None or s.size == x.shape[1]) and (b is None or b.size == x.shape[1])
+    px = x.ctypes.data
+    po = px if out is x else out.ctypes.data
+    _check(_lib.optcli_channel_affine_f32(px, po, _ptr(s), _ptr(b), x.shape[0], x.shape[1], math.prod(x.shape[2:]),
+                                          ACTIVATION_CODES[activation], alpha, beta), "channel affine")
+    return out
+
+
+def bias_activation_(y: np.ndarray, bias: np.ndarray | None, activation: str | None = None,
+                     alpha: float = 0.0, beta: float = 0.0) -> np.ndarray:
+    """``y = act(y + bias[channel])`` in place, one pass; ``y`` a C-contiguous float32 [N, C, ...]."""
+    assert y.dtype == np.float32 and y.flags.c_contiguous
+    return channel_affine(y, None, bias, activation, alpha, beta, out=y)

@@ -1,0 +1,41 @@
+/* The host target's native kernels: a plain C ABI loaded with ctypes (optcli/native/__init__.py).
+ * No Python API here, so the library has no tie to one Python version. */
+#ifndef OPTCLI_NATIVE_H
+#define OPTCLI_NATIVE_H
+
+#include <stdint.h>
+
+#define OPT_API __attribute__((visibility("default")))
+#define OPTCLI_NATIVE_ABI 1 /* bump when a signature below changes */
+
+/* Errors returned by the kernels (0 is success). */
+#define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
+#define OPT_ENOMEM (-2) /* scratch allocation failed */
+
+typedef void (*opt_item_fn)(void *ctx, int64_t item);
+/* Runs fn(ctx, i) for i in [0, nitems) on the pool; max_threads <= 0 means no extra cap. */
+void opt_parallel(opt_item_fn fn, void *ctx, int64_t nitems, int max_threads);
+
+OPT_API int optcli_native_abi(void);
+OPT_API int optcli_get_num_threads(void);
+OPT_API int optcli_set_num_threads(int n); /* returns the previous value */
+OPT_API int optcli_pool_workers(void);
+OPT_API int64_t optcli_pool_selftest(int64_t nitems, int sleep_us, int64_t *stats); /* tests */
+
+/* Depthwise 2-D convolution, NCHW in and out, with bias and a fused activation.
+ * geom: N, C, H, W, M, KH, KW, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, OH, OW.
+ * Output channel m reads input channel m / (M / C).  bias may be NULL. */
+OPT_API int optcli_dwconv2d_f32(const float *x, const float *w, const float *bias, float *y,
+                                const int64_t *geom, int act, float alpha, float beta);
+
+/* Max (op 1) or average (op 2) pooling, NCHW: geom as above with M = C; for average pooling,
+ * rrow[OH] and rcol[OW] are 1 / (the window's count) along each axis, whose product divides. */
+OPT_API int optcli_pool2d_f32(const float *x, float *y, const int64_t *geom, int op, const float *rrow,
+                              const float *rcol);
+
+/* y[n, c, :] = act(x[n, c, :] * scale[c] + shift[c]) over [N, C, HW]; scale and shift may be NULL
+ * (1 and 0); x == y works in place. */
+OPT_API int optcli_channel_affine_f32(const float *x, float *y, const float *scale, const float *shift,
+                                      int64_t n, int64_t c, int64_t hw, int act, float alpha, float beta);
+
+#endif

@@ -1,0 +1,219 @@
+/* Portable 8-wide float vectors (GCC/Clang vector extensions) and the fused activation epilogue.
+ *
+ * One source for every host: the compiler lowers an 8-float vector to two NEON registers on
+ * aarch64, two SSE registers on baseline x86-64, one AVX register in the x86-64-v3 clone.
+ * No intrinsics: everything here is plain vector arithmetic, comparisons (which give -1/0 lane
+ * masks) and __builtin_convertvector.
+ *
+ * The activations follow optcli/ops/activation.py (the numpy epilogue) lane for lane, NaNs
+ * included: relu and clip keep a NaN, as np.maximum / np.clip do.
+ */
+#ifndef OPTCLI_SIMD_H
+#define OPTCLI_SIMD_H
+
+#include <stdint.h>
+#include <string.h>
+
+#define VL 8
+typedef float v8f __attribute__((vector_size(32)));
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+ALWAYS_INLINE v8f vsplat(float a) { v8f z = {0}; return z + a; }
+ALWAYS_INLINE v8f vload(const float *p) { v8f v; memcpy(&v, p, sizeof v); return v; }
+ALWAYS_INLINE void vstore(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+
+/* The activations work on 4-lane halves: comparisons of 8-lane vectors are split into scalar
+ * compares on targets whose registers hold 4 floats (NEON, SSE), while 4-lane compares, selects
+ * and conversions are single instructions everywhere.  Arithmetic stays 8 lanes wide. */
+typedef float v4f __attribute__((vector_size(16)));
+typedef int32_t v4i __attribute__((vector_size(16)));
+
+ALWAYS_INLINE v4f splat4(float a) { v4f z = {0}; return z + a; }
+/* Lanes of a where m is set (-1), of b elsewhere. */
+ALWAYS_INLINE v4f sel4(v4i m, v4f a, v4f b) { return (v4f)((m & (v4i)a) | (~m & (v4i)b)); }
+
+/* Activation codes: the order of ACTIVATION_CODES in optcli/native/__init__.py. */
+enum {
+    ACT_NONE = 0, ACT_RELU, ACT_CLIP, ACT_LEAKY_RELU, ACT_SIGMOID, ACT_TANH,
+    ACT_HARD_SIGMOID, ACT_HARD_SWISH, ACT_SWISH, ACT_COUNT
+};
+
+/* exp(x) for x <= 0 (Cephes expf: range reduction by ln 2, degree-5 polynomial), about 1 ulp.
+ * Below -87.3 (where exp leaves the normal floats) the result is 0, so that -inf * sigmoid(-inf)
+ * is NaN as in numpy. */
+ALWAYS_INLINE v4f exp_neg4(v4f x) {
+    v4i tiny = x < splat4(-87.3f);
+    x = sel4(tiny, splat4(-87.3f), x);
+    v4f fx = x * 1.44269504088896341f + 0.5f;
+    v4i n = __builtin_convertvector(fx, v4i); /* truncates toward zero: floor needs a fix-up */
+    v4f nf = __builtin_convertvector(n, v4f);
+    n += (v4i)(nf > fx);                      /* mask is -1 where truncation rounded up */
+    nf = __builtin_convertvector(n, v4f);
+    x = x - nf * 0.693359375f - nf * -2.12194440e-4f;
+    v4f z = x * x;
+    v4f y = splat4(1.9875691500e-4f);
+    y = y * x + 1.3981999507e-3f;
+    y = y * x + 8.3334519073e-3f;
+    y = y * x + 4.1665795894e-2f;
+    y = y * x + 1.6666665459e-1f;
+    y = y * x + 5.0000001201e-1f;
+    y = y * z + x + 1.0f;
+    v4i bits = (n + 127) << 23;
+    return sel4(tiny, splat4(0.0f), y * (v4f)bits);
+}
+
+/* 1 / (1 + exp(-x)), split by sign as the numpy kernel does so nothing overflows. */
+ALWAYS_INLINE v4f sigmoid4(v4f x) {
+    v4i neg = x < splat4(0.0f);
+    v4f e = exp_neg4(sel4(neg, x, -x));  /* exp(-|x|) */
+    v4f s = 1.0f / (e + 1.0f);
+    return sel4(neg, e * s, s);          /* a NaN flows through the arithmetic and stays NaN */
+}
+
+/* Cephes tanhf: an odd polynomial below 0.625, 1 - 2 / (exp(2|x|) + 1) above. */
+ALWAYS_INLINE v4f tanh4(v4f x) {
+    v4i neg = x < splat4(0.0f);
+    v4f ax = sel4(neg, -x, x);
+    v4f e = exp_neg4(ax * -2.0f);        /* exp(-2|x|) in (0, 1] */
+    v4f big = (1.0f - e) / (1.0f + e);
+    v4f z = x * x;
+    v4f p = splat4(-5.70498872745e-3f);
+    p = p * z + 2.06390887954e-2f;
+    p = p * z - 5.37397155531e-2f;
+    p = p * z + 1.33314422036e-1f;
+    p = p * z - 3.33332819422e-1f;
+    v4f small = p * z * x + x;
+    return sel4(ax < splat4(0.625f), small, sel4(neg, -big, big)); /* NaN: big is NaN */
+}
+
+ALWAYS_INLINE v4f clamp01_4(v4f v) {
+    v = sel4(v < splat4(0.0f), splat4(0.0f), v);
+    return sel4(v > splat4(1.0f), splat4(1.0f), v);
+}
+
+ALWAYS_INLINE v4f act4(v4f v, int act, float alpha, float beta) {
+    switch (act) {
+    case ACT_RELU: /* a NaN stays NaN, as with np.maximum */
+        return sel4(v < splat4(0.0f), splat4(0.0f), v);
+    case ACT_CLIP:
+        v = sel4(v < splat4(alpha), splat4(alpha), v);
+        return sel4(v > splat4(beta), splat4(beta), v);
+    case ACT_LEAKY_RELU:
+        return sel4(v >= splat4(0.0f), v, v * alpha);
+    case ACT_SIGMOID:
+        return sigmoid4(v);
+    case ACT_TANH:
+        return tanh4(v);
+    case ACT_HARD_SIGMOID:
+        return clamp01_4(v * alpha + beta);
+    case ACT_HARD_SWISH:
+        return v * clamp01_4(v * (1.0f / 6.0f) + 0.5f);
+    case ACT_SWISH:
+        return v * sigmoid4(v);
+    default:
+        return v;
+    }
+}
+
+/* Copy n < 8 floats with fixed-size moves: a memcpy of a variable size is a libc call, which
+ * cost more than the multiply-adds of a short row. */
+ALWAYS_INLINE void copy_short(float *dst, const float *src, int n) {
+    int i = 0;
+    if (n & 4) { memcpy(dst, src, 4 * sizeof(float)); i = 4; }
+    if (n & 2) { memcpy(dst + i, src + i, 2 * sizeof(float)); i += 2; }
+    if (n & 1) dst[i] = src[i];
+}
+
+/* Store the first n (1..VL) lanes of v. */
+ALWAYS_INLINE void vstore_part(float *p, v8f v, int n) {
+    if (n >= VL) {
+        vstore(p, v);
+    } else {
+        float tmp[VL];
+        vstore(tmp, v);
+        copy_short(p, tmp, n);
+    }
+}
+
+/* The activation over n floats in place, as its own pass over data still in L1: a loop per
+ * activation (act is a constant once inlined), kept out of the kernels' register tiles, where a
+ * switch per stored vector cost as much as the multiply-adds. */
+ALWAYS_INLINE void act_span_k(float *y, int64_t n, const int act, float alpha, float beta) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v4f h0, h1;
+        memcpy(&h0, y + i, sizeof h0);
+        memcpy(&h1, y + i + 4, sizeof h1);
+        h0 = act4(h0, act, alpha, beta);
+        h1 = act4(h1, act, alpha, beta);
+        memcpy(y + i, &h0, sizeof h0);
+        memcpy(y + i + 4, &h1, sizeof h1);
+    }
+    if (i < n) {
+        float t[8] = {0};
+        copy_short(t, y + i, (int)(n - i));
+        v4f h0, h1;
+        memcpy(&h0, t, sizeof h0);
+        memcpy(&h1, t + 4, sizeof h1);
+        h0 = act4(h0, act, alpha, beta);
+        h1 = act4(h1, act, alpha, beta);
+        memcpy(t, &h0, sizeof h0);
+        memcpy(t + 4, &h1, sizeof h1);
+        copy_short(y + i, t, (int)(n - i));
+    }
+}
+
+/* relu and clip as plain loops: compilers turn `v < lo ? lo : v` into one max instruction
+ * (NaN-exact: maxps returns its second operand for a NaN), where lane masks take four. */
+ALWAYS_INLINE void clip_span(float *y, int64_t n, float lo, float hi) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = y[i];
+        v = v < lo ? lo : v;
+        v = v > hi ? hi : v;
+        y[i] = v;
+    }
+}
+
+ALWAYS_INLINE void relu_span(float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = y[i];
+        y[i] = v < 0.0f ? 0.0f : v;
+    }
+}
+
+ALWAYS_INLINE void act_span(float *y, int64_t n, int act, float alpha, float beta) {
+    switch (act) {
+    case ACT_RELU: relu_span(y, n); break;
+    case ACT_CLIP: clip_span(y, n, alpha, beta); break;
+    case ACT_LEAKY_RELU: act_span_k(y, n, ACT_LEAKY_RELU, alpha, beta); break;
+    case ACT_SIGMOID: act_span_k(y, n, ACT_SIGMOID, alpha, beta); break;
+    case ACT_TANH: act_span_k(y, n, ACT_TANH, alpha, beta); break;
+    case ACT_HARD_SIGMOID: act_span_k(y, n, ACT_HARD_SIGMOID, alpha, beta); break;
+    case ACT_HARD_SWISH: act_span_k(y, n, ACT_HARD_SWISH, alpha, beta); break;
+    case ACT_SWISH: act_span_k(y, n, ACT_SWISH, alpha, beta); break;
+    default: break;
+    }
+}
+
+/* Even lanes of the 16 floats at p (the stride-2 deinterleave of the depthwise scratch). */
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define HAVE_SHUFFLE 1
+ALWAYS_INLINE v8f vload_even(const float *p) {
+    v8f a = vload(p), b = vload(p + VL);
+    return __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14);
+}
+#endif
+#endif
+
+/* x86-64: an AVX2+FMA clone of each hot function next to the baseline one, picked by the loader
+ * (ifunc) on the CPU it runs on; no -march=native, so a built package can move between machines. */
+#if defined(__x86_64__) && defined(__GLIBC__) && !defined(OPTCLI_NO_CLONES) && \
+    ((defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11) || (defined(__clang__) && __clang_major__ >= 14))
+#define HOT_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define HOT_CLONES
+#endif
+
+#endif

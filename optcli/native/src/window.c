@@ -1,0 +1,314 @@
+/* Sliding-window kernels, NCHW, fp32, on the pool: depthwise convolution with bias and a fused
+ * activation, and max / average pooling.
+ *
+ * Work items are (group of output planes, band of output rows).  For each item the input rows
+ * the band reads are copied once into a zero-padded scratch, split by column stride phase
+ * (phase p holds padded columns p, p + s, p + 2s, ...), so every kernel tap of every output
+ * row is one contiguous run of the scratch whatever the stride, dilation or padding.  A tile
+ * of R output rows x V vectors keeps its accumulators in registers through all the taps (bias is
+ * their start value) and stores them once; the activation then runs over the band's output
+ * while it is still in L1.  3x3 and 5x5 windows get their tap loops unrolled; any other window
+ * takes the same code with a run-time tap count.  Pooling reads the same scratch (padded with
+ * -inf for max) and combines the taps row by row: a max or a sum has no multiply to keep in
+ * registers, and plain loops let the compiler pick its max instructions.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "optcli_native.h"
+#include "simd.h"
+
+typedef struct {
+    const float *x, *w, *bias;
+    const float *xend;     /* one past the input: reads may run past a row, never past this */
+    float *y;
+    int64_t N, C, H, W, M, KH, KW, sh, sw, dh, dw, pt, pl, OH, OW;
+    int64_t mult;          /* output channels per input channel */
+    int64_t band, nbands;  /* output rows per item, items per plane group */
+    int64_t group, ngroups;/* planes per item, plane groups */
+    int64_t OWv;           /* OW rounded up to whole vectors */
+    int64_t PW, RS;        /* floats per phase row, per scratch row (sw phases) */
+    int64_t taps;
+    const int64_t *toff;   /* per tap: offset into the scratch of the tile's first row */
+    const int64_t *span;   /* per phase p: [lo, hi), the j whose column j * sw + p - pl is in [0, W) */
+    int act;
+    float alpha, beta;
+    int op;                /* OP_CONV, OP_MAX, OP_AVG */
+    float pad;             /* the value of padding: 0, -inf for max pooling */
+    const float *rrow, *rcol; /* average pooling: 1 / count of each output row's and column's window */
+    _Atomic int failed;
+} dw_t;
+
+enum { OP_CONV = 0, OP_MAX = 1, OP_AVG = 2 };
+
+/* Each thread's scratch, kept between calls and freed when the thread exits (a Python thread
+ * that called in, too). */
+typedef struct {
+    float *p;
+    size_t cap;
+} scratch_t;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *v) {
+    scratch_t *s = v;
+    free(s->p);
+    free(s);
+}
+
+static void scratch_init(void) { pthread_key_create(&scratch_key, scratch_free); }
+
+static float *scratch(size_t n) {
+    pthread_once(&scratch_once, scratch_init);
+    scratch_t *s = pthread_getspecific(scratch_key);
+    if (!s) {
+        if (!(s = calloc(1, sizeof *s))) return NULL;
+        pthread_setspecific(scratch_key, s);
+    }
+    if (n > s->cap) {
+        float *p = realloc(s->p, n * sizeof(float));
+        if (!p) return NULL;
+        s->p = p;
+        s->cap = n;
+    }
+    return s->p;
+}
+
+static inline int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
+static inline int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+static inline int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+/* The input values of padded rows [r0, r0 + rows) of one plane into the scratch, phase by phase.
+ * Only the positions inside the input are written: they are the same for every plane of an item,
+ * so the padding, zeroed once per item, stays zero. */
+ALWAYS_INLINE void fill(const dw_t *a, const float *xin, float *s, int64_t r0, int64_t rows) {
+    int64_t i0 = clamp64(a->pt - r0, 0, rows), i1 = clamp64(a->H + a->pt - r0, i0, rows);
+    for (int64_t i = i0; i < i1; i++) {
+        float *dst = s + i * a->RS;
+        const float *src = xin + (r0 + i - a->pt) * a->W;
+        for (int64_t p = 0; p < a->sw; p++) {
+            float *d = dst + p * a->PW;
+            int64_t lo = a->span[2 * p], hi = a->span[2 * p + 1];
+            const float *sp = src + p - a->pl;
+            int64_t j = lo;
+            if (a->sw == 1) {
+                for (; j + VL <= hi; j += VL) vstore(d + j, vload(sp + j));
+                if (j < hi) copy_short(d + j, sp + j, (int)(hi - j));
+            } else if (a->sw == 2) {
+#ifdef HAVE_SHUFFLE
+                /* 16 floats in, the even 8 out, also for the row's last few (reading on into the
+                 * next row is fine while it stays inside x: only the valid lanes are stored) */
+                for (; j + VL <= hi && sp + 2 * j + 2 * VL <= a->xend; j += VL) vstore(d + j, vload_even(sp + 2 * j));
+                if (j < hi && sp + 2 * j + 2 * VL <= a->xend) {
+                    vstore_part(d + j, vload_even(sp + 2 * j), (int)(hi - j));
+                    j = hi;
+                }
+#endif
+                for (; j < hi; j++) d[j] = sp[2 * j];
+            } else {
+                for (; j < hi; j++) d[j] = sp[j * a->sw];
+            }
+        }
+    }
+}
+
+/* R output rows x V vectors starting at column ow0; s points at the first row's scratch. */
+ALWAYS_INLINE void tile(const dw_t *a, const float *s, const float *wk, v8f vb, float *y, int64_t ow0,
+                        const int R, const int V, const int T) {
+    v8f acc[4][2];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < V; v++) acc[r][v] = vb;
+    const int64_t rstep = a->sh * a->RS;
+    for (int t = 0; t < T; t++) {
+        v8f wt = vsplat(wk[t]);
+        const float *p = s + a->toff[t] + ow0;
+        for (int r = 0; r < R; r++)
+            for (int v = 0; v < V; v++) acc[r][v] += wt * vload(p + r * rstep + v * VL);
+    }
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < V; v++) {
+            int64_t col = ow0 + v * VL, left = a->OW - col;
+            if (left > 0) vstore_part(y + r * a->OW + col, acc[r][v], (int)left);
+        }
+}
+
+ALWAYS_INLINE void rows(const dw_t *a, const float *s, const float *wk, v8f vb, float *y, const int R,
+                        const int T) {
+    int64_t ow0 = 0;
+    for (; ow0 + 2 * VL <= a->OWv; ow0 += 2 * VL) tile(a, s, wk, vb, y, ow0, R, 2, T);
+    if (ow0 < a->OWv) tile(a, s, wk, vb, y, ow0, R, 1, T);
+}
+
+/* The rows of work item `it` (a group of planes x a band of output rows): its output rows
+   [oh0, oh1), the first input row r0, and a scratch band of nrows padded rows filled with the
+   padding value.  NULL (and a->failed set) when no scratch memory could be had. */
+typedef struct {
+    int64_t g, oh0, oh1, r0, nrows;
+} band_t;
+
+static float *band_scratch(dw_t *a, int64_t it, band_t *bd) {
+    int64_t b = it % a->nbands;
+    bd->g = it / a->nbands;
+    bd->oh0 = b * a->band;
+    bd->oh1 = bd->oh0 + a->band < a->OH ? bd->oh0 + a->band : a->OH;
+    bd->r0 = bd->oh0 * a->sh;
+    bd->nrows = (bd->oh1 - 1 - bd->oh0) * a->sh + (a->KH - 1) * a->dh + 1;
+    float *s = scratch((size_t)(bd->nrows * a->RS));
+    if (!s) {
+        a->failed = 1;
+        return NULL;
+    }
+    if (a->pad == 0.0f) {
+        memset(s, 0, (size_t)(bd->nrows * a->RS) * sizeof(float));
+    } else {
+        for (int64_t i = 0; i < bd->nrows * a->RS; i++) s[i] = a->pad;
+    }
+    return s;
+}
+
+ALWAYS_INLINE void item(dw_t *a, int64_t it, const int T) {
+    band_t bd;
+    float *s = band_scratch(a, it, &bd);
+    if (!s) return;
+    const int64_t g = bd.g, oh0 = bd.oh0, oh1 = bd.oh1, r0 = bd.r0, nrows = bd.nrows;
+    int64_t p1 = (g + 1) * a->group < a->N * a->M ? (g + 1) * a->group : a->N * a->M;
+    for (int64_t plane = g * a->group; plane < p1; plane++) {
+        int64_t n = plane / a->M, m = plane % a->M, c = m / a->mult;
+        const float *wk = a->w + m * a->taps;
+        v8f vb = vsplat(a->bias ? a->bias[m] : 0.0f);
+        float *yp = a->y + plane * a->OH * a->OW;
+        fill(a, a->x + (n * a->C + c) * a->H * a->W, s, r0, nrows);
+        /* tiles of 4 rows, then 2, then 1: as many independent accumulators as the rows allow */
+        int64_t oh = oh0;
+        for (; oh + 4 <= oh1; oh += 4) rows(a, s + (oh - oh0) * a->sh * a->RS, wk, vb, yp + oh * a->OW, 4, T);
+        if (oh + 2 <= oh1) {
+            rows(a, s + (oh - oh0) * a->sh * a->RS, wk, vb, yp + oh * a->OW, 2, T);
+            oh += 2;
+        }
+        if (oh < oh1) rows(a, s + (oh - oh0) * a->sh * a->RS, wk, vb, yp + oh * a->OW, 1, T);
+        act_span(yp + oh0 * a->OW, (oh1 - oh0) * a->OW, a->act, a->alpha, a->beta);
+    }
+}
+
+/* Pooling: the taps of each output row combined in place (a NaN wins, as with np.maximum). */
+ALWAYS_INLINE void pool_item(dw_t *a, int64_t it, const int op) {
+    band_t bd;
+    float *s = band_scratch(a, it, &bd);
+    if (!s) return;
+    const int64_t g = bd.g, oh0 = bd.oh0, oh1 = bd.oh1, r0 = bd.r0, nrows = bd.nrows;
+    int64_t p1 = (g + 1) * a->group < a->N * a->M ? (g + 1) * a->group : a->N * a->M;
+    const int64_t OW = a->OW;
+    for (int64_t plane = g * a->group; plane < p1; plane++) {
+        float *yp = a->y + plane * a->OH * OW;
+        fill(a, a->x + plane * a->H * a->W, s, r0, nrows);
+        for (int64_t oh = oh0; oh < oh1; oh++) {
+            float *y = yp + oh * OW;
+            const float *row = s + (oh - oh0) * a->sh * a->RS;
+            memcpy(y, row + a->toff[0], (size_t)OW * sizeof(float));
+            for (int64_t t = 1; t < a->taps; t++) {
+                const float *src = row + a->toff[t];
+                if (op == OP_MAX) {
+                    for (int64_t j = 0; j < OW; j++) {
+                        float v = src[j], m = y[j];
+                        y[j] = (v > m || v != v) ? v : m;
+                    }
+                } else {
+                    for (int64_t j = 0; j < OW; j++) y[j] += src[j];
+                }
+            }
+            if (op == OP_AVG) {
+                float rr = a->rrow[oh];
+                for (int64_t j = 0; j < OW; j++) y[j] *= rr * a->rcol[j];
+            }
+        }
+    }
+}
+
+HOT_CLONES static void item_max(void *ctx, int64_t it) { pool_item(ctx, it, OP_MAX); }
+HOT_CLONES static void item_avg(void *ctx, int64_t it) { pool_item(ctx, it, OP_AVG); }
+HOT_CLONES static void item_3x3(void *ctx, int64_t it) { item(ctx, it, 9); }
+HOT_CLONES static void item_5x5(void *ctx, int64_t it) { item(ctx, it, 25); }
+HOT_CLONES static void item_any(void *ctx, int64_t it) { item(ctx, it, (int)((dw_t *)ctx)->taps); }
+
+#define SCRATCH_BYTES (32 * 1024) /* an item's scratch should stay in L1/L2 */
+
+/* Geometry from the 15 values (see optcli_native.h), scratch layout, tap offsets and the split
+ * into items; then the items on the pool.  Returns 0, OPT_EINVAL or OPT_ENOMEM. */
+static int run_window(dw_t *a, const int64_t *g, opt_item_fn (*pick)(const dw_t *)) {
+    a->N = g[0], a->C = g[1], a->H = g[2], a->W = g[3], a->M = g[4], a->KH = g[5], a->KW = g[6];
+    a->xend = a->x + a->N * a->C * a->H * a->W;
+    a->sh = g[7], a->sw = g[8], a->dh = g[9], a->dw = g[10], a->pt = g[11], a->pl = g[12];
+    a->OH = g[13], a->OW = g[14];
+    if (a->N < 0 || a->C < 1 || a->H < 0 || a->W < 0 || a->M < 1 || a->M % a->C || a->KH < 1 || a->KW < 1 ||
+        a->sh < 1 || a->sw < 1 || a->dh < 1 || a->dw < 1 || a->OH < 0 || a->OW < 0 || a->act < 0 ||
+        a->act >= ACT_COUNT || a->KH * a->KW > (1 << 20) || a->sw > 4096)
+        return OPT_EINVAL;
+    if (a->N == 0 || a->OH == 0 || a->OW == 0) return 0;
+    a->mult = a->M / a->C;
+    a->taps = a->KH * a->KW;
+    a->OWv = (a->OW + VL - 1) / VL * VL;
+    a->PW = a->OWv + (a->KW - 1) * a->dw / a->sw;
+    a->RS = a->sw * a->PW;
+    int64_t *toff = malloc((size_t)(a->taps + 2 * a->sw) * sizeof(int64_t));
+    if (!toff) return OPT_ENOMEM;
+    int64_t *span = toff + a->taps;
+    for (int64_t p = 0; p < a->sw; p++) {
+        span[2 * p] = clamp64(ceil_div(a->pl - p, a->sw), 0, a->PW);
+        span[2 * p + 1] = clamp64(floor_div(a->W - 1 - p + a->pl, a->sw) + 1, span[2 * p], a->PW);
+    }
+    a->span = span;
+    for (int64_t kh = 0; kh < a->KH; kh++)
+        for (int64_t kw = 0; kw < a->KW; kw++)
+            toff[kh * a->KW + kw] = kh * a->dh * a->RS + (kw * a->dw % a->sw) * a->PW + kw * a->dw / a->sw;
+    a->toff = toff;
+
+    /* Bands: enough rows to amortise the halo, few enough for the scratch to stay in cache,
+     * and enough items for every thread when there are few planes (one channel, a huge image). */
+    int64_t threads = optcli_get_num_threads(), planes = a->N * a->M;
+    int64_t in_rows = SCRATCH_BYTES / (a->RS * (int64_t)sizeof(float));
+    int64_t band = (in_rows - (a->KH - 1) * a->dh - 1) / a->sh + 1;
+    band = band < 4 ? 4 : band / 4 * 4;
+    if (band > a->OH) band = a->OH;
+    int64_t nbands = (a->OH + band - 1) / band;
+    if (planes * nbands < 4 * threads) {
+        nbands = (4 * threads + planes - 1) / planes;
+        if (nbands > a->OH) nbands = a->OH;
+        band = (a->OH + nbands - 1) / nbands;
+        nbands = (a->OH + band - 1) / band;
+    }
+    a->band = band, a->nbands = nbands;
+    /* Several small planes per item (the 7x7 layers) so an item is worth taking. */
+    int64_t work = a->OH * a->OW * a->taps;
+    int64_t group = work >= 16384 || nbands > 1 ? 1 : 16384 / (work ? work : 1);
+    int64_t most = planes / (8 * threads);
+    if (group > most) group = most;
+    a->group = group < 1 ? 1 : group;
+    a->ngroups = (planes + a->group - 1) / a->group;
+
+    /* a tiny window op runs on the caller alone: waking a worker would cost more */
+    int64_t macs = planes * a->OH * a->OW * a->taps;
+    opt_parallel(pick(a), a, a->ngroups * a->nbands, macs < (1 << 15) ? 1 : 0);
+    free(toff);
+    return a->failed ? OPT_ENOMEM : 0;
+}
+
+static opt_item_fn pick_conv(const dw_t *a) {
+    return a->taps == 9 && a->KW == 3 ? item_3x3 : a->taps == 25 && a->KW == 5 ? item_5x5 : item_any;
+}
+
+static opt_item_fn pick_pool(const dw_t *a) { return a->op == OP_MAX ? item_max : item_avg; }
+
+OPT_API int optcli_dwconv2d_f32(const float *x, const float *w, const float *bias, float *y,
+                                const int64_t *g, int act, float alpha, float beta) {
+    dw_t a = {.x = x, .w = w, .bias = bias, .y = y, .act = act, .alpha = alpha, .beta = beta, .op = OP_CONV};
+    return run_window(&a, g, pick_conv);
+}
+
+OPT_API int optcli_pool2d_f32(const float *x, float *y, const int64_t *g, int op, const float *rrow,
+                              const float *rcol) {
+    if ((op != OP_MAX && op != OP_AVG) || (op == OP_AVG && (!rrow || !rcol)) || g[1] != g[4]) return OPT_EINVAL;
+    dw_t a = {.x = x, .y = y, .op = op, .pad = op == OP_MAX ? -INFINITY : 0.0f, .rrow = rrow, .rcol = rcol};
+    return run_window(&a, g, pick_pool);
+}

@@ -1,0 +1,59 @@
+"""Builds the optional native host kernels (optcli/native/src): everything else is in pyproject.toml.
+
+The library is plain C (C11 with GCC/Clang vector extensions) with no Python API, loaded with
+ctypes by optcli/native/__init__.py.  Where no working C compiler exists (or OPTCLI_NATIVE_BUILD=0
+is set), the install goes on without it and the numpy kernels run: ``optcli.native.status()``
+says so.
+"""
+
+import os
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+SOURCES = ["optcli/native/src/pool.c", "optcli/native/src/window.c", "optcli/native/src/epilogue.c"]
+HEADERS = ["optcli/native/src/optcli_native.h", "optcli/native/src/simd.h"]
+# No -march=native: x86-64 gets an AVX2/FMA clone of each hot function picked at load (simd.h),
+# so the built package still runs on an older CPU.  -ffp-contract=fast lets a*b+c become an FMA,
+# which -std=c11 would otherwise forbid.
+CFLAGS = ["-O3", "-std=c11", "-ffp-contract=fast", "-fvisibility=hidden", "-pthread", "-Wall", "-Wno-psabi"]
+
+
+class OptionalBuildExt(build_ext):
+    """Build the native kernels if a C compiler works; otherwise say why and carry on."""
+
+    def run(self):
+        if os.environ.get("OPTCLI_NATIVE_BUILD", "1").strip() == "0":
+            self._skip("OPTCLI_NATIVE_BUILD=0")
+            return
+        try:
+            super().run()
+        except Exception as exc:  # no compiler at all, or one that cannot build C11 vector code
+            self._skip(exc)
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            self._skip(exc)
+
+    def get_export_symbols(self, ext):
+        return []  # not a Python module: no PyInit_ symbol to export
+
+    @staticmethod
+    def _skip(why):
+        print(f"optcli: native host kernels not built ({why}); the numpy kernels will run instead",
+              file=sys.stderr)
+
+
+native = Extension(
+    "optcli.native._optcli_native",
+    sources=SOURCES,
+    depends=HEADERS,
+    extra_compile_args=CFLAGS,
+    extra_link_args=["-pthread"],
+    optional=True,
+)
+
+setup(ext_modules=[native], cmdclass={"build_ext": OptionalBuildExt})

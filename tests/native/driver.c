@@ -1,0 +1,94 @@
+/* Test driver for the native kernels, built for another architecture (aarch64) and run under
+ * qemu-user by tests/native/test_aarch64.py.
+ *
+ * usage: driver THREADS CASE OUT [CASE OUT ...]
+ * A case file is int64 header[20] then float32 arrays:
+ *   header[0] = kind (0: depthwise conv, 1: channel affine, 2: pooling), [1] = act (pooling: 1 max,
+ *   2 average), [2] = has bias (shift),
+ *   [3..17] = geometry (depthwise and pooling: the 15 values of optcli_dwconv2d_f32; affine: n, c, hw,
+ *   has scale), [18..19] = alpha, beta as float32 bit patterns;
+ *   then x, w (depthwise) or scale (affine, if any) or 1/counts per row and column (average), bias.
+ * OUT receives the output as float32.  Exit status 0 when every kernel returned 0.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optcli_native.h"
+
+static float *read_floats(FILE *f, int64_t n) {
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (!p || fread(p, sizeof(float), (size_t)n, f) != (size_t)n) {
+        fprintf(stderr, "short read (%lld floats)\n", (long long)n);
+        exit(3);
+    }
+    return p;
+}
+
+static int run_case(const char *in, const char *out) {
+    FILE *f = fopen(in, "rb");
+    if (!f) { perror(in); return 3; }
+    int64_t h[20];
+    if (fread(h, sizeof(int64_t), 20, f) != 20) { fprintf(stderr, "%s: short header\n", in); return 3; }
+    float alpha, beta;
+    int32_t ab[2] = {(int32_t)h[18], (int32_t)h[19]};
+    memcpy(&alpha, &ab[0], 4);
+    memcpy(&beta, &ab[1], 4);
+    int act = (int)h[1], has_bias = (int)h[2];
+    const int64_t *g = h + 3;
+    float *y = NULL;
+    int64_t ny;
+    int rc;
+    if (h[0] == 0) {
+        int64_t nx = g[0] * g[1] * g[2] * g[3], nw = g[4] * g[5] * g[6];
+        float *x = read_floats(f, nx), *w = read_floats(f, nw);
+        float *b = has_bias ? read_floats(f, g[4]) : NULL;
+        ny = g[0] * g[4] * g[13] * g[14];
+        y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
+        rc = optcli_dwconv2d_f32(x, w, b, y, g, act, alpha, beta);
+        free(x), free(w), free(b);
+    } else if (h[0] == 2) {
+        int64_t nx = g[0] * g[1] * g[2] * g[3];
+        float *x = read_floats(f, nx);
+        float *rrow = act == 2 ? read_floats(f, g[13]) : NULL, *rcol = act == 2 ? read_floats(f, g[14]) : NULL;
+        ny = g[0] * g[1] * g[13] * g[14];
+        y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
+        rc = optcli_pool2d_f32(x, y, g, act, rrow, rcol);
+        free(x), free(rrow), free(rcol);
+    } else {
+        ny = g[0] * g[1] * g[2];
+        float *x = read_floats(f, ny);
+        float *s = g[3] ? read_floats(f, g[1]) : NULL;
+        float *b = has_bias ? read_floats(f, g[1]) : NULL;
+        y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
+        /* even cases in place, odd ones out of place */
+        float *dst = ny % 2 ? y : x;
+        rc = optcli_channel_affine_f32(x, dst, s, b, g[0], g[1], g[2], act, alpha, beta);
+        if (dst == x) memcpy(y, x, (size_t)ny * sizeof(float));
+        free(x), free(s), free(b);
+    }
+    fclose(f);
+    if (rc != 0) { fprintf(stderr, "%s: kernel returned %d\n", in, rc); free(y); return 4; }
+    FILE *o = fopen(out, "wb");
+    if (!o || fwrite(y, sizeof(float), (size_t)ny, o) != (size_t)ny) { perror(out); return 3; }
+    fclose(o);
+    free(y);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 4 || argc % 2) {
+        fprintf(stderr, "usage: %s THREADS CASE OUT [CASE OUT ...]\n", argv[0]);
+        return 2;
+    }
+    if (optcli_native_abi() != OPTCLI_NATIVE_ABI) return 5;
+    optcli_set_num_threads(atoi(argv[1]));
+    for (int i = 2; i + 1 < argc; i += 2) {
+        int rc = run_case(argv[i], argv[i + 1]);
+        if (rc) return rc;
+    }
+    printf("ok: %d cases, %d threads, %d pool workers\n", (argc - 2) / 2, optcli_get_num_threads(),
+           optcli_pool_workers());
+    return 0;
+}

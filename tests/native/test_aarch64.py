@@ -1,0 +1,135 @@
+"""The native kernels built for aarch64 (Debian's gcc-aarch64-linux-gnu) and run under qemu-user,
+against the numpy kernels: the `arm` target's C code really runs on ARM, NEON lowering of the
+vector extensions included.  Skips with the reason where the cross compiler or qemu is absent
+(``.ci/run`` installs both when it can)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+
+from optcli import native
+from optcli.ops.activation import apply_activation
+from optcli.ops.pool import _axis_counts, average_pool, max_pool
+from optcli.ops.spatial import window
+from tests.helpers import assert_close
+from tests.native.cases import ACT_PARAMS, DEPTHWISE_CASES, make_case, numpy_depthwise
+
+SRC = Path(native.__file__).parent / "src"
+DRIVER = Path(__file__).parent / "driver.c"
+CROSS_CC = "aarch64-linux-gnu-gcc"
+QEMU = "qemu-aarch64"
+CODES = native.ACTIVATION_CODES
+ACTS = list(ACT_PARAMS)
+
+
+def _tools() -> tuple[str, str]:
+    cc, qemu = shutil.which(CROSS_CC), shutil.which(QEMU) or shutil.which("qemu-aarch64-static")
+    missing = [name for name, path in ((CROSS_CC, cc), (QEMU, qemu)) if not path]
+    if missing:
+        pytest.skip(f"{' and '.join(missing)} not installed (Debian: apt-get install gcc-aarch64-linux-gnu "
+                    "qemu-user)")
+    return cc, qemu
+
+
+@pytest.fixture(scope="module")
+def aarch64_driver(tmp_path_factory) -> tuple[str, Path]:
+    cc, qemu = _tools()
+    out = tmp_path_factory.mktemp("aarch64") / "driver"
+    sources = sorted(str(p) for p in SRC.glob("*.c"))
+    cmd = [cc, "-O2", "-std=c11", "-ffp-contract=fast", "-pthread", "-static", "-Wall", "-Werror", "-Wno-psabi",
+           f"-I{SRC}", str(DRIVER), *sources, "-o", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"cross build failed: {' '.join(cmd)}\n{res.stderr}"
+    return qemu, out
+
+
+def _bits(v: float) -> int:
+    return int(np.array([v], np.float32).view(np.int32)[0])
+
+
+def _write_case(path: Path, kind: int, act: str | int | None, geom: list[int],
+                arrays: list[np.ndarray | None]) -> None:
+    """The driver's case file (see driver.c); the last array is the bias, absent when None."""
+    a, b = ACT_PARAMS.get(act, (0.0, 0.0))
+    bias = arrays[-1]
+    code = act if isinstance(act, int) else CODES[act]
+    head = [kind, code, int(bias is not None), *geom, *[0] * (15 - len(geom)), _bits(a), _bits(b)]
+    with open(path, "wb") as f:
+        f.write(np.array(head, np.int64).tobytes())
+        for arr in arrays:
+            if arr is not None:
+                f.write(np.ascontiguousarray(arr, np.float32).tobytes())
+
+
+def _depthwise_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
+    cases = []
+    for i, (name, xs, ws, attrs) in enumerate(DEPTHWISE_CASES):
+        if len(xs) != 4 or xs[1] == 1 or xs[1] * xs[2] * xs[3] > 200_000:  # the numpy path's scope; quick under qemu
+            continue
+        act = ACTS[i % len(ACTS)] if i % 3 else None
+        x, w, b, full = make_case(xs, ws, attrs, seed=i, activation=act, bias=i % 4 != 1)
+        win = window(full, xs[2:], ws[2:])
+        geom = [*xs, ws[0], *ws[2:], *win.strides, *win.dilations, *win.pad_begin, *win.out]
+        src, dst = tmp / f"dw{i}.in", tmp / f"dw{i}.out"
+        _write_case(src, 0, act, geom, [x, w, b])
+        cases.append((src, dst, numpy_depthwise(x, w, b, full), f"{name} {act}"))
+    return cases
+
+
+def _epilogue_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
+    rng = np.random.default_rng(7)
+    cases = []
+    for i, act in enumerate([None, *ACTS]):
+        n, c, hw = 1 + i % 2, 3 + 2 * i, (1, 7, 8, 9, 49, 100)[i % 6]
+        y = (rng.standard_normal((n, c, hw)) * 4).astype(np.float32)
+        s = rng.standard_normal(c).astype(np.float32) if i % 2 else None
+        b = rng.standard_normal(c).astype(np.float32) if i % 3 else None
+        a, be = ACT_PARAMS.get(act, (0.0, 0.0))
+        with mock.patch.object(native, "_lib", None):
+            want = y * (1 if s is None else s[None, :, None]) + (0 if b is None else b[None, :, None])
+            want = apply_activation(want.astype(np.float32), act, a, be)
+        src, dst = tmp / f"ep{i}.in", tmp / f"ep{i}.out"
+        _write_case(src, 1, act, [n, c, hw, int(s is not None)], [y, s, b])
+        cases.append((src, dst, want, f"affine+{act} {n}x{c}x{hw}"))
+    return cases
+
+
+def _pool_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
+    rng = np.random.default_rng(5)
+    cases = []
+    shapes = [((1, 5, 13, 11), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+              ((2, 3, 9, 20), {"kernel_shape": [2, 3], "strides": [2, 1], "ceil_mode": 1}),
+              ((1, 7, 12, 12), {"kernel_shape": [3, 3], "dilations": [2, 2], "pads": [2, 1, 2, 1]})]
+    for i, (xs, attrs) in enumerate(shapes):
+        for op, kernel in ((1, max_pool), (2, average_pool)):
+            full = {**attrs, "count_include_pad": i % 2}
+            x = rng.standard_normal(xs).astype(np.float32)
+            win = window(full, xs[2:], full["kernel_shape"], ceil_mode=bool(full.get("ceil_mode", 0)))
+            geom = [*xs, xs[1], *win.kernel, *win.strides, *win.dilations, *win.pad_begin, *win.out]
+            counts = [1.0 / c for c in _axis_counts(win, xs[2:], bool(i % 2))] if op == 2 else [None, None]
+            with mock.patch.object(native, "_lib", None):
+                want = kernel([x], dict(full))[0]
+            src, dst = tmp / f"pool{i}-{op}.in", tmp / f"pool{i}-{op}.out"
+            _write_case(src, 2, op, geom, [x, *counts, None])
+            cases.append((src, dst, want, f"{kernel.__name__} {xs} {attrs}"))
+    return cases
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_kernels_on_aarch64_match_numpy(aarch64_driver, tmp_path, threads):
+    qemu, driver = aarch64_driver
+    cases = _depthwise_cases(tmp_path) + _epilogue_cases(tmp_path) + _pool_cases(tmp_path)
+    assert len(cases) >= 25
+    args = [str(p) for src, dst, _, _ in cases for p in (src, dst)]
+    res = subprocess.run([qemu, str(driver), str(threads), *args], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"driver exited {res.returncode}: {res.stdout}{res.stderr}"
+    assert f"{len(cases)} cases, {threads} threads" in res.stdout
+    for _, dst, want, what in cases:
+        got = np.fromfile(dst, np.float32).reshape(want.shape)
+        assert_close(got, want, what=f"aarch64: {what}")

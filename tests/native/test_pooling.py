@@ -1,0 +1,92 @@
+"""Native max / average pooling against the numpy kernels and onnxruntime: odd shapes, strides,
+dilations, paddings, ceil_mode, count_include_pad, non-finite values, 1-D."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import numpy as np
+import pytest
+
+from optcli import native
+from optcli.ops.pool import average_pool, max_pool
+from tests.helpers import assert_close, run_ort, single_node_model
+
+RNG = np.random.default_rng(11)
+
+# (id, x shape, attrs)
+CASES = [
+    ("c1-1x1", (1, 1, 1, 1), {"kernel_shape": [1, 1]}),
+    ("c64-112-3x3-s2", (1, 64, 112, 112), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("c3-odd-2x2", (2, 3, 9, 11), {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    ("c5-ceil", (1, 5, 10, 13), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+    ("c7-pads-asym", (1, 7, 8, 6), {"kernel_shape": [3, 2], "pads": [1, 0, 2, 1]}),
+    ("c2-dil2", (1, 2, 12, 12), {"kernel_shape": [3, 3], "dilations": [2, 2], "pads": [2, 2, 2, 2]}),
+    ("c13-same-upper", (1, 13, 7, 7), {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    ("c4-5x5-s3", (1, 4, 17, 19), {"kernel_shape": [5, 5], "strides": [3, 3], "pads": [2, 2, 2, 2]}),
+    ("c6-1d", (1, 6, 31), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+]
+IDS = {c[0]: c[1:] for c in CASES}
+
+
+def _ort(op: str, x: np.ndarray, attrs: dict) -> np.ndarray:
+    model = single_node_model(op, {"x": x}, attrs=attrs)
+    for o in model.graph.output:
+        o.ClearField("type")
+    return run_ort(model, {"x": x})[0]
+
+
+def _numpy(kernel, x, attrs):
+    with mock.patch.object(native, "_lib", None):
+        return kernel([x], dict(attrs))[0]
+
+
+@pytest.fixture
+def pool_calls(native_lib, monkeypatch):
+    calls = []
+    real = native.pool2d
+
+    def spy(x, op, *args, **kwargs):
+        calls.append(op)
+        return real(x, op, *args, **kwargs)
+
+    monkeypatch.setattr(native, "pool2d", spy)
+    return calls
+
+
+@pytest.mark.parametrize("name", list(IDS))
+def test_max_pool(name, pool_calls):
+    xs, attrs = IDS[name]
+    x = RNG.standard_normal(xs).astype(np.float32)
+    got = max_pool([x], dict(attrs))[0]
+    assert pool_calls == ["max"]
+    assert_close(got, _numpy(max_pool, x, attrs), what=f"{name} vs numpy")
+    assert_close(got, _ort("MaxPool", x, attrs), what=f"{name} vs onnxruntime")
+
+
+@pytest.mark.parametrize("include_pad", [0, 1])
+@pytest.mark.parametrize("name", list(IDS))
+def test_average_pool(name, include_pad, pool_calls):
+    xs, attrs = IDS[name]
+    attrs = {**attrs, "count_include_pad": include_pad}
+    x = RNG.standard_normal(xs).astype(np.float32)
+    got = average_pool([x], dict(attrs))[0]
+    assert pool_calls == ["avg"]
+    assert_close(got, _numpy(average_pool, x, attrs), what=f"{name} vs numpy")
+    if "dilations" not in attrs:  # onnxruntime's AveragePool has no dilations before opset 19
+        assert_close(got, _ort("AveragePool", x, attrs), what=f"{name} vs onnxruntime")
+
+
+def test_nan_and_inf_like_numpy(pool_calls):
+    x = RNG.standard_normal((1, 3, 9, 9)).astype(np.float32)
+    x[0, 0, 4, 4], x[0, 1, 0, 0], x[0, 2, 8, 8] = np.nan, np.inf, -np.inf
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    for kernel in (max_pool, average_pool):
+        assert_close(kernel([x], dict(attrs))[0], _numpy(kernel, x, attrs), what=kernel.__name__)
+    assert pool_calls == ["max", "avg"]
+
+
+def test_other_dtypes_stay_in_numpy(pool_calls):
+    x = RNG.integers(0, 255, (1, 3, 8, 8)).astype(np.uint8)
+    got = max_pool([x], {"kernel_shape": [2, 2], "strides": [2, 2]})[0]
+    assert pool_calls == [] and got.dtype == np.uint8
