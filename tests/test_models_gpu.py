@@ -78,20 +78,26 @@ def _audio_model(batch: int = 2, mels: int = 16, frames: int = 64, classes: int 
     return model, {"x": rng.standard_normal((batch, mels, frames)).astype(np.float32)}
 
 
+def _whole_model_on_opencl(model, feeds, precision: str, op: str, count: int, what: str) -> None:
+    """Every compute step on opencl (``count`` of them ``op``), loaded with require_gpu=True and
+    matching onnxruntime."""
+    result = optcli.optimize(model=model, valid_targets="opencl,arm", precision=precision,
+                             disabled_passes=KEEP_ON_GPU)
+    steps = [s for s in result.report["steps"] if s["domain"] != "optcli" or s["op"] not in COPIES]
+    picked = [s for s in steps if s["op"] == op]
+    assert len(picked) == count and all(s["target"] == "opencl" for s in picked), picked
+    assert all(s["target"] == "opencl" for s in steps), [s for s in steps if s["target"] != "opencl"]
+    outputs = optcli.load(result.data, require_gpu=True).run(feeds)
+    for key, expected in _ort(model, feeds).items():
+        assert_close(outputs[key], expected, precision, what=f"{what}:{key} on opencl")
+
+
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_audio_conv1d_model_on_opencl(precision):
     """Rank-3 [N, C, L] tensors (packed as H = 1) through the whole model on the GPU: every Conv1d
     (generic, depthwise, pointwise), the pool, the stand-alone BN and the head run on opencl."""
     model, feeds = _audio_model()
-    result = optcli.optimize(model=model, valid_targets="opencl,arm", precision=precision,
-                             disabled_passes=KEEP_ON_GPU)
-    steps = [s for s in result.report["steps"] if s["domain"] != "optcli" or s["op"] not in COPIES]
-    convs = [s for s in steps if s["op"] == "Conv"]
-    assert len(convs) == 4 and all(s["target"] == "opencl" for s in convs), convs
-    assert all(s["target"] == "opencl" for s in steps), [s for s in steps if s["target"] != "opencl"]
-    outputs = optcli.load(result.data, require_gpu=True).run(feeds)
-    for key, expected in _ort(model, feeds).items():
-        assert_close(outputs[key], expected, precision, what=f"audio_kws:{key} on opencl")
+    _whole_model_on_opencl(model, feeds, precision, "Conv", 4, "audio_kws")
 
 
 def _attention_model(batch: int = 2, tokens: int = 7, heads: int = 3, head_dim: int = 5, dynamic: bool = False):
@@ -140,15 +146,7 @@ def test_attention_block_on_opencl(precision):
     """Q.K^T and P.V (MatMul of two run-time tensors) on the GPU, with the Softmax, scale and the
     Reshape / Transpose around them: the whole block is one island on opencl."""
     model, feeds = _attention_model()
-    result = optcli.optimize(model=model, valid_targets="opencl,arm", precision=precision,
-                             disabled_passes=KEEP_ON_GPU)
-    steps = [s for s in result.report["steps"] if s["domain"] != "optcli" or s["op"] not in COPIES]
-    matmuls = [s for s in steps if s["op"] == "MatMul"]
-    assert len(matmuls) == 2 and all(s["target"] == "opencl" for s in matmuls), matmuls
-    assert all(s["target"] == "opencl" for s in steps), [s for s in steps if s["target"] != "opencl"]
-    outputs = optcli.load(result.data, require_gpu=True).run(feeds)
-    for key, expected in _ort(model, feeds).items():
-        assert_close(outputs[key], expected, precision, what=f"attention:{key} on opencl")
+    _whole_model_on_opencl(model, feeds, precision, "MatMul", 2, "attention")
 
 
 def test_attention_block_with_dynamic_batch_and_tokens_on_opencl():
