@@ -33,6 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import optcli  # noqa: E402
+from benchmarks import step_overhead  # noqa: E402
 from optcli import native  # noqa: E402
 from optcli.tolerance import describe_mismatch, max_error, within  # noqa: E402
 from optcli.zoo.models import FULL_SIZE, build, sample_inputs  # noqa: E402
@@ -461,7 +462,7 @@ def breakdown_section(title: str, r: dict, args) -> list[str]:
 
 
 def write_docs(path: Path, command: str, info: dict, rows: list[dict], focus: list[tuple[str, dict]],
-               args) -> None:
+               args, overhead: str) -> None:
     lines = [
         "# CPU benchmark: optcli `arm` vs onnxruntime",
         "",
@@ -501,6 +502,8 @@ def write_docs(path: Path, command: str, info: dict, rows: list[dict], focus: li
         verdict(rows),
         "",
         *[line + "\n" for line in geomean_lines(rows)],
+        overhead,
+        "",
     ]
     lines += ["When the runtimes use every core, any other process that wakes up during a run stalls one "
               "of their threads, so single runs can be much slower than the rest: the minimums "
@@ -593,10 +596,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    #{x['index']:<4}{x['op']:<8}{x['kernel']:<26}{x['attrs']:<50}{x['shapes']:<40}"
                   f"{x['ms']:>7.2f} ms")
 
+    overhead = step_overhead.describe(step_overhead.measure(args.threads))
+    print("\n" + overhead)
     if args.write_docs:
         command = "python " + " ".join(shlex.quote(a) for a in
                                        ["benchmarks/bench_cpu.py", *(sys.argv[1:] if argv is None else argv)])
-        write_docs(Path(args.docs_path), command, info, rows, focus, args)
+        write_docs(Path(args.docs_path), command, info, rows, focus, args, overhead)
         print(f"\nwrote {args.docs_path}")
     return 0 if all(r["within_fp32"] for r in rows) else 1
 

@@ -38,18 +38,22 @@ def _slow_run(monkeypatch):
     from optcli.passes import quantize_int8
     from optcli.runtime import executor
 
-    real_eval, real_step = quantize_int8.evaluate_node, executor.Executor._host_step
+    real_eval, real_bind = quantize_int8.evaluate_node, executor.bind_step
 
     def evaluate_node(node, *args):
         time.sleep(0.002)
         return real_eval(node, *args)
 
-    def host_step(self, i, step, *args):
-        time.sleep(0.002)
-        return real_step(self, i, step, *args)
+    def bind_step(*args):
+        fn = real_bind(*args)
+
+        def slow(inputs):
+            time.sleep(0.002)
+            return fn(inputs)
+        return slow
 
     monkeypatch.setattr(quantize_int8, "evaluate_node", evaluate_node)
-    monkeypatch.setattr(executor.Executor, "_host_step", host_step)
+    monkeypatch.setattr(executor, "bind_step", bind_step)
 
 
 def test_calibration_and_verification_print_lines_with_samples_and_the_op(model_and_samples, fast_lines, capsys,

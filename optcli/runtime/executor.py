@@ -3,19 +3,37 @@ steps (or, when no GPU is in use, through their host fallback kernels).
 
 Host arrays are dropped right after their last reader (the memory plan's lifetimes), so peak
 host memory follows the plan rather than the sum of all activations.
+
+The loop is the runtime's per-step overhead (issue 11 asks for at most 1 us a step outside the
+kernels), so everything a step needs that does not change between runs is worked out once, in
+``__init__``: the bound kernel, the input and output names, how many outputs the model uses, the
+values to drop after it, and whether an input may be a device array (only graph inputs can be,
+and only when the plan has a GPU).  Errors are sorted out only when one is raised.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
 from optcli.errors import KernelError, OptError
 from optcli.plan import Plan
-from optcli.runtime.cpu import StepError, bind_step
+from optcli.runtime.cpu import StepError, StepFn, bind_step
 
 
 def _host(value):
     return value.get() if type(value).__module__.startswith("pyopencl") and hasattr(value, "get") else value
+
+
+class _Step(NamedTuple):
+    index: int
+    fn: StepFn | None  # None: a GPU step (GpuSteps.run_step)
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    used: int  # outputs the model uses (the kernel must give at least this many)
+    free: tuple[str, ...]  # values no later step reads
+    device_inputs: bool  # an input may be a pyopencl array the caller passed (read back first)
 
 
 class Executor:
@@ -24,54 +42,83 @@ class Executor:
         self.gpu = gpu  # runtime.gpu_plan.GpuSteps or None
         on_gpu = set(gpu.gpu_indices) if gpu is not None else set()
         self.on_gpu = on_gpu
-        self.fns = [None if i in on_gpu else bind_step(s, plan.opsets) for i, s in enumerate(plan.steps)]
         self.free_after = plan.memory.free_after
+        self._program: list[_Step] | None = None
+        self.fns = [None if i in on_gpu else bind_step(s, plan.opsets) for i, s in enumerate(plan.steps)]
+
+    @property
+    def fns(self) -> list[StepFn | None]:
+        """The bound host kernel of each step (None for GPU steps).  Replaceable as a whole
+        (``optcli bench`` wraps them to time each host step); assigning re-derives the loop."""
+        return self._fns
+
+    @fns.setter
+    def fns(self, fns: list[StepFn | None]) -> None:
+        self._fns = fns
+        self._program = None
+
+    def _compile(self) -> list[_Step]:
+        graph_inputs = {v.name for v in self.plan.inputs} if self.gpu is not None else set()
+        program = []
+        for i, (step, fn) in enumerate(zip(self.plan.steps, self.fns)):
+            used = 1 + max((k for k, n in enumerate(step.outputs) if n), default=-1)
+            program.append(_Step(i, fn, tuple(step.inputs), tuple(step.outputs), used, tuple(self.free_after[i]),
+                                 fn is not None and any(n in graph_inputs for n in step.inputs)))
+        return program
 
     def run(self, feeds: dict[str, np.ndarray], record_sizes: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+        if self._program is None:  # first run, or fns replaced
+            self._program = self._compile()
+        steps, gpu = self.plan.steps, self.gpu
         env: dict[str, object] = dict(self.plan.weights)
         env.update(feeds)
+        ndarray = np.ndarray
         try:
-            for i, (step, fn) in enumerate(zip(self.plan.steps, self.fns)):
+            for index, fn, inputs, outputs, used, free, device_inputs in self._program:
+                step = steps[index]  # the progress lines read the running step from this frame
                 if fn is None:
-                    self.gpu.run_step(i, step, env)
+                    gpu.run_step(index, step, env)
                 else:
-                    self._host_step(i, step, fn, env, record_sizes)
-                for name in self.free_after[i]:
+                    args = [env[n] if n else None for n in inputs]
+                    if device_inputs:  # a device input read on the host comes over here
+                        args = [_host(a) for a in args]
+                    try:
+                        outs = fn(args)
+                    except OptError:
+                        raise
+                    except Exception as exc:
+                        raise _kernel_failure(index, step, exc) from exc
+                    if len(outs) < used:
+                        raise StepError(f"step {index} {step.name} ({step.op_type}): kernel {step.kernel} gave "
+                                        f"{len(outs)} outputs, the model uses {used}")
+                    for name, arr in zip(outputs, outs):
+                        if name:
+                            # Sequences (lists) and optionals (None) from the fallback pass through as they are.
+                            if not isinstance(arr, ndarray) and arr is not None and not isinstance(arr, list):
+                                arr = np.asarray(arr)
+                            env[name] = arr
+                            if record_sizes is not None and isinstance(arr, ndarray):
+                                record_sizes[name] = arr.nbytes
+                for name in free:
                     env.pop(name, None)
         finally:
-            if self.gpu is not None:
-                self.gpu.finish()
+            if gpu is not None:
+                gpu.finish()
         return {v.name: env[v.name] for v in self.plan.outputs}
 
-    def _host_step(self, i, step, fn, env, record_sizes) -> None:
-        # A device input read on the host (its first reader is a host step) comes over here.
-        args = [_host(env[n]) if n else None for n in step.inputs]
-        try:
-            outs = fn(args)
-        except OptError:
-            raise
-        except IndexError as exc:
-            # Indices are data (Gather, Scatter*, OneHot...): an index out of range is the input's fault.
-            raise StepError(f"step {i} {step.name} ({step.op_type}): an index in its input is out of range "
-                            f"({exc}); check the input values") from exc
-        except MemoryError as exc:
-            # Sizes follow the inputs (their shapes, and data such as a Range's bounds): too big to
-            # hold is the input's fault, not a bug.
-            raise StepError(f"step {i} {step.name} ({step.op_type}): its result does not fit in memory ({exc}); "
-                            "check the input sizes and values") from exc
-        except Exception as exc:
-            # The inputs passed every check (names, dtypes, shapes): a kernel that still raises is ours.
-            raise KernelError(f"step {i} {step.name} ({step.op_type}, kernel {step.kernel}) crashed: "
-                              f"{type(exc).__name__}: {exc}. This is a bug in optcli: please report it "
-                              "with the model and the input shapes") from exc
-        wanted = step.outputs
-        used = 1 + max((k for k, n in enumerate(wanted) if n), default=-1)
-        if len(outs) < used:
-            raise StepError(f"step {i} {step.name} ({step.op_type}): kernel {step.kernel} gave {len(outs)} "
-                            f"outputs, the model uses {used}")
-        for name, arr in zip(wanted, outs):
-            if name:
-                # Sequences (lists) and optionals (None) from the fallback pass through as they are.
-                env[name] = arr if isinstance(arr, (np.ndarray, list)) or arr is None else np.asarray(arr)
-                if record_sizes is not None and isinstance(env[name], np.ndarray):
-                    record_sizes[name] = env[name].nbytes
+
+def _kernel_failure(i: int, step, exc: Exception) -> OptError:
+    """What a host kernel's exception means (the inputs passed every check: names, dtypes, shapes)."""
+    if isinstance(exc, IndexError):
+        # Indices are data (Gather, Scatter*, OneHot...): an index out of range is the input's fault.
+        return StepError(f"step {i} {step.name} ({step.op_type}): an index in its input is out of range "
+                         f"({exc}); check the input values")
+    if isinstance(exc, MemoryError):
+        # Sizes follow the inputs (their shapes, and data such as a Range's bounds): too big to
+        # hold is the input's fault, not a bug.
+        return StepError(f"step {i} {step.name} ({step.op_type}): its result does not fit in memory ({exc}); "
+                         "check the input sizes and values")
+    # A kernel that still raises is ours.
+    return KernelError(f"step {i} {step.name} ({step.op_type}, kernel {step.kernel}) crashed: "
+                       f"{type(exc).__name__}: {exc}. This is a bug in optcli: please report it "
+                       "with the model and the input shapes")

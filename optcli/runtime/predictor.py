@@ -384,12 +384,31 @@ def _show(shape) -> str:
 
 
 def _thread_limiter(threads: int | None):
-    """A context manager factory bounding BLAS/OpenMP threads during a run."""
+    """A context manager factory bounding BLAS threads (and the native library's pool) during a run.
+
+    threadpoolctl's own ``limit`` re-reads every library's state on each entry (about 8 us, more
+    than a small model's whole run); the libraries are found once here, and each run only reads
+    their sizes and sets the ones that differ, restoring them on exit."""
     import contextlib
 
     if threads is None:
         return contextlib.nullcontext
     from threadpoolctl import ThreadpoolController
 
-    controller = ThreadpoolController()
-    return lambda: controller.limit(limits=threads)
+    controllers = ThreadpoolController().lib_controllers
+
+    @contextlib.contextmanager
+    def limit():
+        changed = []
+        try:
+            for c in controllers:
+                before = c.get_num_threads()
+                if before != threads:
+                    c.set_num_threads(threads)
+                    changed.append((c, before))
+            yield
+        finally:
+            for c, before in changed:
+                c.set_num_threads(before)
+
+    return limit

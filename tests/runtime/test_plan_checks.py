@@ -131,7 +131,7 @@ def test_a_host_step_out_of_memory_is_a_step_error(conv):
         raise MemoryError("Unable to allocate 6.00 GiB (test)")
 
     p = optcli.load(conv)
-    p._executor.fns[0] = no_memory
+    p._executor.fns = [no_memory, *p._executor.fns[1:]]
     with pytest.raises(StepError, match="does not fit in memory"):
         p.run({"x": np.ones((1, 1, 4, 4), np.float32)})
 

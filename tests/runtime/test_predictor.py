@@ -100,6 +100,7 @@ def test_threads_bound_blas_during_run(small_nb, small_cnn, monkeypatch):
     from threadpoolctl import threadpool_info
 
     seen = []
+    before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
     p = optcli.load(small_nb, threads=1)
     original = p._executor.run
 
@@ -110,3 +111,21 @@ def test_threads_bound_blas_during_run(small_nb, small_cnn, monkeypatch):
     monkeypatch.setattr(p._executor, "run", spy)
     p.run(small_cnn[2])
     assert seen and all(n == 1 for n in seen)
+    after = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    assert after == before, "the run's thread limit must be undone when it returns"
+
+
+def test_replacing_the_bound_kernels_after_a_run_takes_effect(small_nb, small_cnn):
+    """The executor works out its loop once; ``optcli bench`` swaps ``fns`` to time each step, which
+    must re-derive it, also after runs have happened."""
+    p = optcli.load(small_nb)
+    p.run(small_cnn[2])
+    calls = []
+
+    def counted(fn):
+        return lambda args: calls.append(1) or fn(args)
+
+    p._executor.fns = [counted(fn) for fn in p._executor.fns]
+    expected = p.run(small_cnn[2])["output"]
+    assert len(calls) == len(p.plan.steps)
+    np.testing.assert_array_equal(expected, p.run(small_cnn[2])["output"])
