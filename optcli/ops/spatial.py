@@ -16,6 +16,11 @@ from typing import Any
 import numpy as np
 
 
+class WindowDoesNotFit(ValueError):
+    """A Conv or pooling window larger than its (padded) input: the input's fault when it happens
+    at run time (the executor says so with exit 2), as onnxruntime's "Invalid input shape"."""
+
+
 def _ints(value: Any, n: int, default: int) -> list[int]:
     """An int-list attribute of length ``n`` (absent or empty -> ``default`` repeated)."""
     if value is None or len(value) == 0:
@@ -104,7 +109,7 @@ def window(
     else:
         raise ValueError(f"unknown auto_pad '{auto}'")
     if any(o <= 0 for o in out):
-        raise ValueError(
+        raise WindowDoesNotFit(
             f"window {ks} (strides {strides}, dilations {dil}) does not fit input {tuple(spatial)}"
         )
     # Materialised end padding: enough for the last window (ceil_mode may need more).

@@ -11,14 +11,20 @@ about intermediate values used), then
   negative size; or a value's fixed dim recorded in the plan differs) with an ``InputError`` that
   names the value and the step;
 * asks every GPU step's kernel ``check`` again on the real sizes (placement judged nominal ones):
-  a kernel that refuses them, an empty device value, or a device value whose shape does not
-  follow from the inputs (data-dependent), makes this input shape one the device cannot serve, and the call runs on the
-  host (the caller decides; with ``require_gpu=True`` it is an error).
+  a kernel that refuses them, or an empty device value, makes this input shape one the device
+  cannot serve, and the call runs on the host (the caller decides; with ``require_gpu=True`` it
+  is an error);
+* lists the device values whose shapes do not follow from the input shapes but from data
+  (``Derived.unknown``): the GPU steps that touch them are derived, checked and bound the same
+  way once the host steps that make that data have run (``GpuSteps``' data points).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
 
 from optcli.errors import InputError
 from optcli.ir import Graph, Node, Value
@@ -27,10 +33,24 @@ from optcli.plan import Plan
 from optcli.runtime.plan_shapes import Derivation, derive
 
 
+class GpuRefusal(Exception):
+    """This device cannot run the plan's GPU steps (the message says why): they run on the CPU,
+    or ``require_gpu=True`` makes it a ``TargetError``."""
+
+
+class DataPointRefusal(GpuRefusal):
+    """At a data point, the sizes the data gave cannot run on the device (a kernel refuses them,
+    a value would be empty...): the predictor runs this call again on the host."""
+
+
 @dataclass
 class Derived:
-    shapes: dict[str, tuple[int, ...]] | None  # every device value's shape (None: the device cannot serve)
+    shapes: dict[str, tuple[int, ...]] | None  # device values' shapes (None: the device cannot serve)
     reason: str = ""  # why the device cannot serve these shapes
+    # Device values whose shapes follow from data, not from the input shapes (a Range or Slice
+    # bound by a run-time value, NonZero...): ``shapes`` holds the others, and the GPU steps that
+    # touch these are bound once the data exists (``GpuSteps``, at the plan's data point).
+    unknown: tuple[str, ...] = ()
 
 
 def _show(shape) -> str:
@@ -73,10 +93,9 @@ def derive_device_shapes(plan: Plan, input_shapes: dict[str, tuple[int, ...]], d
     if strict_error:  # the steps disagree about these shapes: nothing may be sized from them
         raise InputError(f"{source}: input shapes {describe_inputs(input_shapes)} do not fit the model: "
                          f"{strict_error}; {_hint(plan)}")
-    if unknown:
-        return Derived(None, f"the shape of '{unknown[0][:80]}' does not follow from the input shapes")
-    refusal = _recheck(plan, shapes, gpu_indices)
-    return Derived(None, refusal) if refusal else Derived(shapes)
+    known_steps = [i for i in gpu_indices if not set(unknown) & {*plan.steps[i].inputs, *plan.steps[i].outputs}]
+    refusal = _recheck(plan, shapes, known_steps)
+    return Derived(None, refusal) if refusal else Derived(shapes, unknown=tuple(unknown))
 
 
 def _fits(recorded, shape: tuple[int, ...]) -> bool:
@@ -111,3 +130,47 @@ def _recheck(plan: Plan, shapes: dict[str, tuple[int, ...]], gpu_indices: list[i
         if reason:
             return f"its {step.op_type} step '{step.name}' cannot take them on the GPU ({reason})"
     return ""
+
+
+SMALL_DATA = 4096  # elements: host integer arrays at a data point are given to the derivation by value
+
+
+def derive_at_data_point(plan: Plan, k: int, env: dict, device_shapes: dict[str, tuple[int, ...]],
+                         device_values: set[str], gpu_indices: list[int], source: str) -> Derived:
+    """Shapes of the device values of steps ``k`` onwards, now that the steps before ``k`` have run.
+
+    The steps from ``k`` on are derived as a plan of their own whose inputs are the values they
+    read that exist now: host arrays in ``env`` (small integer ones by value too: a Reshape target,
+    a Range bound) and device values with their bound shapes (``device_shapes``).  The same checks
+    as for input shapes apply, except that steps the data makes inconsistent are the input values'
+    fault (``StepError``), and the result may list values that follow from later data."""
+    from optcli.ir import Value
+    from optcli.runtime.cpu import StepError
+
+    rest = plan.steps[k:]
+    written_before = {n for s in plan.steps[:k] for n in s.outputs if n} | {v.name for v in plan.inputs}
+    read = ({n for s in rest for n in s.inputs if n} & written_before) - set(plan.weights)
+    pinned: dict[str, tuple[int, ...]] = {}
+    constants: dict[str, Any] = {}
+    dtypes: dict[str, str] = {}
+    for name in read:
+        value = env.get(name)
+        if isinstance(value, np.ndarray):
+            pinned[name], dtypes[name] = tuple(value.shape), value.dtype.name
+            if value.dtype.kind in "iub" and value.size <= SMALL_DATA:
+                constants[name] = value
+        elif name in device_shapes:
+            pinned[name] = device_shapes[name]
+            described = plan.values.get(name)
+            dtypes[name] = described.dtype if described is not None else "float32"
+    sub = replace(plan, steps=list(rest), inputs=[Value(n, dtypes[n], s) for n, s in pinned.items()],
+                  weights={**plan.weights, **constants})
+    later = [i - k for i in gpu_indices if i >= k]
+    try:
+        derived = derive_device_shapes(sub, pinned, device_values - written_before, later, source)
+    except InputError as exc:
+        raise StepError(f"{source}: the values computed at run time do not fit the model's later steps "
+                        f"(step {k} onwards): {exc}") from None
+    if derived.shapes is not None:
+        derived.shapes.update({n: s for n, s in pinned.items() if n in device_values})
+    return derived

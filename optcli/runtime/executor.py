@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from optcli.errors import KernelError, OptError
+from optcli.ops.spatial import WindowDoesNotFit
 from optcli.plan import Plan
 from optcli.runtime.cpu import StepError, StepFn, bind_step
 
@@ -113,6 +114,9 @@ def _kernel_failure(i: int, step, exc: Exception) -> OptError:
         # Indices are data (Gather, Scatter*, OneHot...): an index out of range is the input's fault.
         return StepError(f"step {i} {step.name} ({step.op_type}): an index in its input is out of range "
                          f"({exc}); check the input values")
+    if isinstance(exc, WindowDoesNotFit):
+        return StepError(f"step {i} {step.name} ({step.op_type}): its input is too small for its window ({exc}); "
+                         "check the input sizes and values")
     if isinstance(exc, MemoryError):
         # Sizes follow the inputs (their shapes, and data such as a Range's bounds): too big to
         # hold is the input's fault, not a bug.

@@ -12,6 +12,14 @@ load allocates follows the file's size, not the sizes the file declares.  At mos
 enqueue; ``Upload`` copies a host array into its device buffer without waiting (after checking
 its shape against the derived one), and ``Download`` is the one blocking read: host syncs happen
 only at target borders.
+
+*Data points*: a device value whose size follows from data (a Range or Slice bound by a run-time
+value, NonZero) cannot be sized from the input shapes.  The binding leaves the GPU steps that
+touch such values unbound; at the first of them (the data point) the host steps that make the
+data have run, so the later shapes are derived from it (``bind_shapes.derive_at_data_point``), a
+binding for them is made or taken from the cache, and the device values alive across the point
+are copied into its buffers.  The next call starts on that binding, so repeated data costs no
+copy.  Sizes the device cannot take (an empty value) run that call on the host instead.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from optcli.errors import InputError, NbFormatError
 from optcli.gpu.ops_layout import TRANSFER_OPS
 from optcli.gpu.registry import get_gpu_kernel
 from optcli.plan import Plan, Step
-from optcli.runtime.bind_shapes import derive_device_shapes
+from optcli.runtime.bind_shapes import DataPointRefusal, GpuRefusal, derive_at_data_point, derive_device_shapes
 from optcli.runtime.cpu import StepError
 from optcli.runtime.device_buffers import LINEAR_OPS, device_values, share_buffers
 from optcli.runtime.opencl import BoundLaunch, ClDevice, ClLaunchContext, cl
@@ -39,11 +47,6 @@ __all__ = ["GpuRefusal", "GpuSteps", "LINEAR_OPS", "LOAD_BIND_BYTES", "MAX_PROGR
 
 MAX_PROGRAMS = 64  # distinct programs (kernel source + defines) one plan may build
 LOAD_BIND_BYTES = 256 << 20  # device buffers a static plan may allocate at load; beyond, at its first run
-
-
-class GpuRefusal(Exception):
-    """This device cannot run the plan's GPU steps (the message says why): they run on the CPU,
-    or ``require_gpu=True`` makes it a ``TargetError``."""
 
 
 class TooManyPrograms(GpuRefusal):
@@ -84,20 +87,28 @@ class GpuSteps:
         self.dynamic = self.static_inputs is None  # bound per input shape at run
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.buffers: dict[str, Any] = {}
+        self.sizes: dict[str, int] = {}
         self.device_bytes = 0
         self.ctx: ClLaunchContext | None = None
         self.bound: dict[int, list[BoundLaunch]] = {}
         self._static_shapes: dict[str, tuple[int, ...]] | None = None
+        self._static_unknown: tuple[str, ...] = ()
+        self._data_point: int | None = None  # the next step to bind from data in this run (see run_step)
+        self._input_key: tuple = ()
+        self._last_completed: dict[tuple, tuple] = {}  # input key -> key of the binding its data chose last
+        self._written: dict[int, set[str]] = {}
         if self.static_inputs is not None:
-            self._static_shapes = self._derive_static(derivation)
-            values = device_values(plan, self.gpu_indices, self._static_shapes, self.storage.itemsize)
+            self._static_shapes, self._static_unknown = self._derive_static(derivation)
+            values = device_values(plan, self._sized_steps(self._static_unknown), self._static_shapes,
+                                   self.storage.itemsize)
             if sum(nbytes for _, _, nbytes in values.values()) <= LOAD_BIND_BYTES:
                 refusal = self.bind_inputs(self.static_inputs)
                 if refusal:
                     raise GpuRefusal(refusal)
 
-    def _derive_static(self, derivation: Derivation | None) -> dict[str, tuple[int, ...]]:
-        """Device shapes of a plan with static inputs, from the load's derivation."""
+    def _derive_static(self, derivation: Derivation | None) -> tuple[dict[str, tuple[int, ...]], tuple[str, ...]]:
+        """Device shapes of a plan with static inputs, from the load's derivation, and the device
+        values whose shapes follow from data instead."""
         try:
             derived = derive_device_shapes(self.plan, self.static_inputs, self.device_names, self.gpu_indices,
                                            self.source, derivation)
@@ -105,7 +116,7 @@ class GpuSteps:
             raise NbFormatError(f"{exc}; the file is corrupted or crafted") from None
         if derived.shapes is None:
             raise GpuRefusal(derived.reason)
-        return derived.shapes
+        return derived.shapes, derived.unknown
 
     def bind_inputs(self, input_shapes: dict[str, tuple[int, ...]]) -> str:
         """Make the binding for these input shapes current; '' when done, else why the device cannot
@@ -116,34 +127,105 @@ class GpuSteps:
         key = tuple((k, tuple(v)) for k, v in sorted(input_shapes.items()))
         binding = self._bindings.get(key)
         if binding is None:
+            unknown: tuple[str, ...] = ()
             if self._static_shapes is not None:
                 shapes: dict | str = self._static_shapes
+                unknown = self._static_unknown
             else:
                 derived = derive_device_shapes(self.plan, input_shapes, self.device_names, self.gpu_indices,
                                                self.source)
                 shapes = derived.shapes if derived.shapes is not None else derived.reason
+                unknown = derived.unknown
             try:
-                binding = self._bind(shapes) if isinstance(shapes, dict) else shapes
+                binding = self._bind(shapes, unknown) if isinstance(shapes, dict) else shapes
             except TooManyPrograms as exc:
                 binding = str(exc)
-            self._bindings[key] = binding
-            while len(self._bindings) > self.MAX_BINDINGS:
-                self._bindings.popitem(last=False)  # its buffers are released with it
+            self._remember(key, binding)
         self._bindings.move_to_end(key)
         if isinstance(binding, str):
             return binding
-        self._activate(binding)
+        self._input_key = key
+        completed = self._bindings.get(self._last_completed.get(key, ()))
+        # A plan with data points: the binding the last call's data chose has the same shapes up to
+        # the first data point, so it serves from the start and, when the data repeats, throughout.
+        self._activate(completed if isinstance(completed, _Binding) else binding)
+        self._data_point = binding.data_point
         return ""
 
-    def _bind(self, shapes: dict[str, tuple[int, ...]]) -> _Binding:
-        buffers, nbytes = self._allocate(self.plan, self.gpu_indices, shapes)
-        ctx = ClLaunchContext(self.dev, shapes, self.plan.weights, buffers, self.precision,
-                              self.shared_weights if self.dynamic else None)
-        binding = _Binding(shapes, buffers, nbytes, ctx, {})
+    def _remember(self, key: tuple, binding) -> None:
+        self._bindings[key] = binding
+        while len(self._bindings) > self.MAX_BINDINGS:
+            self._bindings.popitem(last=False)  # its buffers are released with it
+
+    # ------------------------------------------------------------- data points
+    def _next_point(self, unknown: tuple[str, ...], after: int = -1) -> int | None:
+        """The first GPU step after ``after`` that reads or writes a value sized by data."""
+        names = set(unknown)
+        return next((i for i in self.gpu_indices if i > after
+                     and names & {*self.plan.steps[i].inputs, *self.plan.steps[i].outputs}), None)
+
+    def _written_before(self, k: int) -> set[str]:
+        """Values the steps before ``k`` write (their shapes did not come from data at ``k``)."""
+        if k not in self._written:
+            self._written[k] = {n for step in self.plan.steps[:k] for n in step.outputs if n}
+        return self._written[k]
+
+    def _sized_steps(self, unknown: tuple[str, ...]) -> list[int]:
+        """The GPU steps that touch no value sized by data."""
+        names = set(unknown)
+        return [i for i in self.gpu_indices if not names & {*self.plan.steps[i].inputs, *self.plan.steps[i].outputs}]
+
+    def _bind_from_data(self, k: int, env: dict[str, Any]) -> None:
+        """At data point ``k`` (the steps before it have run): derive the later device values'
+        shapes from the data (``bind_shapes.derive_at_data_point``), and make a binding with them
+        current, unless the current one already has exactly these shapes.  Device values alive
+        across ``k`` are copied into the new binding's buffers."""
+        derived = derive_at_data_point(self.plan, k, env, self.shapes, self.device_names, self.gpu_indices,
+                                       self.source)
+        if derived.shapes is None:
+            raise DataPointRefusal(derived.reason)
+        next_point = self._next_point(derived.unknown, after=k)
+        if all(self.shapes.get(n) == shape for n, shape in derived.shapes.items()) and \
+                all(n in self.shapes for n in derived.shapes):
+            self._data_point = next_point
+            return
+        before = self._written_before(k)
+        shapes = {**{n: s for n, s in self.shapes.items() if n in before}, **derived.shapes}
+        key = (self._input_key, tuple(sorted(shapes.items())))
+        binding = self._bindings.get(key)
+        if not isinstance(binding, _Binding):
+            try:
+                binding = self._bind(shapes, derived.unknown, from_data=True)
+            except TooManyPrograms as exc:
+                raise DataPointRefusal(str(exc)) from None
+            self._remember(key, binding)
+        self._bindings.move_to_end(key)
+        lifetimes = self.plan.memory.lifetimes
+        for name, buffer in self.buffers.items():
+            first, last = lifetimes.get(name, (k, k))
+            target = binding.buffers.get(name)
+            if first < k <= last and target is not None and target is not buffer:
+                cl.enqueue_copy(self.queue, target, buffer, byte_count=self.sizes[name])
+        self._activate(binding)
+        self._last_completed[self._input_key] = key
+        self._data_point = next_point
+
+    def _bind(self, shapes: dict[str, tuple[int, ...]], unknown: tuple[str, ...] = (),
+              from_data: bool = False) -> _Binding:
+        """Buffers and bound launches for ``shapes``; the GPU steps that touch an ``unknown`` value
+        (sized by data) are left for the data point (``data_point``: the first of them).  Plans
+        bound more than once (dynamic dims, data points) share their uploaded weights."""
+        data_point = self._next_point(unknown)
+        indices = self._sized_steps(unknown)
+        values = device_values(self.plan, indices, shapes, self.storage.itemsize)
+        buffers, nbytes = share_buffers(values, self._new_buffer)
+        shared = self.shared_weights if self.dynamic or data_point is not None or from_data else None
+        ctx = ClLaunchContext(self.dev, shapes, self.plan.weights, buffers, self.precision, shared)
+        binding = _Binding(shapes, buffers, nbytes, ctx, {}, {n: b for n, (_, _, b) in values.items()}, data_point)
         previous = self._current()
         self._activate(binding)
         try:
-            for i in self.gpu_indices:
+            for i in indices:
                 step = self.plan.steps[i]
                 if step.op_type not in TRANSFER_OPS:
                     binding.bound[i] = self.bind_step(i, get_gpu_kernel(step.kernel))
@@ -155,11 +237,11 @@ class GpuSteps:
     def _current(self) -> _Binding | None:
         if self.ctx is None:
             return None
-        return _Binding(self.shapes, self.buffers, self.device_bytes, self.ctx, self.bound)
+        return _Binding(self.shapes, self.buffers, self.device_bytes, self.ctx, self.bound, self.sizes)
 
     def _activate(self, b: _Binding) -> None:
-        self.shapes, self.buffers, self.device_bytes, self.ctx, self.bound = (
-            b.shapes, b.buffers, b.device_bytes, b.ctx, b.bound)
+        self.shapes, self.buffers, self.device_bytes, self.ctx, self.bound, self.sizes = (
+            b.shapes, b.buffers, b.device_bytes, b.ctx, b.bound, b.sizes)
 
     def bind_step(self, i: int, kern, local_size: tuple[int, ...] | None = None) -> list[BoundLaunch]:
         """Launches of step ``i`` with kernel ``kern``, bound to this plan's buffers.  A work-group
@@ -195,13 +277,13 @@ class GpuSteps:
         self.events = []
 
     # ------------------------------------------------------------------ buffers
-    def _allocate(self, plan: Plan, indices: list[int], shapes) -> tuple[dict[str, Any], int]:
-        """Buffers for device values, shared between values whose lifetimes do not overlap."""
-        values = device_values(plan, indices, shapes, self.storage.itemsize)
-        return share_buffers(values, lambda nbytes: cl.Buffer(self.dev.context, cl.mem_flags.READ_WRITE, nbytes))
+    def _new_buffer(self, nbytes: int):
+        return cl.Buffer(self.dev.context, cl.mem_flags.READ_WRITE, nbytes)
 
     # -------------------------------------------------------------------- running
     def run_step(self, i: int, step: Step, env: dict[str, Any]) -> None:
+        if i == self._data_point:  # the sizes from here on follow from data the steps before made
+            self._bind_from_data(i, env)
         queue, record = self.queue, self._record(i)
         if step.op_type == "Upload":
             value = env[step.inputs[0]]
@@ -263,6 +345,8 @@ class _Binding:
     device_bytes: int
     ctx: Any
     bound: dict[int, list[BoundLaunch]]
+    sizes: dict[str, int]  # bytes of each device value's contents (copied at a data point)
+    data_point: int | None = None  # the first GPU step whose sizes follow from data (bound then)
 
 
 class _AnyShape(dict):

@@ -26,6 +26,7 @@ from optcli.errors import DeviceError, InputError, KernelError, NbFormatError, T
 from optcli.ir import Value
 from optcli.plan import Plan
 from optcli.plan_memory_core import MemoryPlan, plan_offsets
+from optcli.runtime.bind_shapes import GpuRefusal
 from optcli.runtime.executor import Executor
 from optcli.runtime.plan_shapes import check_at_load
 from optcli.targets import TARGETS, get_target
@@ -100,7 +101,7 @@ class Predictor:
             reason = f"the plan's GPU steps are for {', '.join(sorted(gpu_targets))}, which {why}"
         elif "opencl" in usable:
             from optcli.runtime.devices import failure_text
-            from optcli.runtime.gpu_plan import GpuRefusal, GpuSteps
+            from optcli.runtime.gpu_plan import GpuSteps
             from optcli.runtime.opencl import ClDevice, DeviceUnavailable
 
             try:
@@ -203,7 +204,14 @@ class Predictor:
             refusal = self._bind_gpu(arrays, outputs_on_device)
             if refusal:
                 return self._host_executor().run(arrays, record)
-            return self._executor.run(arrays, record)
+            try:
+                return self._executor.run(arrays, record)
+            except GpuRefusal as exc:  # at a data point: the sizes the data gave do not fit the device
+                self._refuse_call(f"{self.source}: the sizes computed at run time cannot run on the GPU: {exc}",
+                                  arrays, outputs_on_device, "run it without require_gpu to let the CPU take it")
+                if record is not None:
+                    record.clear()  # sizes from the abandoned run are incomplete
+                return self._host_executor().run(arrays, record)
         except Exception as exc:
             failure = _device_failure(exc)
             if failure is None:
@@ -233,14 +241,20 @@ class Predictor:
             return ""
         from optcli.runtime.bind_shapes import describe_inputs
 
-        reason = f"{self.source}: the GPU plan cannot run input shapes {describe_inputs(shapes)}: {refusal}"
+        self._refuse_call(f"{self.source}: the GPU plan cannot run input shapes {describe_inputs(shapes)}: {refusal}",
+                          arrays, outputs_on_device, "optimize with --input_shapes set to these shapes to get a "
+                                                     "plan for them")
+        return refusal
+
+    def _refuse_call(self, reason: str, arrays: dict, outputs_on_device: bool, advice: str) -> None:
+        """The device cannot run this call: warn (once per reason) that the CPU runs it, or raise
+        ``TargetError`` where the CPU cannot stand in."""
         on_device = outputs_on_device or any(_is_device_buffer(a) or _is_device_array(a) for a in arrays.values())
         if self.require_gpu or on_device:
             why = "require_gpu=True" if self.require_gpu else "its inputs or outputs live on the device"
-            raise TargetError(f"{reason}; the call cannot run on the CPU instead ({why}). Optimize with "
-                              "--input_shapes set to these shapes to get a plan for them")
+            raise TargetError(f"{reason}; the call cannot run on the CPU instead ({why}). "
+                              f"{advice[0].upper()}{advice[1:]}")
         _warn_once(f"optcli: {reason}; running those calls on the CPU")
-        return refusal
 
     def _host_executor(self) -> Executor:
         if self._cpu_executor is None:

@@ -78,14 +78,14 @@ def nominal_views(graph: Graph) -> list[Graph] | None:
 
 
 def _derive_views(graph: Graph) -> list[Graph] | None:
-    if all(v.is_static for v in graph.inputs):
+    if all(v.is_static for v in graph.inputs) and not any(
+            v.shape is not None and not is_concrete(v.shape) for v in graph.values.values()):
         return None
     views = []
     for which in range(NOMINAL_COUNT):
         pinned = nominal_input_shapes(graph, which)
         try:
-            derived = derive_shapes(graph.nodes, {v.name: (v.dtype, pinned.get(v.name, v.shape)) for v in graph.inputs},
-                                    graph.initializers, graph.opsets, [v.name for v in graph.outputs])
+            derived = _derive_with_data_points(graph, pinned, which)
         except Exception:  # noqa: BLE001 - no nominal sizes: dynamic nodes stay where static checks put them
             return None
         values = {}
@@ -99,6 +99,58 @@ def _derive_views(graph: Graph) -> list[Graph] | None:
         outputs = [values.get(v.name, v) for v in graph.outputs]
         views.append(dataclasses.replace(graph, values=values, inputs=inputs, outputs=outputs))
     return views
+
+
+def _derive_with_data_points(graph: Graph, pinned: dict[str, tuple[int, ...]], which: int) -> dict:
+    """Shapes at nominal input sizes, with data-dependent sizes nominal too.
+
+    A node whose inputs all have sizes but whose output's size does not follow from them (a
+    Slice or Range whose bounds are run-time values, NonZero, a Reshape to a computed shape) is a
+    *data point*: the runtime learns that size when the node has run, and binds the GPU steps
+    after it then (``runtime.gpu_plan``).  Here its unknown dims are given the nominal size
+    (``NOMINAL_SIZE[which]``) and the derivation goes on from there, so the GPU nodes downstream
+    are judged like those of any dynamic graph.  At most ``MAX_DATA_POINTS`` are pinned."""
+    inputs = {v.name: (v.dtype, pinned.get(v.name, v.shape)) for v in graph.inputs}
+    nodes = list(graph.nodes)
+    outputs = [v.name for v in graph.outputs]
+    derived = derive_shapes(nodes, inputs, graph.initializers, graph.opsets, outputs)
+    for _ in range(MAX_DATA_POINTS):
+        point = _first_data_point(nodes, graph, inputs, derived, NOMINAL_SIZE[which])
+        if point is None:
+            break
+        node, shapes = point
+        for name, shape in shapes.items():
+            inputs[name] = (graph.dtype_of(name), shape)
+        nodes.remove(node)
+        derived = derive_shapes(nodes, inputs, graph.initializers, graph.opsets, outputs)
+    return {**derived, **{k: v for k, (_, v) in inputs.items() if v is not None}}
+
+
+MAX_DATA_POINTS = 8
+
+
+def _first_data_point(nodes, graph: Graph, inputs: dict, derived: dict, size: int):
+    """(node, {output: shape with its unknown dims at ``size``}) of the first node whose inputs
+    all have sizes and one of whose outputs has a known rank but no derived size; None if none."""
+    def sized(name: str) -> bool:
+        if not name or name in graph.initializers:
+            return True
+        return is_concrete(inputs[name][1] if name in inputs else derived.get(name))
+
+    for node in nodes:
+        if node.proto is not None or not all(sized(i) for i in node.inputs):
+            continue
+        shapes = {}
+        for name in node.outputs:
+            shape = (derived.get(name) or graph.shape_of(name)) if name else None
+            if not name or is_concrete(shape):
+                continue
+            if shape is None:
+                return None  # its rank is unknown too: nothing after it can be judged
+            shapes[name] = tuple(d if isinstance(d, int) and d > 0 else size for d in shape)
+        if shapes:
+            return node, shapes
+    return None
 
 
 def _agrees(declared: tuple[Dim, ...] | None, derived: tuple[int, ...]) -> bool:

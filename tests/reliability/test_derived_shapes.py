@@ -115,41 +115,21 @@ def test_an_int_input_driving_a_host_range_neither_hides_nor_breaks_the_check(wi
         p.run({"x": X, "d": np.array(0, np.int64)})
 
 
-@pytest.fixture(scope="module")
-def data_dependent_gpu_input():
-    """A crafted plan whose GPU Relu reads a value sized by data: Range(0, n, 1) cast to float
-    (host), then the Upload/Pack/Relu/Unpack/Download steps of a GPU plan spliced after it."""
-    gpu_graph = helper.make_graph([helper.make_node("Relu", ["v"], ["y"])], "g",
-                                  [helper.make_tensor_value_info("v", TensorProto.FLOAT, ["L"])],
-                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    gpu = optcli.optimize(model=helper.make_model(gpu_graph, opset_imports=[helper.make_opsetid("", 17)]),
-                          valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data
+def test_a_gpu_step_after_a_data_dependent_value_is_sized_from_the_data(opencl_device):
+    """Range(0, n, 1) cast to float (host), then a GPU Relu: its buffers cannot be sized at load
+    (nothing runs there), so they are sized at the data point, from the Range's real output."""
     nodes = [helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("z", TensorProto.INT64, [], [0])),
              helper.make_node("Constant", [], ["one"], value=helper.make_tensor("o", TensorProto.INT64, [], [1])),
              helper.make_node("Range", ["zero", "n", "one"], ["idx"]),
              helper.make_node("Cast", ["idx"], ["v"], to=TensorProto.FLOAT),
              helper.make_node("Relu", ["v"], ["y"])]
-    host_graph = helper.make_graph(nodes, "h", [helper.make_tensor_value_info("n", TensorProto.INT64, [])],
-                                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    host = optcli.optimize(model=helper.make_model(host_graph, opset_imports=[helper.make_opsetid("", 17)]),
+    graph = helper.make_graph(nodes, "h", [helper.make_tensor_value_info("n", TensorProto.INT64, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    data = optcli.optimize(model=helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
                            valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data
-    body, blob = parts(host)
-    gpu_body, _ = parts(gpu)
-    assert [s["op"] for s in body["steps"]][-1] == "Relu" and body["steps"][-1]["target"] == "arm"
-    body["steps"] = body["steps"][:-1] + gpu_body["steps"]
-    body["targets"] = gpu_body["targets"]
-    body["values"] = sorted([v for v in body["values"] if v["name"] != "y"] +
-                            [v for v in gpu_body["values"] if v["name"] != "v"], key=lambda v: v["name"])
-    body["memory"] = {"offsets": {}, "arena_bytes": None, "naive_bytes": None}
-    return rebuild(body, blob)
-
-
-def test_a_gpu_step_after_a_data_dependent_value_runs_on_the_host(data_dependent_gpu_input, opencl_device,
-                                                                    optcli_notices, monkeypatch):
-    monkeypatch.setattr("optcli.runtime.predictor._WARNED", set())
-    p = optcli.load(data_dependent_gpu_input)
-    assert p.gpu is None
-    assert any("does not follow from the input shapes" in n for n in optcli_notices())
-    assert p.run({"n": np.array(5, np.int64)})["y"].tolist() == [0, 1, 2, 3, 4]
-    with pytest.raises(TargetError, match="does not follow from the input shapes"):
-        optcli.load(data_dependent_gpu_input, require_gpu=True)
+    p = optcli.load(data, require_gpu=True)
+    assert next(s for s in p.plan.steps if s.op_type == "Relu").target == "opencl"
+    assert not p.gpu.buffers.get("v@opencl.linear"), "nothing may be sized by data at load"
+    for n in (5, 3, 5):
+        assert p.run({"n": np.array(n, np.int64)})["y"].tolist() == list(range(n))
+        assert p.gpu.shapes["v@opencl.linear"] == (n,)

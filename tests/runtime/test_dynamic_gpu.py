@@ -81,20 +81,6 @@ def test_cost_model_counts_symbolic_dims_at_nominal_sizes():
     assert [s.target for s in result.plan.steps if s.op_type == "Conv"] == ["opencl"]
 
 
-def test_reshape_to_a_shape_computed_at_run_time_stays_on_the_host():
-    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Reshape", ["x", "s"], ["r"]),
-             helper.make_node("NonZero", ["x"], ["nz"]), helper.make_node("Cast", ["nz"], ["f"], to=1),
-             helper.make_node("Relu", ["f"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
-                               helper.make_tensor_value_info("r", TensorProto.FLOAT, None)])
-    result = _optimize(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
-                       disabled_passes={"keep_small_islands_on_host"})
-    relu = next(s for s in result.plan.steps if s.op_type == "Relu")
-    assert relu.target == "arm"  # [2, unknown]: the count of non-zeros is data
-    assert any("does not follow from the input shapes" in w for w in result.warnings)
-
-
 @pytest.mark.opencl
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("name", sorted(MODELS))
