@@ -33,7 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import optcli  # noqa: E402
-from benchmarks import step_overhead  # noqa: E402
+from benchmarks import contention, step_overhead  # noqa: E402
 from optcli import native  # noqa: E402
 from optcli.tolerance import describe_mismatch, max_error, within  # noqa: E402
 from optcli.zoo.models import FULL_SIZE, build, sample_inputs  # noqa: E402
@@ -545,11 +545,15 @@ def main(argv: list[str] | None = None) -> int:
                          "(needs the corpus cache: corpus/build.py)")
     ap.add_argument("--numpy-too", action="store_true",
                     help="also time each plan on the numpy kernels alone (native library set aside), interleaved")
+    ap.add_argument("--busy", type=int, default=0,
+                    help="time with N other processes spinning on the cores (contention; not with --write-docs)")
     ap.add_argument("--write-docs", action="store_true", help="write docs/benchmarks.md")
     ap.add_argument("--docs-path", default=str(ROOT / "docs" / "benchmarks.md"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.threads < 1 or args.runs < 1 or args.warmup < 0:
         ap.error("--threads and --runs must be >= 1, --warmup >= 0")
+    if args.busy and args.write_docs:
+        ap.error("--busy measures contention: its figures do not belong on docs/benchmarks.md")
     labels = {v: k for k, v in MODELS.items()}
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     for n in names:
@@ -564,9 +568,12 @@ def main(argv: list[str] | None = None) -> int:
     opts = (args.threads, args.warmup, args.runs, args.numpy_too)
     jobs = [(labels.get(n, n), lambda n=n: bench_model(labels.get(n, n), n, *opts)) for n in names]
     jobs += [(e["name"], lambda e=e, d=d: bench_corpus(e, d, *opts)) for e, d in corpus]
+    if args.busy:
+        print(f"{args.busy} other process(es) spin on the cores while both runtimes are timed")
     for label, job in jobs:
         print(f"{label}: building, optimizing, checking outputs, timing ...", flush=True)
-        r = job()
+        with contention.busy_cores(args.busy):
+            r = job()
         status = "ok" if r["within_fp32"] else "NOT within fp32 tolerance: " + "; ".join(r["misses"])
         print(f"  compile {r['compile_s']:.1f} s, {r['nodes_before']} nodes -> {r['steps']} steps, "
               f"fallback ops {r['fallback_ops'] or 'none'}; outputs max abs err {r['max_abs_err']:.2e} ({status})")
