@@ -16,9 +16,11 @@ from optcli.ops import (  # noqa: F401  (imported for their registrations)
     pool,
     quant,
     quant_contrib,
+    recurrent,
     reduce,
     resize,
     tensor,
+    tensor_shapes,
     transfer,
 )
 from optcli.ops.registry import Kernel, get_kernel, kernel, kernels_for, registered_ops  # noqa: F401

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from optcli.ops.registry import kernel
+from optcli.ops.shapes_registry import broadcast_inputs, first_input, shape_fn
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -170,3 +171,8 @@ def clip(inputs, attrs):
 def prelu(inputs, attrs):
     x, slope = inputs
     return [np.where(x >= 0, x, x * slope).astype(x.dtype, copy=False)]
+
+
+# Shape functions (``optcli.ops.shapes_registry``): PRelu's slope broadcasts against x (as its kernel does).
+shape_fn(["Relu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish", "Clip"])(first_input)
+shape_fn("PRelu")(broadcast_inputs)

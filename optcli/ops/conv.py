@@ -30,7 +30,8 @@ from numpy.lib.stride_tricks import as_strided
 from optcli import native
 from optcli.ops.activation import apply_activation, apply_output_quant, epilogue
 from optcli.ops.registry import kernel
-from optcli.ops.spatial import compute_dtype, conv_transpose_geometry, pad_input, prod, window
+from optcli.ops.shapes_registry import Shape, ShapeArgs, ShapeDerivationError, check_length, fixed, shape_fn
+from optcli.ops.spatial import compute_dtype, conv_transpose_geometry, pad_input, prod, window, window_dims
 
 _BLOCK_BYTES = 1 << 19  # accumulator size the depthwise kernel aims for (fits a typical L2)
 
@@ -290,3 +291,51 @@ def conv_transpose(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
     assert len(src) == nsp
     y[(slice(None), slice(None)) + tuple(dst)] = buf[(slice(None), slice(None)) + tuple(src)]
     return _finish(y, _bias(inputs), attrs, x.dtype)
+
+
+# ----------------------------------------------------------------------------- shape functions
+
+def conv_shape(args: ShapeArgs, x_at: int = 0, w_at: int = 1, b_at: int = 2, transpose: bool = False) -> list[Shape]:
+    """Conv's (``transpose``: ConvTranspose's) output shape, and the checks its kernels rely on:
+    input channels against the weight and group, output channels split into groups, the bias
+    length (shared with QLinearConv and ConvInteger, whose operands sit at other positions)."""
+    x, w = args.shape(x_at), args.shape(w_at)
+    group = int(args.attrs.get("group", 1) or 1)
+    if group < 1:
+        raise ShapeDerivationError(f"group {group} is not positive")
+    if x is not None and len(x) < 3:
+        raise ShapeDerivationError(f"the input has rank {len(x)}; it needs a batch, channel and spatial axis")
+    if x is not None and w is not None and len(x) != len(w):
+        raise ShapeDerivationError(f"input rank {len(x)} differs from the weight's {len(w)}")
+    rank = len(x) if x is not None else (len(w) if w is not None else None)
+    if rank is None:
+        return [None]
+    w = w if w is not None else (None,) * rank
+    x = x if x is not None else (None,) * rank
+    c, w0, w1 = fixed(x[1]), fixed(w[0]), fixed(w[1])
+    expected = (None if w1 is None else w1 * group) if not transpose else w0
+    if c is not None and expected is not None and c != expected:
+        raise ShapeDerivationError(f"the input has {c} channels, the weight takes {expected} (group {group})")
+    if w0 is not None and w0 % group:
+        what = "input" if transpose else "output"
+        raise ShapeDerivationError(f"{w0} {what} channels do not split into {group} groups")
+    outs = (None if w1 is None else w1 * group) if transpose else w0
+    check_length(args, b_at, outs, "the bias")
+    kernel = args.attrs.get("kernel_shape") or w[2:]
+    try:
+        spatial = window_dims(args.attrs, x[2:], [fixed(k) for k in kernel], transpose=transpose)
+    except ValueError as exc:
+        raise ShapeDerivationError(str(exc)) from None
+    if outs is None:
+        outs = w[0] if not transpose else (w[1] if group == 1 else None)
+    return [(x[0], outs, *spatial)]
+
+
+@shape_fn("Conv")
+def _conv_shape(args: ShapeArgs) -> list[Shape]:
+    return conv_shape(args)
+
+
+@shape_fn("ConvTranspose")
+def _conv_transpose_shape(args: ShapeArgs) -> list[Shape]:
+    return conv_shape(args, transpose=True)

@@ -21,6 +21,7 @@ import numpy as np
 
 from optcli.ops.activation import _sigmoid, apply_activation, apply_output_quant, epilogue
 from optcli.ops.registry import kernel
+from optcli.ops.shapes_registry import broadcast_inputs, first_input, shape_fn
 
 Inputs = list[np.ndarray | None]
 Attrs = dict[str, Any]
@@ -410,3 +411,11 @@ def gelu(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
 def swish_onnx(x: np.ndarray, attrs: Attrs) -> np.ndarray:
     """ONNX Swish-24: x * sigmoid(alpha * x)."""
     return x * _sigmoid(x * x.dtype.type(attrs.get("alpha", 1.0)))
+
+
+# Shape functions (``optcli.ops.shapes_registry``): element-wise ops keep their input's shape,
+# the others broadcast their inputs numpy-style.
+shape_fn([*_UNARY, "Neg", "Abs", "Sign", "Floor", "Ceil", "Round", "Selu", "Celu", "Erf", "Gelu", "Swish",
+          "IsNaN", "IsInf", "Not"])(first_input)
+shape_fn(["Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "Equal", "Less", "Greater",
+          "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Where"])(broadcast_inputs)

@@ -14,6 +14,7 @@ import numpy as np
 
 from optcli.ops.activation import _sigmoid
 from optcli.ops.registry import kernel
+from optcli.ops.shapes_registry import first_input, shape_fn
 
 
 @kernel("Swish", domain="optcli")
@@ -21,3 +22,6 @@ def swish(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.nda
     """x * sigmoid(x), in the input's dtype."""
     x = np.asarray(inputs[0])
     return [x * _sigmoid(x)]
+
+
+shape_fn("Swish", domain="optcli")(first_input)

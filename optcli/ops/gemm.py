@@ -19,6 +19,16 @@ import numpy as np
 from optcli.ir import OPTCLI_DOMAIN
 from optcli.ops.activation import apply_activation, apply_output_quant, epilogue
 from optcli.ops.registry import kernel
+from optcli.ops.shapes_registry import (
+    Shape,
+    ShapeArgs,
+    ShapeDerivationError,
+    broadcast,
+    check_length,
+    same_dim,
+    shape_fn,
+    show,
+)
 from optcli.ops.spatial import compute_dtype, prod
 
 
@@ -86,3 +96,56 @@ def fully_connected(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
             y = y + b
     y = apply_activation(y, *epilogue(attrs))
     return [apply_output_quant(np.asarray(y).astype(x.dtype, copy=False), attrs)]
+
+
+# ----------------------------------------------------------------------------- shape functions
+
+def matmul_shape(a: Shape, b: Shape) -> Shape:
+    """numpy's matmul: 1-D operands promoted and the promoted axis dropped, batch dims broadcast,
+    the inner dims equal."""
+    if a is None or b is None:
+        return None
+    if not a or not b:
+        raise ShapeDerivationError("MatMul does not take scalars")
+    same_dim(a[-1], b[0] if len(b) == 1 else b[-2], f"the inner dims of {show(a)} and {show(b)} differ")
+    batch = broadcast(tuple(a[:-2]), tuple(b[:-2]))
+    return (*batch, *a[-2:-1], *(b[-1:] if len(b) > 1 else ()))
+
+
+@shape_fn("MatMul")
+def _matmul_shape(args: ShapeArgs) -> list[Shape]:
+    return [matmul_shape(args.shape(0), args.shape(1))]
+
+
+def gemm_shape(args: ShapeArgs, a_at: int = 0, b_at: int = 1, c_at: int = 2) -> list[Shape]:
+    """Gemm's [M, N] from its 2-D A and B (transposed as ``transA``/``transB`` say); C must
+    broadcast to [M, N] (shared with QGemm, whose operands sit at other positions)."""
+    a, b = args.shape(a_at), args.shape(b_at)
+    for name, s in (("A", a), ("B", b)):
+        if s is not None and len(s) != 2:
+            raise ShapeDerivationError(f"Gemm's {name} has rank {len(s)}, not 2")
+    if a is None or b is None:
+        return [(None, None)]
+    if int(args.attrs.get("transA", 0)):
+        a = a[::-1]
+    if int(args.attrs.get("transB", 0)):
+        b = b[::-1]
+    same_dim(a[1], b[0], f"the inner dims of A {show(a)} and B {show(b)} differ")
+    out = (a[0], b[1])
+    c = args.shape(c_at) if args.has(c_at) else None
+    if c is not None:
+        grown = broadcast(out, c)
+        if len(c) > 2 or any(isinstance(g, int) and isinstance(o, int) and g != o for g, o in zip(grown, out)):
+            raise ShapeDerivationError(f"C {show(c)} does not broadcast to {show(out)}")
+    return [out]
+
+
+shape_fn("Gemm")(gemm_shape)
+
+
+@shape_fn("FullyConnected", domain=OPTCLI_DOMAIN)
+def _fully_connected_shape(args: ShapeArgs) -> list[Shape]:
+    out = matmul_shape(args.shape(0), args.shape(1))
+    if out is not None and out:
+        check_length(args, 2, out[-1], "the bias", allow_one=True)
+    return [out]

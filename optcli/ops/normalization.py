@@ -27,6 +27,7 @@ import numpy as np
 from optcli.ir import OPTCLI_DOMAIN
 from optcli.ops.activation import apply_activation, apply_output_quant, epilogue
 from optcli.ops.registry import kernel
+from optcli.ops.shapes_registry import Shape, ShapeArgs, check_length, first_input, norm_axis, shape_fn
 from optcli.ops.spatial import compute_dtype, prod
 
 
@@ -150,3 +151,47 @@ def log_softmax(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[
     d = v - v.max(axis=axis, keepdims=True)
     d -= np.log(np.exp(d).sum(axis=axis, keepdims=True))
     return [d.reshape(x.shape).astype(x.dtype, copy=False)]
+
+
+# ----------------------------------------------------------------------------- shape functions
+
+def _channels(x: Shape):
+    return x[1] if x is not None and len(x) > 1 else None
+
+
+@shape_fn("BatchNormalization")
+def _batch_norm_shape(args: ShapeArgs) -> list[Shape]:
+    """Y has X's shape; scale, B, mean and var hold one value per channel (the training outputs too)."""
+    x, c = args.shape(0), _channels(args.shape(0))
+    if args.rank(1) == 1:  # pre-opset-7 spatial=0 parameters are [C, *spatial]: not per channel
+        for k, name in ((1, "scale"), (2, "B"), (3, "mean"), (4, "var")):
+            check_length(args, k, c, name)
+    return [x, args.shape(3), args.shape(4)]
+
+
+@shape_fn("ChannelAffine", domain=OPTCLI_DOMAIN)
+def _channel_affine_shape(args: ShapeArgs) -> list[Shape]:
+    for k in (1, 2):
+        check_length(args, k, _channels(args.shape(0)), f"input {k}", allow_one=True)
+    return [args.shape(0)]
+
+
+@shape_fn("InstanceNormalization")
+def _instance_norm_shape(args: ShapeArgs) -> list[Shape]:
+    for k, name in ((1, "scale"), (2, "B")):
+        check_length(args, k, _channels(args.shape(0)), name)
+    return [args.shape(0)]
+
+
+@shape_fn("LayerNormalization")
+def _layer_norm_shape(args: ShapeArgs) -> list[Shape]:
+    """Y has X's shape; Mean and InvStdDev keep the axes before ``axis`` and 1 for the others."""
+    x = args.shape(0)
+    if x is None:
+        return [None]
+    axis = norm_axis(int(args.attrs.get("axis", -1)), len(x))
+    stats = (*x[:axis], *(1,) * (len(x) - axis))
+    return [x, stats, stats]
+
+
+shape_fn(["Softmax", "LogSoftmax"])(first_input)

@@ -26,7 +26,8 @@ import numpy as np
 from optcli import native
 from optcli.ops.activation import apply_output_quant
 from optcli.ops.registry import kernel
-from optcli.ops.spatial import Window, compute_dtype, pad_input, prod, window
+from optcli.ops.shapes_registry import Shape, ShapeArgs, ShapeDerivationError, shape_fn
+from optcli.ops.spatial import Window, compute_dtype, pad_input, prod, window, window_dims
 
 
 def _window(x: np.ndarray, attrs: dict[str, Any]) -> Window:
@@ -140,3 +141,43 @@ def global_max_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
     x = inputs[0]
     y = _flat_spatial(x).max(axis=-1)
     return [y.reshape(x.shape[:2] + (1,) * (x.ndim - 2))]
+
+
+# ----------------------------------------------------------------------------- shape functions
+
+def pool_shape(x: Shape, attrs: dict[str, Any], channels_last: bool = False) -> Shape:
+    """A windowed pool's output (N, C, *window dims), or (N, *window dims, C) ``channels_last``."""
+    if x is None:
+        return None
+    if len(x) < 3:
+        raise ShapeDerivationError(f"the input has rank {len(x)}; pooling needs a batch, channel and spatial axis")
+    kernel = attrs.get("kernel_shape")
+    if not kernel:
+        raise ShapeDerivationError("no kernel_shape")
+    spatial = x[1:-1] if channels_last else x[2:]
+    try:
+        out = window_dims(attrs, spatial, [int(k) for k in kernel], ceil_mode=bool(attrs.get("ceil_mode", 0)))
+    except ValueError as exc:
+        raise ShapeDerivationError(str(exc)) from None
+    return (x[0], *out, x[-1]) if channels_last else (x[0], x[1], *out)
+
+
+def global_pool_shape(x: Shape, channels_last: bool = False) -> Shape:
+    if x is None:
+        return None
+    if len(x) < 2:
+        raise ShapeDerivationError(f"the input has rank {len(x)}; global pooling needs a batch and channel axis")
+    if channels_last:
+        return (x[0], *(1,) * (len(x) - 2), x[-1])
+    return (x[0], x[1], *(1,) * (len(x) - 2))
+
+
+@shape_fn(["MaxPool", "AveragePool"])
+def _pool_shape(args: ShapeArgs) -> list[Shape]:
+    out = pool_shape(args.shape(0), args.attrs)
+    return [out, out]  # MaxPool's Indices have Y's shape
+
+
+@shape_fn(["GlobalAveragePool", "GlobalMaxPool"])
+def _global_pool_shape(args: ShapeArgs) -> list[Shape]:
+    return [global_pool_shape(args.shape(0))]

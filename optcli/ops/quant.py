@@ -22,6 +22,7 @@ from optcli.ir import OPTCLI_DOMAIN
 from optcli.ops.activation import fake_quantize
 from optcli.ops.conv import _is_depthwise, _is_pointwise, conv_1x1, conv_depthwise, conv_im2col
 from optcli.ops.registry import kernel
+from optcli.ops.shapes_registry import Shape, ShapeArgs, check_length, first_input, shape_fn
 
 _RANGES = {np.dtype(np.uint8): (0, 255), np.dtype(np.int8): (-128, 127), np.dtype(np.uint16): (0, 65535),
            np.dtype(np.int16): (-32768, 32767), np.dtype(np.int32): (-(2**31), 2**31 - 1)}
@@ -232,3 +233,52 @@ def dynamic_quantize_matmul(inputs, attrs):
     if bias is not None:
         y = y + np.asarray(bias, np.float32)
     return [np.asarray(y, np.float32)]
+
+
+# ----------------------------------------------------------------------------- shape functions
+
+shape_fn(["QuantizeLinear", "DequantizeLinear"])(first_input)
+shape_fn("FakeQuant", domain=OPTCLI_DOMAIN)(first_input)
+
+
+@shape_fn("DynamicQuantizeLinear")
+def _dynamic_quantize_shape(args: ShapeArgs) -> list[Shape]:
+    return [args.shape(0), (), ()]  # y, and a per-tensor scale and zero point
+
+
+@shape_fn("QLinearConv")
+def _qlinear_conv_shape(args: ShapeArgs) -> list[Shape]:
+    from optcli.ops.conv import conv_shape
+
+    return conv_shape(args, 0, 3, 8)
+
+
+@shape_fn("ConvInteger")
+def _conv_integer_shape(args: ShapeArgs) -> list[Shape]:
+    from optcli.ops.conv import conv_shape
+
+    return conv_shape(args, 0, 1, b_at=len(args.shapes))  # no bias
+
+
+@shape_fn("QLinearMatMul")
+def _qlinear_matmul_shape(args: ShapeArgs) -> list[Shape]:
+    from optcli.ops.gemm import matmul_shape
+
+    return [matmul_shape(args.shape(0), args.shape(3))]
+
+
+@shape_fn("MatMulInteger")
+def _matmul_integer_shape(args: ShapeArgs) -> list[Shape]:
+    from optcli.ops.gemm import matmul_shape
+
+    return [matmul_shape(args.shape(0), args.shape(1))]
+
+
+@shape_fn("DynamicQuantizeMatMul", domain=OPTCLI_DOMAIN)
+def _dynamic_quantize_matmul_shape(args: ShapeArgs) -> list[Shape]:
+    from optcli.ops.gemm import matmul_shape
+
+    out = matmul_shape(args.shape(0), args.shape(1))
+    if out:
+        check_length(args, 4, out[-1], "the bias")
+    return [out]

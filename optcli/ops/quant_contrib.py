@@ -15,6 +15,7 @@ from optcli.ops.activation import _sigmoid
 from optcli.ops.pool import average_pool
 from optcli.ops.quant import int_matmul, quantize, requantize
 from optcli.ops.registry import kernel
+from optcli.ops.shapes_registry import Shape, ShapeArgs, broadcast, first_input, shape_fn
 
 MS = "com.microsoft"
 
@@ -147,3 +148,41 @@ def qgemm(inputs, attrs):
     yzp = _opt(inputs, 8)
     return [requantize(acc, scale / _f32(ys), 0 if yzp is None else yzp,
                        np.dtype(np.uint8) if yzp is None else np.asarray(yzp).dtype)]
+
+
+# ----------------------------------------------------------------------------- shape functions
+
+shape_fn(["QLinearSigmoid", "QLinearLeakyRelu"], domain=MS)(first_input)
+
+
+@shape_fn(["QLinearAdd", "QLinearMul"], domain=MS)
+def _qlinear_binary_shape(args: ShapeArgs) -> list[Shape]:
+    return [broadcast(args.shape(0), args.shape(3))]
+
+
+@shape_fn("QLinearGlobalAveragePool", domain=MS)
+def _qlinear_global_pool_shape(args: ShapeArgs) -> list[Shape]:
+    from optcli.ops.pool import global_pool_shape
+
+    return [global_pool_shape(args.shape(0), bool(int(args.attrs.get("channels_last", 0))))]
+
+
+@shape_fn("QLinearAveragePool", domain=MS)
+def _qlinear_pool_shape(args: ShapeArgs) -> list[Shape]:
+    from optcli.ops.pool import pool_shape
+
+    return [pool_shape(args.shape(0), args.attrs, bool(int(args.attrs.get("channels_last", 0))))]
+
+
+@shape_fn("QLinearConcat", domain=MS)
+def _qlinear_concat_shape(args: ShapeArgs) -> list[Shape]:
+    from optcli.ops.tensor_shapes import concat_shape
+
+    return [concat_shape([args.shape(k) for k in range(2, len(args.shapes), 3)], int(args.attrs.get("axis", 1)))]
+
+
+@shape_fn("QGemm", domain=MS)
+def _qgemm_shape(args: ShapeArgs) -> list[Shape]:
+    from optcli.ops.gemm import gemm_shape
+
+    return gemm_shape(args, 0, 3, 6)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from optcli.ops.registry import kernel
+from optcli.ops.shapes_registry import Shape, ShapeArgs, norm_axis, shape_fn, unknown
 
 Inputs = list[np.ndarray | None]
 Attrs = dict[str, Any]
@@ -121,3 +122,25 @@ _REDUCTIONS: dict[str, tuple[Callable, bool]] = {
 
 for _op, (_fn, _int_float) in _REDUCTIONS.items():
     kernel(_op)(_reduction(_fn, _int_float))
+
+
+
+@shape_fn(list(_REDUCTIONS))
+def reduce_shape(args: ShapeArgs) -> list[Shape]:
+    """The reduced axes as ``reduce_axes`` reads them; kept as 1 with ``keepdims``, else dropped.
+    Axes from an input of unknown value: with ``keepdims`` the rank is known, not the dims."""
+    x = args.shape(0)
+    keep = bool(args.attrs.get("keepdims", 1))
+    given, axes = args.ints_attr_or_input(1, "axes")
+    if x is None:
+        return [None]
+    if given and axes is None:
+        return [unknown(len(x)) if keep else None]
+    if not axes:
+        if args.attrs.get("noop_with_empty_axes", 0):
+            return [x]
+        axes = list(range(len(x)))
+    picked = {norm_axis(a, len(x), "reduced axis") for a in axes}
+    if keep:
+        return [tuple(1 if i in picked else d for i, d in enumerate(x))]
+    return [tuple(d for i, d in enumerate(x) if i not in picked)]

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from optcli.ops.registry import kernel
+from optcli.ops.shapes_registry import Shape, ShapeArgs, ShapeDerivationError, fixed, norm_axis, shape_fn
 
 
 def _str(attrs: dict[str, Any], name: str, default: str) -> str:
@@ -218,3 +219,82 @@ def upsample(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.
     if scales is None:
         scales = np.asarray(attrs["scales"], dtype=np.float32)
     return [_resize(inputs[0], None, np.asarray(scales), None, attrs, legacy=True)]
+
+
+# ----------------------------------------------------------------------------- shape functions
+
+def _resized(x: Shape, attrs: dict[str, Any], scales: list[float] | None, sizes: list[int] | None) -> Shape:
+    """``_resize``'s output shape: sizes win over scales; a dim stays unknown where its input dim is
+    (scales, a keep-aspect-ratio policy) or where neither is known."""
+    if x is None:
+        return None
+    r = len(x)
+    axes = [norm_axis(int(a), r, "Resize axis") for a in (attrs.get("axes") or range(r))]
+    out = list(x)
+    if sizes is not None:
+        if len(sizes) != len(axes):
+            raise ShapeDerivationError(f"{len(sizes)} sizes for {len(axes)} axes")
+        if _str(attrs, "keep_aspect_ratio_policy", "stretch") != "stretch":
+            dims = [fixed(x[a]) for a in axes]
+            if None in dims:
+                return tuple(None if a in axes else d for a, d in enumerate(x))
+            pick = min if _str(attrs, "keep_aspect_ratio_policy", "stretch") == "not_larger" else max
+            scale = pick(s / d if d else 1.0 for s, d in zip(sizes, dims))
+            for a, d in zip(axes, dims):
+                out[a] = int(scale * d + 0.5)
+        else:
+            for a, s in zip(axes, sizes):
+                out[a] = int(s)
+    elif scales is not None:
+        if len(scales) != len(axes):
+            raise ShapeDerivationError(f"{len(scales)} scales for {len(axes)} axes")
+        for a, s in zip(axes, scales):
+            d = fixed(x[a])
+            out[a] = (x[a] if s == 1.0 else None) if d is None else int(np.floor(s * d))
+    else:
+        return _unknown_sizes(x, attrs)
+    if any(isinstance(d, int) and d < 0 for d in out):
+        raise ShapeDerivationError(f"the output would have a negative dim {out}")
+    return tuple(out)
+
+
+def _unknown_sizes(x: Shape, attrs: dict[str, Any]) -> Shape:
+    """Scales or sizes of unknown value: the resized axes are unknown, the others keep their dims."""
+    if x is None:
+        return None
+    axes = {norm_axis(int(a), len(x), "Resize axis") for a in (attrs.get("axes") or range(len(x)))}
+    return tuple(None if a in axes else d for a, d in enumerate(x))
+
+
+def _floats(v: np.ndarray | None) -> list[float] | None:
+    return None if v is None else np.asarray(v).astype(np.float32).astype(np.float64).reshape(-1).tolist()
+
+
+@shape_fn("Resize")
+def _resize_shape(args: ShapeArgs) -> list[Shape]:
+    """Inputs (X, roi, scales, sizes), or opset 10's (X, scales).  An empty scales or sizes input
+    counts as absent, as in the kernel; a given one of unknown value leaves the dims unknown."""
+    x = args.shape(0)
+    if args.opset < 11 or len(args.shapes) == 2:
+        scales = args.value(1)
+        return [_resized(x, args.attrs, _floats(scales), None) if scales is not None else _unknown_sizes(x, args.attrs)]
+
+    def empty(k: int) -> bool:
+        s = args.shape(k)
+        return not args.has(k) or (s is not None and 0 in s)
+
+    if not empty(3):
+        sizes = args.ints(3)
+        return [_resized(x, args.attrs, None, sizes) if sizes is not None else _unknown_sizes(x, args.attrs)]
+    if not empty(2):
+        scales = args.value(2)
+        return [_resized(x, args.attrs, _floats(scales), None) if scales is not None else _unknown_sizes(x, args.attrs)]
+    raise ShapeDerivationError("Resize needs either scales or sizes")
+
+
+@shape_fn("Upsample")
+def _upsample_shape(args: ShapeArgs) -> list[Shape]:
+    scales = args.value(1) if args.has(1) else args.attrs.get("scales")
+    if scales is None:
+        return [_unknown_sizes(args.shape(0), {})]
+    return [_resized(args.shape(0), {}, _floats(np.asarray(scales)), None)]

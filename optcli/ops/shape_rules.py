@@ -1,284 +1,226 @@
 """Value shapes derived from input shapes, for graphs and plans with dynamic dims.
 
 The compiler needs sizes for a graph whose inputs have symbolic dims (GPU kernel checks and the
-cost model judge nominal sizes, ``optcli.targets.nominal``), and the runtime needs every GPU
-value's shape for the concrete input shapes of a ``run`` before it sizes a buffer or a launch
-grid (``optcli.runtime.bind_shapes``).  Both come from here: the nodes are written out as an
-in-memory ONNX graph with the inputs pinned and *no* recorded shapes of intermediate values
-(a file's recorded shapes are checked against the derivation, never used as its source), and
-onnx's shape inference (with data propagation, so Shape -> Gather -> Concat -> Reshape chains
-resolve) derives the rest.
+cost model judge nominal sizes, ``optcli.targets.nominal``), and the runtime needs every value's
+shape: at ``load`` symbolically, to compare with what the file records
+(``optcli.runtime.plan_shapes``), and at ``run`` from the concrete input shapes before it sizes a
+buffer or a launch grid (``optcli.runtime.bind_shapes``).  Both come from ``derive_shapes``: one
+pass over the nodes in order, each node's outputs from its op's shape function
+(``optcli.ops.shapes_registry``, registered beside each op), with the inputs pinned and *nothing*
+recorded about intermediate values used (a file's recorded shapes are checked against the
+derivation, never its source).  No onnx here: the derivation is ours, bounded, and the same on
+the compiler and the runtime side.
 
-Our fused ops are given to onnx as the standard op with the same shape rule: elementwise ones
-(activations, ``FakeQuant``, ``ChannelAffine``, the layout copies) as ``Identity``,
-``FullyConnected`` and ``DynamicQuantizeMatMul`` as ``MatMul`` of their first two inputs.  Ops
-fusion creates in the default domain above the model's opset (``Gelu`` is opset 20,
-``LayerNormalization`` 17, ``HardSwish`` 14) are mapped the same way, so a model exported at
-opset 13 still derives through them.
-
-This is the single place a later per-op shape function (issue 12) replaces: callers only see
-``derive_shapes``.
+Shape arithmetic (Shape -> Gather -> Concat -> Reshape, a Slice whose end is a sequence length)
+is followed two ways: small integer values that become known are evaluated with the ops' own
+numpy kernels (never a large or random one), and 1-D shape values whose elements are only partly
+known (``Shape`` of ``[N, 3, 224, 224]``) are carried as dims, so a Reshape to ``[N, -1]`` keeps
+its ``N``.  A node with subgraphs (Loop, If, Scan run by the reference fallback) or with no shape
+function leaves its outputs unknown (rank too): the run computes them, and the runtime treats
+them as data-dependent.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from optcli.ir import Dim, Node
+from optcli.ops.shapes_registry import ShapeArgs, ShapeDerivationError, is_int, shape_fn_for
 
-SMALL_CONSTANT = 4096  # elements: shape-like constants go in whole (data propagation), weights by type only
+__all__ = ["SMALL_CONSTANT", "ShapeDerivationError", "derive_shapes", "is_concrete"]
 
-# (domain, op) -> how onnx sees its shape: "identity" (output 0 has input 0's shape) or "matmul".
-SHAPE_AS: dict[tuple[str, str], str] = {
-    **{("optcli", op): "identity" for op in ("Upload", "Download", "Pack", "Unpack", "Swish", "FakeQuant",
-                                            "ChannelAffine")},
-    **{("", op): "identity" for op in ("Gelu", "HardSwish")},
-    ("optcli", "FullyConnected"): "matmul",
-    ("optcli", "DynamicQuantizeMatMul"): "matmul",
-}
+SMALL_CONSTANT = 4096  # elements: values up to this size are evaluated (shape arithmetic), larger ones never
+NEWEST_OPSET = 21  # a plan that names no default-domain opset: the shape functions read current semantics
 
-
-class ShapeDerivationError(ValueError):
-    """onnx's inference found the shapes inconsistent (strict mode): the message names the node."""
-
-
-def _mapped(node: Node) -> str | None:
-    kind = SHAPE_AS.get((node.domain if node.domain != "ai.onnx" else "", node.op_type))
-    if kind is None and node.op_type == "LayerNormalization" and node.domain in ("", "ai.onnx") \
-            and len([o for o in node.outputs if o]) == 1 and node.outputs[0]:
-        kind = "identity"
-    return kind
-
-
-def onnx_node(node: Node):
-    """The node as ONNX for shape inference: fused ops as their shape twin, epilogue attributes
-    left out, subgraph attributes taken from the kept proto."""
-    import onnx
-    from onnx import helper, numpy_helper
-
-    kind = _mapped(node)
-    if kind == "identity":
-        return helper.make_node("Identity", node.inputs[:1], node.outputs[:1], name=node.name)
-    if kind == "matmul":
-        return helper.make_node("MatMul", node.inputs[:2], node.outputs[:1], name=node.name)
-    attrs = {}
-    for key, value in node.attrs.items():
-        if key.startswith("_") or (key.startswith("activation") and node.domain in ("", "ai.onnx")):
-            continue
-        if isinstance(value, np.ndarray):
-            value = numpy_helper.from_array(value)
-        elif isinstance(value, list) and value and isinstance(value[0], np.ndarray):
-            value = [numpy_helper.from_array(v) for v in value]
-        attrs[key] = value
-    explicit = list(node.inputs)
-    extra = []
-    if node.proto is not None:
-        old = onnx.NodeProto()
-        old.ParseFromString(node.proto)
-        explicit = explicit[:len(old.input)]  # the rest are subgraph reads the IR made explicit
-        extra = [a for a in old.attribute if a.name not in attrs]
-    proto = helper.make_node(node.op_type, explicit, node.outputs, name=node.name, domain=node.domain)
-    for key, value in attrs.items():
-        try:
-            proto.attribute.append(helper.make_attribute(key, value))
-        except (TypeError, ValueError):  # e.g. an empty list, whose type make_attribute cannot tell
-            continue
-    proto.attribute.extend(extra)
-    return proto
-
-
-def value_info(name: str, dtype: str | None, shape: Iterable[Dim] | None):
-    from onnx import helper
-
-    try:
-        elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype)) if dtype and dtype != "unknown" else 0
-    except TypeError:
-        elem = 0
-    dims = None if shape is None else [d if isinstance(d, (int, str)) else None for d in shape]
-    return helper.make_tensor_value_info(name, elem, dims)
-
-
-def derive_shapes(nodes: list[Node], inputs: dict[str, tuple[str, tuple[Dim, ...]]],
-                  constants: dict[str, np.ndarray], opsets: dict[str, int], outputs: list[str],
-                  strict: bool = False, rounds: int = 8) -> dict[str, tuple[Dim, ...]]:
-    """name -> shape of every value ``nodes`` compute, from the ``inputs`` ({name: (dtype, shape)})
-    and the constants' own shapes (small integer constants by value).  Dims onnx cannot derive are
-    symbols or None; with ``strict`` an inconsistency raises ``ShapeDerivationError``.
-
-    Shape arithmetic is evaluated between rounds of inference: a ``Shape`` whose input's shape is
-    now known, and then any small computation on known values (Gather, Unsqueeze, Concat, Range,
-    Slice of a position-id table...), becomes a constant for the next round.  onnx's own data
-    propagation covers Reshape and Expand targets but not, e.g., a Slice whose ends come from a
-    Shape, which a transformer's position embedding uses.
-
-    Nothing large is ever computed: a node is evaluated only when onnx's inference already gave
-    each of its outputs a known shape of at most ``SMALL_CONSTANT`` elements (its inputs are such
-    constants too), so the work is bounded per node and the whole derivation by the number of
-    nodes times ``rounds`` (the runtime derives at load, where no plan may be executed).
-    Subgraph ops (the fallback's protos) and random ops are never evaluated."""
-    known = {k: np.asarray(a) for k, a in constants.items() if a.size <= SMALL_CONSTANT and a.dtype != object}
-    pending = list(nodes)
-    shapes: dict[str, tuple[Dim, ...]] = {}
-    for _ in range(max(1, rounds)):
-        shapes.update(_infer(pending, inputs, constants, known, opsets, outputs, strict))  # later rounds know more
-        shapes.update((name, tuple(array.shape)) for name, array in known.items())
-        folded = _fold(pending, inputs, shapes, known, opsets)
-        if not folded:
-            break
-        pending = [n for n in pending if not all(o in known for o in n.outputs if o)]
-    if strict:
-        problem = inconsistency(nodes, shapes, inputs, constants)
-        if problem:
-            raise ShapeDerivationError(problem)
-    return shapes
-
-
-def inconsistency(nodes: list[Node], shapes: dict[str, tuple[Dim, ...]], inputs: dict,
-                  constants: dict[str, np.ndarray]) -> str:
-    """What onnx's inference does not check and a kernel relies on: a Conv's input channels against
-    its weight and group, a ConvTranspose's likewise, the length of a bias or a per-channel
-    parameter.  Only dims known on both sides are compared; '' when nothing disagrees.  The
-    message names the node as onnx's do: ``(op_type:Conv, node name: conv1): ...``."""
-    def shape(name: str):
-        if not name:
-            return None
-        if name in constants:
-            return tuple(np.shape(constants[name]))
-        return inputs[name][1] if name in inputs else shapes.get(name)
-
-    for node in nodes:
-        if node.domain not in ("", "ai.onnx", "optcli") or node.proto is not None:
-            continue
-        problem = _node_inconsistency(node, [shape(i) for i in node.inputs])
-        if problem:
-            return f"(op_type:{node.op_type}, node name: {node.name}): {problem}"
-    return ""
-
-
-def _node_inconsistency(node: Node, shapes: list) -> str:
-    def dim(k: int, axis: int):
-        s = shapes[k] if k < len(shapes) else None
-        if s is None or not -len(s) <= axis < len(s):
-            return None
-        d = s[axis]
-        return d if isinstance(d, int) and not isinstance(d, bool) else None
-
-    def length(k: int):
-        s = shapes[k] if k < len(shapes) else None
-        return int(np.prod(s)) if is_concrete(s) else None
-
-    op, group = node.op_type, node.attrs.get("group", 1)
-    group = group if isinstance(group, int) and group > 0 else 1
-    if op in ("Conv", "ConvTranspose") and len(shapes) >= 2:
-        x, w = shapes[0], shapes[1]
-        if x is not None and w is not None and len(x) != len(w):
-            return f"input rank {len(x)} differs from the weight's {len(w)}"
-        c, w0, w1 = dim(0, 1), dim(1, 0), dim(1, 1)
-        per_group_in = w1 if op == "Conv" else w0
-        expected = None if per_group_in is None else (per_group_in * group if op == "Conv" else per_group_in)
-        if c is not None and expected is not None and c != expected:
-            return f"the input has {c} channels, the weight takes {expected} (group {group})"
-        if op == "Conv" and w0 is not None and w0 % group:
-            return f"{w0} output channels do not split into {group} groups"
-        if op == "ConvTranspose" and w0 is not None and w0 % group:
-            return f"{w0} input channels do not split into {group} groups"
-        outs = (w0 if op == "Conv" else (None if w1 is None else w1 * group))
-        bias = length(2)
-        if bias is not None and outs is not None and bias != outs:
-            return f"the bias has {bias} values for {outs} output channels"
-    elif op == "ChannelAffine" and node.domain == "optcli":
-        c = dim(0, 1)
-        for k in (1, 2):
-            n = length(k)
-            if c is not None and n is not None and n not in (1, c):
-                return f"input {k} has {n} values for {c} channels"
-    elif op == "FullyConnected" and node.domain == "optcli":
-        n_out, bias = dim(1, -1), length(2)
-        if n_out is not None and bias is not None and bias not in (1, n_out):
-            return f"the bias has {bias} values for {n_out} outputs"
-    return ""
-
-
+# Ops whose outputs' sizes follow from data, at most a small multiple of their (small, known)
+# inputs' sizes: evaluated although their shape function cannot size them.
+_BOUNDED_BY_INPUTS = ("NonZero",)
 _NOT_FOLDED = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
                "Bernoulli")
+# A shape function that trips over attributes it cannot read (a crafted file): the outputs stay
+# unknown and the kernel judges them at run; inconsistent shapes are ShapeDerivationError instead.
+_UNREADABLE = (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError, OverflowError, AttributeError)
 
 
-def _fold(nodes: list[Node], inputs: dict, shapes: dict, known: dict[str, np.ndarray], opsets: dict) -> int:
-    """Evaluate what has become computable (see ``derive_shapes``); returns how many nodes folded."""
+def derive_shapes(nodes: list[Node], inputs: dict[str, tuple[str, tuple[Dim, ...] | None]],
+                  constants: dict[str, np.ndarray], opsets: dict[str, int], outputs: list[str],
+                  strict: bool = False, problems: list[str] | None = None) -> dict[str, tuple[Dim, ...]]:
+    """name -> shape of every value ``nodes`` compute (and of the inputs and constants), from the
+    ``inputs`` ({name: (dtype, shape)}) and the constants (small integer ones by value).  Dims
+    that do not follow from them are symbols or None; a value whose rank is unknown is left out.
+
+    A node whose input shapes do not fit its op raises ``ShapeDerivationError`` with ``strict``,
+    its message naming the node as ``(op_type:Conv, node name: conv1): ...``; else its outputs
+    stay unknown and the message is appended to ``problems`` (when given).  ``outputs`` is kept
+    for the callers' sake: every value is derived anyway.
+
+    The work is bounded by the number of nodes: each is visited once, and a node is evaluated
+    only when its inputs are known small values and its outputs' derived shapes hold at most
+    ``SMALL_CONSTANT`` elements (a small constant can ask for terabytes: Expand, Range, Tile)."""
+    del outputs
+    opset = int(opsets.get("", 0) or opsets.get("ai.onnx", 0) or NEWEST_OPSET)
+    shapes: dict[str, tuple[Dim, ...] | None] = {}
+    known: dict[str, np.ndarray] = {}
+    dims: dict[str, tuple[Dim, ...]] = {}
+    for name, array in constants.items():
+        shapes[name] = tuple(int(d) for d in np.shape(array))
+        if np.size(array) <= SMALL_CONSTANT and np.asarray(array).dtype != object:
+            known[name] = np.asarray(array)
+    for name, (_, shape) in inputs.items():
+        if shape is not None or name not in shapes:
+            # A negative dim (paddle2onnx's -1) is a dynamic one, unnamed.
+            shapes[name] = None if shape is None else tuple(None if is_int(d) and d < 0 else _dim(d) for d in shape)
+    for node in nodes:
+        outs = _node_shapes(node, shapes, known, dims, opset, strict, problems)
+        for name, shape in zip(node.outputs, outs):
+            if name:
+                shapes[name] = shape
+        _evaluate(node, shapes, known, dims, opset)
+    return {name: shape for name, shape in shapes.items() if shape is not None}
+
+
+def _dim(d: Any) -> Dim:
+    return int(d) if is_int(d) else (d if isinstance(d, str) else None)
+
+
+def _node_shapes(node: Node, shapes: dict, known: dict, dims: dict, opset: int, strict: bool,
+                 problems: list[str] | None) -> list:
+    """The node's output shapes from its shape function ([] when it has none or they are unknown)."""
+    fn = shape_fn_for(node.op_type, node.domain)  # no op with graph attributes (Loop, If, Scan) has one
+    if fn is None:
+        return []
+    present = [bool(i) for i in node.inputs]
+    args = ShapeArgs([shapes.get(i) if i else None for i in node.inputs],
+                     [known.get(i) if i else None for i in node.inputs],
+                     {k: v for k, v in node.attrs.items() if not k.startswith("_")}, opset, present,
+                     [dims.get(i) if i else None for i in node.inputs], len(node.outputs), node.op_type)
+    try:
+        result = fn(args)
+    except ShapeDerivationError as exc:
+        message = f"(op_type:{node.op_type}, node name: {node.name}): {exc}"
+        if strict:
+            raise ShapeDerivationError(message) from None
+        if problems is not None:
+            problems.append(message)
+        return []
+    except _UNREADABLE:
+        return []
+    return [None if s is None else tuple(_dim(d) for d in s) for s in result]
+
+
+def _evaluate(node: Node, shapes: dict, known: dict, dims: dict, opset: int) -> None:
+    """Record the node's outputs as known values when they are small and computable (see the module
+    docstring), else as partly known dims where shape arithmetic allows."""
+    if node.proto is not None or not node.outputs or node.op_type in _NOT_FOLDED:
+        return
+    if node.op_type == "Shape" and node.domain in ("", "ai.onnx"):
+        shape = shapes.get(node.inputs[0]) if node.inputs else None
+        if shape is not None:
+            end = node.attrs.get("end")
+            part = shape[int(node.attrs.get("start", 0)):None if end is None else int(end)]
+            _record_dims(node.outputs[0], part, shapes, known, dims)
+        return
+    if (node.inputs or node.op_type == "Constant") and all(i in known for i in node.inputs if i) and (
+            all(_small(shapes.get(o)) for o in node.outputs if o) or node.op_type in _BOUNDED_BY_INPUTS):
+        if _fold(node, shapes, known, opset):
+            return
+    _propagate_dims(node, shapes, known, dims)
+
+
+def _fold(node: Node, shapes: dict, known: dict, opset: int) -> bool:
     from optcli.ops.registry import kernels_for
 
-    folded = 0
-    for node in nodes:
-        if node.proto is not None or not node.outputs or all(o in known for o in node.outputs if o):
-            continue
-        try:
-            if node.op_type == "Shape" and node.domain in ("", "ai.onnx"):
-                shape = inputs[node.inputs[0]][1] if node.inputs[0] in inputs else shapes.get(node.inputs[0])
-                if not is_concrete(shape):
-                    continue
-                rank = len(shape)
-                start, end = int(node.attrs.get("start", 0)), int(node.attrs.get("end", rank))
-                results = [np.array(shape[slice(start, end)], np.int64)]
-            elif node.op_type in _NOT_FOLDED or not node.inputs or not all(i in known for i in node.inputs if i):
-                continue
-            elif not all(_small(shapes.get(o)) for o in node.outputs if o):
-                # Sized before it is evaluated: a small constant can ask for terabytes (Expand,
-                # Range, ConstantOfShape, Tile...), and deriving shapes must never compute them.
-                continue
-            else:
-                generic = [k for k in kernels_for(node.op_type, node.domain) if k.applies is None]
-                if not generic:
-                    continue
-                attrs = {**node.attrs, "_opset": int(opsets.get("", 0) or 0), "_n_outputs": len(node.outputs)}
-                results = generic[0].fn([known[i] if i else None for i in node.inputs], attrs)
-        except Exception:  # noqa: BLE001 - what does not evaluate stays for onnx's inference (or the run) to judge
-            continue
-        arrays = [np.asarray(r) for r in results[:len(node.outputs)]]
-        if len(arrays) < len([o for o in node.outputs if o]) or any(a.size > SMALL_CONSTANT or a.dtype == object
-                                                                    for a in arrays):
-            continue
-        for name, array in zip(node.outputs, arrays):
-            if name:
-                known[name] = array
-        folded += 1
-    return folded
-
-
-def _infer(nodes: list[Node], inputs: dict, constants: dict[str, np.ndarray], known: dict[str, np.ndarray],
-           opsets: dict[str, int], outputs: list[str], strict: bool) -> dict[str, tuple[Dim, ...]]:
-    import onnx
-    from onnx import helper, numpy_helper
-
-    graph_inputs = [value_info(k, dtype, shape) for k, (dtype, shape) in inputs.items()]
-    graph_inputs += [value_info(k, a.dtype.name, a.shape) for k, a in constants.items() if k not in known]
-    inits = [numpy_helper.from_array(np.asarray(a), k) for k, a in known.items()]
-    graph_outputs = [helper.make_value_info(k, onnx.TypeProto()) for k in outputs if k not in known]
-    proto = helper.make_graph([onnx_node(n) for n in nodes], "derive", graph_inputs, graph_outputs, inits)
-    opset_ids = {"": 17, **{d: v for d, v in opsets.items() if d != "ai.onnx"}, "optcli": 1}
-    model = helper.make_model(proto, opset_imports=[helper.make_opsetid(d, int(v)) for d, v in opset_ids.items()])
+    generic = [k for k in kernels_for(node.op_type, node.domain) if k.applies is None]
+    if not generic:
+        return False
+    attrs = {**node.attrs, "_opset": opset, "_n_outputs": len(node.outputs)}
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=strict, data_prop=True)
-    except onnx.shape_inference.InferenceError as exc:
-        raise ShapeDerivationError(_short(exc)) from None
-    shapes: dict[str, tuple[Dim, ...]] = {}
-    for vi in [*inferred.graph.value_info, *inferred.graph.output]:
-        t = vi.type.tensor_type
-        if vi.type.HasField("tensor_type") and t.HasField("shape"):
-            shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                                    for d in t.shape.dim)
-    return shapes
+        results = generic[0].fn([known[i] if i else None for i in node.inputs], attrs)
+        arrays = [np.asarray(r) for r in results[:len(node.outputs)]]
+    except Exception:  # noqa: BLE001 - what does not evaluate is left to the run to judge
+        return False
+    if len(arrays) < len([o for o in node.outputs if o]) or any(a.size > SMALL_CONSTANT or a.dtype == object
+                                                                for a in arrays):
+        return False
+    for name, array in zip(node.outputs, arrays):
+        if name:
+            known[name] = array
+            shapes[name] = tuple(int(d) for d in array.shape)  # data-dependent sizes too, now known
+    return True
 
 
-def _short(exc: Exception) -> str:
-    text = str(exc).replace("[ShapeInferenceError] Inference error(s): ", "").strip()
-    return " ".join(text.split())[:300]
+def _record_dims(name: str, values: tuple, shapes: dict, known: dict, dims: dict) -> None:
+    """A 1-D (or 0-D) integer value whose elements are dims: known when they are all fixed."""
+    if all(is_int(d) for d in values) and shapes.get(name) is not None:
+        shape = shapes[name]
+        if all(is_int(d) for d in shape) and int(np.prod(shape, dtype=np.int64)) == len(values):
+            known[name] = np.array([int(d) for d in values], np.int64).reshape(shape)
+            return
+    dims[name] = tuple(values)
+
+
+def _elements(name: str, known: dict, dims: dict) -> tuple[Dim, ...] | None:
+    if not name:
+        return None
+    if name in known:
+        a = known[name]
+        return tuple(int(v) for v in a.reshape(-1)) if a.dtype.kind in "iu" and a.ndim <= 1 else None
+    return dims.get(name)
+
+
+_ARITH = {"Add": (lambda a, b: a + b, 0), "Sub": (lambda a, b: a - b, None), "Mul": (lambda a, b: a * b, 1),
+          "Div": (lambda a, b: a // b if b else None, None)}
+
+
+def _propagate_dims(node: Node, shapes: dict, known: dict, dims: dict) -> None:
+    """Shape arithmetic on partly known shape values (what onnx calls data propagation)."""
+    if node.domain not in ("", "ai.onnx") or not node.inputs or not node.outputs or not node.outputs[0]:
+        return
+    op, out = node.op_type, node.outputs[0]
+    first = _elements(node.inputs[0], known, dims)
+    if op in ("Identity", "Squeeze", "Unsqueeze", "Cast") and first is not None:
+        if op != "Cast" or int(node.attrs.get("to", 0)) in (6, 7):  # int32, int64
+            _record_dims(out, first, shapes, known, dims)
+    elif op == "Concat" and all(_elements(i, known, dims) is not None for i in node.inputs if i):
+        _record_dims(out, sum((_elements(i, known, dims) for i in node.inputs if i), ()), shapes, known, dims)
+    elif op == "Gather" and first is not None and node.input(1) in known:
+        index = known[node.input(1)]
+        picked = []
+        for i in index.reshape(-1).tolist():
+            if not -len(first) <= int(i) < len(first):
+                return
+            picked.append(first[int(i)])
+        _record_dims(out, tuple(picked), shapes, known, dims)
+    elif op == "Slice" and first is not None and all(i in known for i in node.inputs[1:] if i) \
+            and len(node.inputs) >= 3:
+        start, end = (int(known[node.inputs[k]].reshape(-1)[0]) for k in (1, 2))
+        step = int(known[node.input(4)].reshape(-1)[0]) if node.input(4) else 1
+        if step:
+            _record_dims(out, first[start:end:step], shapes, known, dims)
+    elif op in _ARITH and len(node.inputs) == 2:
+        second = _elements(node.inputs[1], known, dims)
+        if first is None or second is None or (len(first) != len(second) and 1 not in (len(first), len(second))):
+            return
+        n = max(len(first), len(second))
+        a, b = (first * n if len(first) == 1 else first), (second * n if len(second) == 1 else second)
+        _record_dims(out, tuple(_arith(op, x, y) for x, y in zip(a, b)), shapes, known, dims)
+
+
+def _arith(op: str, a: Dim, b: Dim) -> Dim:
+    fn, unit = _ARITH[op]
+    if is_int(a) and is_int(b):
+        return fn(int(a), int(b))
+    if is_int(b) and (b == unit or (op in ("Sub", "Div") and b == (0 if op == "Sub" else 1))):
+        return a
+    if is_int(a) and a == unit and op in ("Add", "Mul"):
+        return b
+    return None
 
 
 def _small(shape: Any) -> bool:
-    """A shape onnx's inference knows, of at most ``SMALL_CONSTANT`` elements."""
+    """A known shape of at most ``SMALL_CONSTANT`` elements."""
     if not is_concrete(shape):
         return False
     count = 1

@@ -183,3 +183,41 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
 
 def prod(values: Sequence[int]) -> int:
     return math.prod(int(v) for v in values)
+
+
+def _axis_attrs(attrs: dict[str, Any], i: int, n: int) -> dict[str, Any]:
+    """``attrs`` of a windowed op restricted to spatial axis ``i`` of ``n`` (one-axis geometry)."""
+    one = dict(attrs)
+    for name in ("kernel_shape", "strides", "dilations", "output_padding"):
+        if attrs.get(name) is not None and len(attrs[name]) == n:
+            one[name] = [attrs[name][i]]
+    pads = attrs.get("pads")
+    if pads is not None and len(pads) == 2 * n:
+        one["pads"] = [pads[i], pads[n + i]]
+    out_shape = attrs.get("output_shape")
+    if out_shape is not None and len(out_shape) >= n:
+        one["output_shape"] = [list(out_shape)[-n:][i]]
+    return one
+
+
+def window_dims(attrs: dict[str, Any], spatial: Sequence[Any], kernel: Sequence[Any],
+                ceil_mode: bool = False, transpose: bool = False) -> list[Any]:
+    """Output spatial dims of a Conv / pool (``transpose``: ConvTranspose) whose input dims may be
+    symbols or None: each fixed axis goes through the kernels' own geometry (``window``,
+    ``conv_transpose_geometry``) on its own, the others are None.  Raises ValueError where the
+    window does not fit."""
+    n = len(spatial)
+    attr_len = [len(attrs[k]) for k in ("strides", "dilations") if attrs.get(k) is not None and len(attrs[k])]
+    if len(kernel) != n or any(m != n for m in attr_len) or (attrs.get("pads") and len(attrs["pads"]) != 2 * n):
+        raise ValueError(f"the window's attributes do not have {n} spatial axes")
+    out = []
+    for i, (d, k) in enumerate(zip(spatial, kernel)):
+        if not isinstance(d, (int, np.integer)) or not isinstance(k, (int, np.integer)):
+            out.append(None)
+            continue
+        one = _axis_attrs(attrs, i, n)
+        if transpose:
+            out.append(int(conv_transpose_geometry(one, [int(d)], [int(k)])[4][0]))
+        else:
+            out.append(int(window(one, [int(d)], [int(k)], ceil_mode).out[0]))
+    return out

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 from optcli.ir import OPTCLI_DOMAIN
 from optcli.ops.registry import kernel
+from optcli.ops.shapes_registry import first_input, shape_fn
 
 
 @kernel(["Upload", "Download", "Pack", "Unpack"], domain=OPTCLI_DOMAIN)
 def identity(inputs, attrs):
     return [inputs[0]]
+
+
+# A copy or a layout change keeps the value's (logical) shape.
+shape_fn(["Upload", "Download", "Pack", "Unpack"], domain=OPTCLI_DOMAIN)(first_input)

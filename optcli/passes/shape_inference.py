@@ -7,8 +7,12 @@ output shape is known, but only a new round of inference can say so, and only th
 Shape node fold.  ``fold_constants`` alternates the two until neither changes anything, which is
 what onnxsim and onnxruntime's basic level do.
 
-This module is a helper of that pass, not a pass of its own.  It writes the IR out as an
-in-memory ONNX graph (small constants as initializers so data propagation can read them, big
+This module is a helper of that pass, not a pass of its own, and the one place left that derives
+shapes with onnx's inference (compiler side only: the runtime, and the nominal sizes of
+``optcli.targets.nominal``, use our own per-op shape functions, ``optcli.ops.shape_rules``).
+onnx's inference is kept here because it also refines dtypes and reads the model's own
+``value_info``, which the frontend keeps in the IR.  It writes the IR out as an in-memory ONNX
+graph (small constants as initializers so data propagation can read them, big
 weights only as typed inputs), runs onnx's shape inference, and takes back only what is *more*
 known than before: a dim that becomes a number, a rank that becomes known.  A fixed dim is
 never replaced, so a wrong inference can refine but never contradict what the model declares.
@@ -20,10 +24,22 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from optcli.ir import Dim, Graph, Value
-from optcli.ops.shape_rules import SMALL_CONSTANT, onnx_node, value_info
+from optcli.ir import Dim, Graph, Node, Value
+from optcli.ops.shape_rules import SMALL_CONSTANT
 
 _DOMAIN_OPSET = {"optcli": 1}
+
+# (domain, op) -> how onnx sees its shape: "identity" (output 0 has input 0's shape) or "matmul".
+# Our fused ops are given to onnx as the standard op with the same shape rule; ops fusion creates
+# in the default domain above the model's opset (Gelu 20, LayerNormalization 17, HardSwish 14) too,
+# so a model exported at opset 13 still infers through them.
+SHAPE_AS: dict[tuple[str, str], str] = {
+    **{("optcli", op): "identity" for op in ("Upload", "Download", "Pack", "Unpack", "Swish", "FakeQuant",
+                                            "ChannelAffine")},
+    **{("", op): "identity" for op in ("Gelu", "HardSwish")},
+    ("optcli", "FullyConnected"): "matmul",
+    ("optcli", "DynamicQuantizeMatMul"): "matmul",
+}
 
 
 def reinfer_shapes(graph: Graph) -> int:
@@ -103,3 +119,54 @@ def _to_onnx(graph: Graph) -> onnx.ModelProto:
     opsets = {"": 17, **graph.opsets, **_DOMAIN_OPSET}
     proto = helper.make_graph(nodes, graph.name or "g", inputs, outputs, inits, value_info=recorded)
     return helper.make_model(proto, opset_imports=[helper.make_opsetid(d, int(v)) for d, v in opsets.items()])
+
+
+def _mapped(node: Node) -> str | None:
+    kind = SHAPE_AS.get((node.domain if node.domain != "ai.onnx" else "", node.op_type))
+    if kind is None and node.op_type == "LayerNormalization" and node.domain in ("", "ai.onnx") \
+            and len([o for o in node.outputs if o]) == 1 and node.outputs[0]:
+        kind = "identity"
+    return kind
+
+
+def onnx_node(node: Node) -> onnx.NodeProto:
+    """The node as ONNX for shape inference: fused ops as their shape twin, epilogue attributes
+    left out, subgraph attributes taken from the kept proto."""
+    kind = _mapped(node)
+    if kind == "identity":
+        return helper.make_node("Identity", node.inputs[:1], node.outputs[:1], name=node.name)
+    if kind == "matmul":
+        return helper.make_node("MatMul", node.inputs[:2], node.outputs[:1], name=node.name)
+    attrs = {}
+    for key, value in node.attrs.items():
+        if key.startswith("_") or (key.startswith("activation") and node.domain in ("", "ai.onnx")):
+            continue
+        if isinstance(value, np.ndarray):
+            value = numpy_helper.from_array(value)
+        elif isinstance(value, list) and value and isinstance(value[0], np.ndarray):
+            value = [numpy_helper.from_array(v) for v in value]
+        attrs[key] = value
+    explicit = list(node.inputs)
+    extra = []
+    if node.proto is not None:
+        old = onnx.NodeProto()
+        old.ParseFromString(node.proto)
+        explicit = explicit[:len(old.input)]  # the rest are subgraph reads the IR made explicit
+        extra = [a for a in old.attribute if a.name not in attrs]
+    proto = helper.make_node(node.op_type, explicit, node.outputs, name=node.name, domain=node.domain)
+    for key, value in attrs.items():
+        try:
+            proto.attribute.append(helper.make_attribute(key, value))
+        except (TypeError, ValueError):  # e.g. an empty list, whose type make_attribute cannot tell
+            continue
+    proto.attribute.extend(extra)
+    return proto
+
+
+def value_info(name: str, dtype: str | None, shape) -> onnx.ValueInfoProto:
+    try:
+        elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype)) if dtype and dtype != "unknown" else 0
+    except TypeError:
+        elem = 0
+    dims = None if shape is None else [d if isinstance(d, (int, str)) else None for d in shape]
+    return helper.make_tensor_value_info(name, elem, dims)
