@@ -82,7 +82,9 @@ def derive_shapes(nodes: list[Node], inputs: dict[str, tuple[str, tuple[Dim, ...
 
 
 def _dim(d: Any) -> Dim:
-    return int(d) if is_int(d) else (d if isinstance(d, str) else None)
+    if type(d) is int or type(d) is str:
+        return d
+    return int(d) if is_int(d) else None
 
 
 def _node_shapes(node: Node, shapes: dict, known: dict, dims: dict, opset: int, strict: bool,

@@ -115,7 +115,7 @@ def shape_fn_ops() -> list[tuple[str, str]]:
 # ----------------------------------------------------------------------------- helpers
 
 def is_int(d: Any) -> bool:
-    return isinstance(d, (int, np.integer)) and not isinstance(d, bool)
+    return type(d) is int or (isinstance(d, (int, np.integer)) and not isinstance(d, bool))
 
 
 def fixed(d: Dim) -> int | None:

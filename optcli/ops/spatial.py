@@ -210,6 +210,11 @@ def window_dims(attrs: dict[str, Any], spatial: Sequence[Any], kernel: Sequence[
     attr_len = [len(attrs[k]) for k in ("strides", "dilations") if attrs.get(k) is not None and len(attrs[k])]
     if len(kernel) != n or any(m != n for m in attr_len) or (attrs.get("pads") and len(attrs["pads"]) != 2 * n):
         raise ValueError(f"the window's attributes do not have {n} spatial axes")
+    if all(isinstance(d, (int, np.integer)) for d in (*spatial, *kernel)):  # the usual case: all axes at once
+        spatial, kernel = [int(d) for d in spatial], [int(k) for k in kernel]
+        if transpose:
+            return [int(o) for o in conv_transpose_geometry(attrs, spatial, kernel)[4]]
+        return [int(o) for o in window(attrs, spatial, kernel, ceil_mode).out]
     out = []
     for i, (d, k) in enumerate(zip(spatial, kernel)):
         if not isinstance(d, (int, np.integer)) or not isinstance(k, (int, np.integer)):
