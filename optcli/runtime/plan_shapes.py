@@ -4,12 +4,12 @@ At ``load`` (``check_at_load``) the plan's steps are checked against their ops
 (``runtime.plan_check``), then every value's shape is derived from the graph inputs' declared
 shapes, symbolically (a dim may be a symbol such as ``N``), through the plan's steps
 (``ops.shape_rules.derive_shapes``: each step's own shape function, in step order, with the
-inputs pinned and nothing the file records about intermediate values given).  Nothing is executed: no input is
-made up, no kernel runs, and the work grows with the number of steps, not with the sizes the
-file declares.  The file's recorded shapes are then only compared with the derivation: a value
-whose recorded rank, or a fixed dim, differs from what its step computes, or a step whose shape
-function finds its inputs inconsistent (a Conv whose weight does not fit its input), make the file an
-``NbFormatError``.  A dim the derivation leaves symbolic (it depends on a dynamic input dim, or
+inputs pinned and nothing the file records about intermediate values given).  Nothing is
+executed: no input is made up, no kernel runs, and the work grows with the number of steps, not
+with the sizes the file declares.  The file's recorded shapes are then only compared with the
+derivation: a value whose recorded rank, or a fixed dim, differs from what its step computes, or
+a step whose shape function finds its inputs inconsistent (a Conv whose weight does not fit its
+input), make the file an ``NbFormatError``.  A dim the derivation leaves symbolic (it depends on a dynamic input dim, or
 on data: Range, NonZero, a Reshape to a computed shape) is not compared: at ``run`` it is derived
 again from the concrete input shapes (GPU plans, ``runtime.bind_shapes``), or computed from the
 data by the host step that makes it.
