@@ -3,10 +3,10 @@
 A plan keeps its symbolic dims (``N``, ``H``, ``unk__3``); its GPU steps are placed on the
 device for any size their kernels handle.  At ``run``, with the inputs' concrete shapes, the
 runtime needs every device value's shape before it sizes a buffer or a launch grid.  It derives
-them itself (``optcli.ops.shape_rules``: the plan's steps with the inputs pinned, nothing recorded
-about intermediate values used), then
+them itself (``optcli.ops.shape_rules``: each step's shape function, the plan's inputs pinned,
+nothing recorded about intermediate values used), then
 
-* refuses input shapes the model cannot take (onnx's inference or our own rules find the steps
+* refuses input shapes the model cannot take (the steps' shape rules find them
   inconsistent, e.g. a Conv's input channels against its weight; a device value comes out with a
   negative size; or a value's fixed dim recorded in the plan differs) with an ``InputError`` that
   names the value and the step;

@@ -64,7 +64,7 @@ def _fingerprint(graph: Graph) -> tuple:
 
 def nominal_views(graph: Graph) -> list[Graph] | None:
     """The graph at each nominal assignment (the same nodes and constants, values with concrete
-    shapes where onnx derives them; a value it cannot derive keeps its symbolic shape), or None
+    shapes where the derivation gives them; a value it cannot derive keeps its symbolic shape), or None
     when the graph's shapes are all static or cannot be derived at all."""
     cached = _CACHE.get(id(graph))
     key = _fingerprint(graph)

@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import optcli
-from optcli.errors import InputError, NbFormatError, TargetError
+from optcli.errors import InputError, NbFormatError
 from tests.reliability.nbfuzz import parts, rebuild
 
 KEEP_ON_GPU = {"keep_small_islands_on_host"}
