@@ -55,3 +55,25 @@ def share_buffers(values: dict[str, tuple[int, int, int]],
         buffers[name] = chosen[1]
         releases.setdefault(last, []).append(chosen)
     return buffers, total
+
+
+HALF_MAX = 65504.0  # the largest finite half
+
+
+def to_storage(array: np.ndarray, storage: np.dtype) -> np.ndarray:
+    """``array`` as a C-contiguous array of the device's storage type.
+
+    In half storage a finite float beyond the half range saturates to +-65504 instead of becoming
+    an infinity: models write "minus a lot" as float32's lowest (-3.4e38) in attention masks, and
+    as -inf a row with every position masked turns a softmax into NaN, where onnxruntime in
+    float32 gives a uniform row.  Infinities and NaN the array already holds stay what they are."""
+    if np.dtype(storage) != np.float16 or np.asarray(array).dtype.kind != "f":
+        return np.asarray(array, dtype=storage, order="C")
+    with np.errstate(over="ignore"):
+        half = np.asarray(array, dtype=np.float16, order="C")
+    if half.size and not np.isfinite(half).all():
+        finite = np.isfinite(array)
+        overflowed = finite & ~np.isfinite(half)
+        if overflowed.any():
+            half = np.where(overflowed, np.clip(array, -HALF_MAX, HALF_MAX), half).astype(np.float16)
+    return half

@@ -36,7 +36,7 @@ from optcli.gpu.registry import get_gpu_kernel
 from optcli.plan import Plan, Step
 from optcli.runtime.bind_shapes import DataPointRefusal, GpuRefusal, derive_at_data_point, derive_device_shapes
 from optcli.runtime.cpu import StepError
-from optcli.runtime.device_buffers import LINEAR_OPS, device_values, share_buffers
+from optcli.runtime.device_buffers import LINEAR_OPS, device_values, share_buffers, to_storage
 from optcli.runtime.opencl import BoundLaunch, ClDevice, ClLaunchContext, cl
 from optcli.runtime.plan_shapes import Derivation
 
@@ -294,7 +294,7 @@ class GpuSteps:
             if isinstance(value, cl_array.Array):  # already on this device: copy on the device
                 record(cl.enqueue_copy(queue, self.buffers[step.outputs[0]], self._device_input(value, step).data))
                 return
-            host = np.asarray(value, dtype=self.storage, order="C")  # (ascontiguousarray makes 0-d 1-d)
+            host = to_storage(value, self.storage)  # (ascontiguousarray would make 0-d 1-d)
             if host.shape != self.shapes[step.outputs[0]]:
                 # The device buffer was sized from the plan: never copy more (or less) into it.
                 raise StepError(f"step {i} {step.name}: '{step.inputs[0]}' has shape {list(host.shape)} at run time, "

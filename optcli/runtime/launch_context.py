@@ -12,6 +12,7 @@ import numpy as np
 
 from optcli.gpu.dialect import kernel_arguments, kernel_params, load_source
 from optcli.gpu.registry import Launch, TempRef, TensorRef, WeightRef
+from optcli.runtime.device_buffers import to_storage
 
 
 class LaunchContextBase:
@@ -42,7 +43,7 @@ class LaunchContextBase:
     def weight(self, key: str, array: np.ndarray) -> WeightRef:
         key = f"{self.namespace}:{key}"
         if key not in self.weights:
-            data = np.ascontiguousarray(array, dtype=self.storage)
+            data = np.ascontiguousarray(to_storage(array, self.storage))
             if data.size == 0:
                 data = np.zeros(4, self.storage)
             digest = _digest(data) if self.shared_weights is not None else ""

@@ -38,7 +38,7 @@ from optcli.gpu.registry import Launch, get_gpu_kernel
 from optcli.gpu.variants import check_program
 from optcli.plan import Plan, Step
 from optcli.runtime.cl_cache import cache_root, private_dir, read_entry, write_entry
-from optcli.runtime.device_buffers import device_values, share_buffers
+from optcli.runtime.device_buffers import device_values, share_buffers, to_storage
 from optcli.runtime.launch_context import LaunchContextBase
 
 
@@ -386,8 +386,8 @@ class MetalSteps:
                 raise InputError(f"input '{step.inputs[0]}': the Metal backend takes numpy arrays "
                                  f"(got {type(value).__name__})")
             count = int(np.prod(self.shapes[step.outputs[0]], dtype=np.int64))
-            np.copyto(_view(self.buffers[step.outputs[0]], self.storage, count), value.reshape(-1),
-                      casting="unsafe")  # float32 -> storage; bool -> 0/1
+            np.copyto(_view(self.buffers[step.outputs[0]], self.storage, count),
+                      to_storage(value, self.storage).reshape(-1), casting="unsafe")  # bool -> 0/1
         elif step.op_type == "Download":
             if self.outputs_on_device and step.outputs[0] in {v.name for v in self.plan.outputs}:
                 raise UsageError("outputs_on_device=True is an OpenCL feature; the Metal backend returns numpy arrays")

@@ -208,3 +208,29 @@ def test_out_of_device_memory_falls_back_with_the_reason(mixed, monkeypatch, opt
     assert "MEM_OBJECT_ALLOCATION_FAILURE" in " ".join(optcli_notices())
     assert p.gpu is None
     assert_close(p.run({"x": X})["y"], expected)
+
+
+@pytest.mark.opencl
+def test_float32_lowest_in_a_mask_saturates_in_half_storage():
+    """Attention masks write "minus a lot" as float32's lowest; in half storage that must stay a
+    large finite negative, or a fully masked row's softmax is NaN where onnxruntime's is uniform."""
+    nodes = [helper.make_node("Add", ["scores", "mask"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["y"], axis=-1)]
+    shape = [1, 3, 4]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape)
+                                           for n in ("scores", "mask")],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    lowest = np.finfo(np.float32).min
+    mask = np.zeros(shape, np.float32)
+    mask[0, 1, 2:] = lowest  # a row partly masked
+    mask[0, 2, :] = lowest  # a row fully masked
+    feeds = {"scores": np.random.default_rng(5).standard_normal(shape).astype(np.float32), "mask": mask}
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    p = optcli.load(optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU,
+                                    precision="fp16").data, require_gpu=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "overflow encountered in cast"
+        got = p.run(feeds)["y"]
+    assert np.isfinite(got).all()
+    assert_close(got, expected, "fp16")
