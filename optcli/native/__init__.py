@@ -42,6 +42,9 @@ _SIGNATURES = {
     "optcli_pool_selftest": ([ctypes.c_int64, ctypes.c_int, _i64p], ctypes.c_int64),  # tests only
     "optcli_dwconv2d_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
     "optcli_pool2d_f32": ([_vp, _vp, _vp, ctypes.c_int, _vp, _vp], ctypes.c_int),
+    "optcli_gemm_conv_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                              ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
+    "optcli_gemm_variant": ([ctypes.c_int], ctypes.c_int),  # tests only
     "optcli_channel_affine_f32": ([_vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
                                    ctypes.c_float, ctypes.c_float], ctypes.c_int),
 }
@@ -220,3 +223,26 @@ def bias_activation_(y: np.ndarray, bias: np.ndarray | None, activation: str | N
     """``y = act(y + bias[channel])`` in place, one pass; ``y`` a C-contiguous float32 [N, C, ...]."""
     assert y.dtype == np.float32 and y.flags.c_contiguous
     return channel_affine(y, None, bias, activation, alpha, beta, out=y)
+
+
+def gemm_conv(w: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None, activation: str | None = None,
+              alpha: float = 0.0, beta: float = 0.0, residual: np.ndarray | None = None,
+              out: np.ndarray | None = None) -> np.ndarray:
+    """``act(w @ x[b] + bias[:, None] + residual[b])`` for each image ``b`` of float32 ``x`` [B, K, N],
+    with ``w`` [M, K]: the product and its epilogue in one pass over the output (src/gemm.c), where
+    BLAS needs a second pass for bias and activation.  ``bias`` and ``residual`` [B, M, N] may be
+    None; ``out`` (C-contiguous float32 [B, M, N], not overlapping the inputs) is written if given."""
+    assert _lib is not None and w.ndim == 2 and x.ndim == 3 and w.shape[1] == x.shape[1] >= 1
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    (m, k), (b, _, n) = w.shape, x.shape
+    if out is None:
+        out = np.empty((b, m, n), dtype=np.float32)
+    assert out.dtype == np.float32 and out.flags.c_contiguous and out.shape == (b, m, n)
+    bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+    assert bias is None or bias.shape == (m,)
+    r = None if residual is None else np.ascontiguousarray(residual, dtype=np.float32)
+    assert r is None or r.shape == out.shape
+    _check(_lib.optcli_gemm_conv_f32(w.ctypes.data, x.ctypes.data, _ptr(bias), _ptr(r), out.ctypes.data, b, m, k, n,
+                                     ACTIVATION_CODES[activation], alpha, beta), "GEMM conv")
+    return out

@@ -15,9 +15,11 @@ epilogue: optional bias, then ``apply_activation``, then the fused FakeQuant if 
 ConvTranspose is the adjoint: a GEMM to columns, then a col2im scatter-add over kernel taps.
 
 Where the native library is loaded (``optcli.native``: C, built at install), ``depthwise``
-runs its fp32 2-D and 1-D cases there, bias and activation included, and the GEMM variants
-finish with its one-pass bias + activation.  The kernel ids stay the same, so a plan runs
-the same way, with the same results within fp32 rounding, where the library is absent.
+runs its fp32 2-D and 1-D cases there, bias and activation included; ``1x1`` and single-group
+``im2col`` run their fp32 GEMMs in its GEMM, bias and activation applied to each register tile
+before it is stored, and the other GEMM variants finish with its one-pass bias + activation.
+The kernel ids stay the same, so a plan runs the same way, with the same results within fp32
+rounding, where the library is absent.
 """
 
 from __future__ import annotations
@@ -117,10 +119,26 @@ def conv_im2col(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[
     )
     wg = w.astype(ct, copy=False).reshape(group, m // group, cg * ksize)
     y = np.empty((n, group, m // group, osize), dtype=ct)
+    fused = group == 1 and _native_gemm(ct, osize)
     for b in range(n):  # one image at a time bounds the column buffer
         cols = view[b].reshape(group, cg * ksize, osize)
-        np.matmul(wg, cols, out=y[b])
+        if fused:  # bias and activation in the GEMM's own pass over y
+            native.gemm_conv(wg[0], cols, _bias(inputs), *epilogue(attrs), out=y[b])
+        else:
+            np.matmul(wg, cols, out=y[b])
+    if fused:
+        return [apply_output_quant(y.reshape((n, m) + win.out).astype(x.dtype, copy=False), attrs)]
     return _finish(y.reshape((n, m) + win.out), _bias(inputs), attrs, x.dtype)
+
+
+def _native_gemm(ct: np.dtype, columns: int) -> bool:
+    """Whether a GEMM conv runs in the native GEMM: fp32 with 16 or more output positions per
+    image (its register tiles are 8 to 32 columns wide; a narrower product, such as the 1x1 convs
+    of squeeze-excitation blocks, is a matrix-vector product that BLAS does better)."""
+    if not native.available():
+        native.note_unavailable()
+        return False
+    return ct == np.float32 and columns >= 16
 
 
 @kernel("Conv", variant="1x1", applies=applies_1x1, priority=20)
@@ -134,6 +152,9 @@ def conv_1x1(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.
     m = w.shape[0]
     xr = x.astype(ct, copy=False).reshape(n, c, prod(x.shape[2:]))  # not -1: ambiguous for N = 0
     wr = w.astype(ct, copy=False).reshape(m, c)
+    if c and _native_gemm(ct, xr.shape[2]):  # bias and activation in the GEMM's own pass over y
+        y = native.gemm_conv(wr, xr, _bias(inputs), *epilogue(attrs))
+        return [apply_output_quant(y.reshape((n, m) + x.shape[2:]).astype(x.dtype, copy=False), attrs)]
     y = np.matmul(wr, xr[0])[None] if n == 1 else np.matmul(wr, xr)
     return _finish(y.reshape((n, m) + x.shape[2:]), _bias(inputs), attrs, x.dtype)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from optcli import native
 from optcli.ir import OPTCLI_DOMAIN
 from optcli.ops.activation import apply_activation, apply_output_quant, epilogue
 from optcli.ops.registry import kernel
@@ -86,6 +87,15 @@ def fully_connected(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
     """``X @ W + B`` over the last axis of X (W is [K, N]), then the fused activation epilogue."""
     x, w, bias = inputs[0], inputs[1], _opt(inputs, 2)
     ct = compute_dtype(x.dtype)
+    rows = prod(x.shape[:-1])
+    if native.available() and ct == np.float32 and w.ndim == 2 and rows <= 4 and x.shape[-1] and w.shape[1] >= 16 \
+            and (bias is None or bias.shape in ((w.shape[1],), (1, w.shape[1]))):
+        # A classifier's head in the native GEMM's thin path: a BLAS call here would leave BLAS's
+        # threads spinning into the next run, stealing the cores from the native pool
+        res = None if bias is None else np.broadcast_to(bias.astype(ct, copy=False).reshape(-1), (1, rows, w.shape[1]))
+        y = native.gemm_conv(x.astype(ct, copy=False).reshape(rows, x.shape[-1]), w.astype(ct, copy=False)[None], None,
+                             *epilogue(attrs), residual=res)
+        return [apply_output_quant(y.reshape(x.shape[:-1] + (w.shape[1],)).astype(x.dtype, copy=False), attrs)]
     y = _matmul(x.astype(ct, copy=False), w.astype(ct, copy=False))
     y = np.asarray(y)
     if bias is not None:

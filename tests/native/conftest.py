@@ -20,20 +20,19 @@ def native_lib():
     return native
 
 
+def _counted(calls: dict[str, int], key: str, fn):
+    def wrapper(*args, **kwargs):
+        calls[key] += 1
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
 @pytest.fixture
 def native_calls(native_lib, monkeypatch):
-    """Counts calls into the native depthwise and epilogue, to prove a test ran them."""
-    calls = {"depthwise": 0, "epilogue": 0}
-    dw, ep = native.depthwise_conv2d, native.bias_activation_
-
-    def depthwise(*args, **kwargs):
-        calls["depthwise"] += 1
-        return dw(*args, **kwargs)
-
-    def epilogue(*args, **kwargs):
-        calls["epilogue"] += 1
-        return ep(*args, **kwargs)
-
-    monkeypatch.setattr(native, "depthwise_conv2d", depthwise)
-    monkeypatch.setattr(native, "bias_activation_", epilogue)
+    """Counts calls into the native depthwise, epilogue and GEMM, to prove a test ran them."""
+    calls = {}
+    for key, name in (("depthwise", "depthwise_conv2d"), ("epilogue", "bias_activation_"), ("gemm", "gemm_conv")):
+        calls[key] = 0
+        monkeypatch.setattr(native, name, _counted(calls, key, getattr(native, name)))
     return calls

@@ -3,11 +3,12 @@
  *
  * usage: driver THREADS CASE OUT [CASE OUT ...]
  * A case file is int64 header[20] then float32 arrays:
- *   header[0] = kind (0: depthwise conv, 1: channel affine, 2: pooling), [1] = act (pooling: 1 max,
- *   2 average), [2] = has bias (shift),
+ *   header[0] = kind (0: depthwise conv, 1: channel affine, 2: pooling, 3: GEMM conv), [1] = act
+ *   (pooling: 1 max, 2 average), [2] = has bias (shift),
  *   [3..17] = geometry (depthwise and pooling: the 15 values of optcli_dwconv2d_f32; affine: n, c, hw,
- *   has scale), [18..19] = alpha, beta as float32 bit patterns;
- *   then x, w (depthwise) or scale (affine, if any) or 1/counts per row and column (average), bias.
+ *   has scale; GEMM: batch, m, k, n, has residual), [18..19] = alpha, beta as float32 bit patterns;
+ *   then x, w (depthwise) or scale (affine, if any) or 1/counts per row and column (average), bias;
+ *   GEMM: w, x, residual (if any), bias.
  * OUT receives the output as float32.  Exit status 0 when every kernel returned 0.
  */
 #include <stdint.h>
@@ -48,6 +49,14 @@ static int run_case(const char *in, const char *out) {
         y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
         rc = optcli_dwconv2d_f32(x, w, b, y, g, act, alpha, beta);
         free(x), free(w), free(b);
+    } else if (h[0] == 3) {
+        float *w = read_floats(f, g[1] * g[2]), *x = read_floats(f, g[0] * g[2] * g[3]);
+        ny = g[0] * g[1] * g[3];
+        float *r = g[4] ? read_floats(f, ny) : NULL;
+        float *b = has_bias ? read_floats(f, g[1]) : NULL;
+        y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
+        rc = optcli_gemm_conv_f32(w, x, b, r, y, g[0], g[1], g[2], g[3], act, alpha, beta);
+        free(w), free(x), free(r), free(b);
     } else if (h[0] == 2) {
         int64_t nx = g[0] * g[1] * g[2] * g[3];
         float *x = read_floats(f, nx);

@@ -121,11 +121,31 @@ def _pool_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
     return cases
 
 
+def _gemm_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
+    """The GEMM's 4-lane tiles (NEON registers) on odd shapes, K over one block (768)."""
+    rng = np.random.default_rng(11)
+    cases = []
+    for i, (batch, m, k, n) in enumerate([(1, 1, 1, 1), (2, 7, 13, 31), (1, 13, 800, 49), (1, 24, 5, 197),
+                                          (1, 6, 16, 16), (3, 17, 3, 5), (2, 3, 40, 100)]):
+        act = [None, *ACTS][i * 2 % (len(ACTS) + 1)]
+        w = (rng.standard_normal((m, k)) / np.sqrt(k)).astype(np.float32)
+        x = rng.standard_normal((batch, k, n)).astype(np.float32)
+        r = rng.standard_normal((batch, m, n)).astype(np.float32) if i % 2 else None
+        b = rng.standard_normal(m).astype(np.float32) if i % 3 else None
+        pre = np.einsum("mk,bkn->bmn", w.astype(np.float64), x.astype(np.float64))
+        pre = pre + (0 if b is None else b[:, None]) + (0 if r is None else r)
+        want = apply_activation(pre.astype(np.float32), act, *ACT_PARAMS.get(act, (0.0, 0.0)))
+        src, dst = tmp / f"gemm{i}.in", tmp / f"gemm{i}.out"
+        _write_case(src, 3, act, [batch, m, k, n, int(r is not None)], [w, x, r, b])
+        cases.append((src, dst, want, f"gemm {batch}x{m}x{k}x{n} {act} residual={r is not None}"))
+    return cases
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 def test_kernels_on_aarch64_match_numpy(aarch64_driver, tmp_path, threads):
     qemu, driver = aarch64_driver
-    cases = _depthwise_cases(tmp_path) + _epilogue_cases(tmp_path) + _pool_cases(tmp_path)
-    assert len(cases) >= 25
+    cases = _depthwise_cases(tmp_path) + _epilogue_cases(tmp_path) + _pool_cases(tmp_path) + _gemm_cases(tmp_path)
+    assert len(cases) >= 31
     args = [str(p) for src, dst, _, _ in cases for p in (src, dst)]
     res = subprocess.run([qemu, str(driver), str(threads), *args], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, f"driver exited {res.returncode}: {res.stdout}{res.stderr}"

@@ -3,6 +3,7 @@
 #ifndef OPTCLI_NATIVE_H
 #define OPTCLI_NATIVE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
@@ -15,6 +16,9 @@
 typedef void (*opt_item_fn)(void *ctx, int64_t item);
 /* Runs fn(ctx, i) for i in [0, nitems) on the pool; max_threads <= 0 means no extra cap. */
 void opt_parallel(opt_item_fn fn, void *ctx, int64_t nitems, int max_threads);
+/* The calling thread's scratch of at least n floats, kept between calls (window.c); NULL when out
+ * of memory.  One user at a time per thread: a kernel must not hold it across another's call. */
+float *opt_scratch(size_t n);
 
 OPT_API int optcli_native_abi(void);
 OPT_API int optcli_get_num_threads(void);
@@ -37,5 +41,14 @@ OPT_API int optcli_pool2d_f32(const float *x, float *y, const int64_t *geom, int
  * (1 and 0); x == y works in place. */
 OPT_API int optcli_channel_affine_f32(const float *x, float *y, const float *scale, const float *shift,
                                       int64_t n, int64_t c, int64_t hw, int act, float alpha, float beta);
+
+/* The GEMM convs (gemm.c): for each of `batch` images, y = act(w @ x + bias[:, None] + res) with
+ * w [M, K] shared, x [K, N], y and res [M, N], all row-major and contiguous, images back to back.
+ * bias and res may be NULL; res must not overlap y (y holds partial sums while K is walked). */
+OPT_API int optcli_gemm_conv_f32(const float *w, const float *x, const float *bias, const float *res, float *y,
+                                 int64_t batch, int64_t m, int64_t k, int64_t n, int act, float alpha, float beta);
+/* For the tests: the GEMM's vector width in floats, 4, 8 or 16 (x86-64 with AVX-512 only); 0 picks
+ * by the CPU again, -1 changes nothing.  Returns the width now in use, or -1 if refused. */
+OPT_API int optcli_gemm_variant(int lanes);
 
 #endif

@@ -60,7 +60,7 @@ static void scratch_free(void *v) {
 
 static void scratch_init(void) { pthread_key_create(&scratch_key, scratch_free); }
 
-static float *scratch(size_t n) {
+float *opt_scratch(size_t n) {
     pthread_once(&scratch_once, scratch_init);
     scratch_t *s = pthread_getspecific(scratch_key);
     if (!s) {
@@ -155,7 +155,7 @@ static float *band_scratch(dw_t *a, int64_t it, band_t *bd) {
     bd->oh1 = bd->oh0 + a->band < a->OH ? bd->oh0 + a->band : a->OH;
     bd->r0 = bd->oh0 * a->sh;
     bd->nrows = (bd->oh1 - 1 - bd->oh0) * a->sh + (a->KH - 1) * a->dh + 1;
-    float *s = scratch((size_t)(bd->nrows * a->RS));
+    float *s = opt_scratch((size_t)(bd->nrows * a->RS));
     if (!s) {
         a->failed = 1;
         return NULL;

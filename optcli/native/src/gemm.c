@@ -1,0 +1,167 @@
+/* The GEMM convolutions: Y[M, N] = act(W[M, K] @ X[K, N] + bias[M] + R[M, N]), fp32, one pass
+ * over Y, for a batch of images that share W (1x1 convs: X is an image's [C, H*W] as it lies).
+ *
+ * Why not BLAS plus an epilogue: on the 1x1 convs of the MobileNet family K is small (16..960)
+ * and N large, so the product is close to memory-bound and a second pass over Y for bias and
+ * activation (and a third for a residual) costs as much as a good part of the GEMM.  Here every
+ * MR x NR register tile starts from its bias, runs through its K, adds its residual, goes
+ * through the activation and is stored once.
+ *
+ * Blocking (BLIS-like): a work item is (image, band of NB columns, band of rows).  For each
+ * K block (as long as keeps a packed panel in half the L1) the item packs its columns of X into
+ * NR-wide panels (contiguous, zero past N: the micro-kernel reads B sequentially whatever the row
+ * stride of X), then walks the panels, each in L1, against row blocks of W of MC rows kept in L2.
+ * W is not packed: a tile reads its MR rows of W at k as MR broadcasts from MR sequential streams,
+ * which the caches serve as well as a packed copy, so there is no per-call packing cost and no
+ * cache of packed weights to keep coherent.  Partial sums of all but the last K block go through
+ * Y (still in L2).  The work item itself is in gemm_kernel.h, once per vector width.
+ */
+#include <pthread.h>
+
+#include "optcli_native.h"
+#include "simd.h"
+
+#define PANEL_FLOATS 6144      /* a packed panel of X, K block x NR floats: 24 KiB, half an L1 */
+#define L2_FLOATS (64 * 1024)  /* 256 KiB: the packed X block, or a row block of W, in L2 */
+#define THIN_ROWS 4            /* GK_TM: products of this few rows take the thin work item */
+
+typedef struct {
+    const float *w, *x, *bias, *res;
+    float *y;
+    int64_t M, K, N;
+    int64_t kc, mc, nb, mb;    /* K block, W row block, columns and rows per item */
+    int64_t nn, nm;            /* column bands and row bands per image */
+    int act;
+    float alpha, beta;
+    _Atomic int failed;
+} gemm_t;
+
+/* Variants of the work item, by vector width: 4 floats (one NEON register: GCC builds wider
+ * generic vectors on aarch64 through the stack, and the accumulators would not stay in registers),
+ * 8 floats on x86-64 (an AVX2+FMA clone picked at load, as in simd.h), and 16 floats on x86-64 CPUs
+ * with AVX-512, where BLAS libraries use the 512-bit registers and 8-float tiles run at half their
+ * speed.  The AVX-512 one is picked here at run time (the CPU is asked once). */
+typedef float v16f __attribute__((vector_size(64)));
+
+typedef struct {
+    int mr, nr;               /* a register tile's rows, and columns (two vectors) */
+    const opt_item_fn *items; /* the work item, per activation code */
+    const opt_item_fn *thin;  /* the same for thin products (GK_TM rows or fewer) */
+} variant_t;
+
+#define GK_V v4f
+#define GK_L 4
+#define GK_SPLAT(a) {a, a, a, a}
+#define GK_MR 8 /* 8 x 2 vectors: 16 accumulators, 8 broadcasts and 2 loads of NEON's 32 registers */
+#define GK_ATTR
+#define GK(name) gk4_##name
+#include "gemm_kernel.h"
+
+#define GK_V v8f
+#define GK_L 8
+#define GK_SPLAT(a) {a, a, a, a, a, a, a, a}
+#define GK_MR 6 /* 6 x 2 vectors: 12 accumulators of AVX2's 16 registers */
+#define GK_ATTR HOT_CLONES
+#define GK(name) gk8_##name
+#include "gemm_kernel.h"
+
+#if defined(__x86_64__) && ((defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11) || \
+                            (defined(__clang__) && __clang_major__ >= 14))
+#define HAVE_GK16 1
+#define GK_V v16f
+#define GK_L 16
+#define GK_SPLAT(a) {a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a}
+#define GK_MR 12 /* 12 x 2 vectors: 24 accumulators of 32 registers */
+#define GK_ATTR __attribute__((target("arch=x86-64-v4")))
+#define GK(name) gk16_##name
+#include "gemm_kernel.h"
+#endif
+
+#ifdef HAVE_GK16
+static int cpu_has_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
+}
+#endif
+
+static const variant_t *_Atomic g_variant; /* set once (pthread_once), or by the tests' optcli_gemm_variant */
+static pthread_once_t g_variant_once = PTHREAD_ONCE_INIT;
+
+static void pick_variant(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    g_variant = &gk8_variant;
+#else
+    g_variant = &gk4_variant;
+#endif
+#ifdef HAVE_GK16
+    if (cpu_has_avx512()) g_variant = &gk16_variant;
+#endif
+}
+
+OPT_API int optcli_gemm_variant(int lanes) {
+    pthread_once(&g_variant_once, pick_variant);
+    if (lanes == 4) {
+        g_variant = &gk4_variant;
+    } else if (lanes == 8) {
+        g_variant = &gk8_variant;
+    } else if (lanes == 16) {
+#ifdef HAVE_GK16
+        if (!cpu_has_avx512()) return -1;
+        g_variant = &gk16_variant;
+#else
+        return -1;
+#endif
+    } else if (lanes == 0) {
+        pick_variant();
+    } else if (lanes != -1) {
+        return -1;
+    }
+    return g_variant->nr / 2;
+}
+
+static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
+OPT_API int optcli_gemm_conv_f32(const float *w, const float *x, const float *bias, const float *res, float *y,
+                                 int64_t batch, int64_t M, int64_t K, int64_t N, int act, float alpha, float beta) {
+    pthread_once(&g_variant_once, pick_variant);
+    const variant_t v = *g_variant;
+    if (batch < 0 || M < 0 || K < 1 || N < 0 || act < 0 || act >= ACT_COUNT) return OPT_EINVAL;
+    if (batch == 0 || M == 0 || N == 0) return 0;
+    gemm_t g = {.w = w, .x = x, .bias = bias, .res = res, .y = y, .M = M, .K = K, .N = N, .act = act,
+                .alpha = alpha, .beta = beta};
+    const int64_t mr = v.mr, nr = v.nr;
+    /* K blocks of equal size, none above what keeps a packed panel in L1 */
+    int64_t kmax = PANEL_FLOATS / nr, kblocks = (K + kmax - 1) / kmax;
+    g.kc = (K + kblocks - 1) / kblocks;
+    g.mc = L2_FLOATS / g.kc / mr * mr;
+    if (g.mc < mr) g.mc = mr;
+    /* Items: about 4 per thread (a thread that is not scheduled leaves its share to the others).
+     * Each column band reads all of its rows of W and each row band packs all of its columns of
+     * X, so split the columns when X is the larger (N > M) and the rows when W is (the late
+     * layers: a 512 x 4608 W read once per band of 49 columns would come from memory over and
+     * over).  A column band is never wider than the L2 holds packed. */
+    int threads = optcli_get_num_threads();
+    int64_t macs = batch * M * K * N, want = batch >= 4 * threads ? 1 : (4 * threads + batch - 1) / batch;
+    if (M <= THIN_ROWS) { /* bands of columns only, no packing: see GK(thin) */
+        int64_t per = 4 * (nr / 2);
+        g.nb = round_up((N + want - 1) / want, per);
+        g.nn = (N + g.nb - 1) / g.nb;
+        opt_parallel(v.thin[act], &g, batch * g.nn, macs < (1 << 20) ? 1 : 0);
+        return 0;
+    }
+    int64_t cmax = L2_FLOATS / g.kc / nr * nr;
+    if (cmax < nr) cmax = nr;
+    g.nb = round_up(N > M ? (N + want - 1) / want : N, nr);
+    if (g.nb > cmax) g.nb = cmax;
+    g.nn = (N + g.nb - 1) / g.nb;
+    g.mb = M;
+    if (g.nn < want) {
+        int64_t split = (want + g.nn - 1) / g.nn;
+        g.mb = round_up((M + split - 1) / split, mr);
+    }
+    g.nm = (M + g.mb - 1) / g.mb;
+    /* below ~1M multiply-adds (~10 us on one core) a worker's wake-up costs more than it saves */
+    opt_parallel(v.items[act], &g, batch * g.nn * g.nm, macs < (1 << 20) ? 1 : 0);
+    return g.failed ? OPT_ENOMEM : 0;
+}

@@ -1,0 +1,251 @@
+/* The GEMM-conv work item, written once for a vector type (included by gemm.c once per variant).
+ *
+ * Before including, define GK_V (the vector type: GK_L floats), GK_SPLAT(a) (a vector literal of
+ * GK_L copies of a), GK_MR (rows of a register tile), GK_ATTR (the target attribute of this
+ * variant's item functions, or nothing) and GK(name) (the name with this variant's suffix); they
+ * are undefined again at the end.  A register tile is GK_MR rows x 2 vectors of Y.
+ */
+#define GK_NR (2 * GK_L)
+#define GK_CH (GK_L < 8 ? GK_L : 8) /* floats per fixed-size copy (copy_short takes fewer than 8) */
+
+ALWAYS_INLINE GK_V GK(vld)(const float *p) { GK_V v; memcpy(&v, p, sizeof v); return v; }
+ALWAYS_INLINE void GK(vst)(float *p, GK_V v) { memcpy(p, &v, sizeof v); }
+
+/* The first n (0..GK_L) floats at p into a vector, zero beyond; and the way back. */
+ALWAYS_INLINE GK_V GK(vld_part)(const float *p, int n) {
+    float t[GK_L] = {0};
+    for (int i = 0; i < GK_L; i += GK_CH) {
+        if (n >= i + GK_CH) memcpy(t + i, p + i, GK_CH * sizeof(float));
+        else if (n > i) copy_short(t + i, p + i, n - i);
+    }
+    return GK(vld)(t);
+}
+
+ALWAYS_INLINE void GK(vst_part)(float *p, GK_V v, int n) {
+    float t[GK_L];
+    GK(vst)(t, v);
+    for (int i = 0; i < GK_L; i += GK_CH) {
+        if (n >= i + GK_CH) memcpy(p + i, t + i, GK_CH * sizeof(float));
+        else if (n > i) copy_short(p + i, t + i, n - i);
+    }
+}
+
+ALWAYS_INLINE void GK(load_row)(const float *p, int cols, GK_V *lo, GK_V *hi) {
+    if (cols >= GK_NR) {
+        *lo = GK(vld)(p);
+        *hi = GK(vld)(p + GK_L);
+    } else if (cols >= GK_L) {
+        *lo = GK(vld)(p);
+        *hi = GK(vld_part)(p + GK_L, cols - GK_L);
+    } else {
+        *lo = GK(vld_part)(p, cols);
+        *hi = GK(vld_part)(p, 0);
+    }
+}
+
+ALWAYS_INLINE void GK(store_row)(float *p, int cols, GK_V lo, GK_V hi) {
+    if (cols >= GK_NR) {
+        GK(vst)(p, lo);
+        GK(vst)(p + GK_L, hi);
+    } else if (cols > GK_L) {
+        GK(vst)(p, lo);
+        GK(vst_part)(p + GK_L, hi, cols - GK_L);
+    } else {
+        GK(vst_part)(p, lo, cols);
+    }
+}
+
+/* The activation over a vector, 4 lanes at a time (see simd.h); act is a constant here. */
+ALWAYS_INLINE GK_V GK(act)(GK_V v, const int act, float alpha, float beta) {
+    if (act == ACT_NONE || act == ACT_RELU || act == ACT_CLIP) return v; /* those two: see GK(tile) */
+    v4f h[GK_L / 4];
+    memcpy(h, &v, sizeof v);
+    for (int i = 0; i < GK_L / 4; i++) h[i] = act4(h[i], act, alpha, beta);
+    memcpy(&v, h, sizeof v);
+    return v;
+}
+
+/* One row of a tile, two vectors (cols of them stored): what came before it added (the bias, or
+ * the earlier K blocks' sum in Y), then on the last K block the residual and the activation. */
+ALWAYS_INLINE void GK(finish)(const gemm_t *g, GK_V c0, GK_V c1, float *y, const float *r, const float *bias,
+                              int cols, int first, int last, const int act) {
+    if (!first) {
+        GK_V p0, p1;
+        GK(load_row)(y, cols, &p0, &p1);
+        c0 += p0;
+        c1 += p1;
+    } else if (bias) {
+        c0 += *bias;
+        c1 += *bias;
+    }
+    if (last) {
+        if (r) {
+            GK_V r0, r1;
+            GK(load_row)(r, cols, &r0, &r1);
+            c0 += r0;
+            c1 += r1;
+        }
+        c0 = GK(act)(c0, act, g->alpha, g->beta);
+        c1 = GK(act)(c1, act, g->alpha, g->beta);
+    }
+    GK(store_row)(y, cols, c0, c1);
+    /* relu and clip over the row just stored (in L1): plain loops become one max / min
+     * instruction per vector, where lane masks (C has no vector max) take four */
+    if (last && act == ACT_RELU) relu_span(y, cols);
+    if (last && act == ACT_CLIP) clip_span(y, cols, g->alpha, g->beta);
+}
+
+/* One tile of Y at (m, n): rows < GK_MR and cols < GK_NR at the edges.  a is W at (m, k0), b the
+ * packed panel (kb x GK_NR); first / last say whether this K block is the first / last one. */
+ALWAYS_INLINE void GK(tile)(const gemm_t *g, const float *a, const float *b, int64_t kb, float *y, const float *r,
+                            const float *bias, int rows, int cols, int first, int last, const int act) {
+    const int64_t K = g->K, N = g->N;
+    const float *ar[GK_MR];
+    for (int i = 0; i < GK_MR; i++) ar[i] = a + (i < rows ? i : rows - 1) * K; /* past M: a row again, unstored */
+    /* Each K block sums from zero and then adds what came before it (the bias, or the earlier
+     * blocks' sum in Y): a two-level sum, whose rounding grows with the block length, not K. */
+    GK_V c[GK_MR][2], zero = {0};
+    for (int i = 0; i < GK_MR; i++) c[i][0] = c[i][1] = zero;
+    for (int64_t k = 0; k < kb; k++, b += GK_NR) {
+        GK_V b0 = GK(vld)(b), b1 = GK(vld)(b + GK_L);
+        for (int i = 0; i < GK_MR; i++) {
+            float av = ar[i][k];
+            GK_V s = GK_SPLAT(av); /* one broadcast: 0 + av would be an add as well */
+            c[i][0] += s * b0;
+            c[i][1] += s * b1;
+        }
+    }
+    for (int i = 0; i < GK_MR; i++) { /* a constant bound: the accumulators stay in registers */
+        if (i >= rows) break;
+        GK(finish)(g, c[i][0], c[i][1], y + i * N, r ? r + i * N : NULL, bias ? bias + i : NULL, cols, first, last,
+                   act);
+    }
+}
+
+/* cols columns of kb rows of X (row stride ld) into GK_NR-wide panels, zero past cols. */
+ALWAYS_INLINE void GK(pack)(float *dst, const float *x, int64_t ld, int64_t kb, int64_t cols) {
+    for (int64_t p = 0; p < cols; p += GK_NR, dst += kb * GK_NR) {
+        int w = cols - p < GK_NR ? (int)(cols - p) : GK_NR;
+        for (int64_t k = 0; k < kb; k++) {
+            GK_V lo, hi;
+            GK(load_row)(x + p + k * ld, w, &lo, &hi);
+            GK(vst)(dst + k * GK_NR, lo);
+            GK(vst)(dst + k * GK_NR + GK_L, hi);
+        }
+    }
+}
+
+ALWAYS_INLINE void GK(item)(gemm_t *g, int64_t it, const int act) {
+    const int64_t M = g->M, K = g->K, N = g->N;
+    int64_t img = it / (g->nn * g->nm), rest = it % (g->nn * g->nm);
+    int64_t n0 = rest / g->nm * g->nb, m0 = rest % g->nm * g->mb; /* row bands of a column band are neighbours */
+    int64_t cols = N - n0 < g->nb ? N - n0 : g->nb, m1 = M - m0 < g->mb ? M : m0 + g->mb;
+    float *bp = opt_scratch((size_t)(g->kc * ((cols + GK_NR - 1) / GK_NR) * GK_NR + 16));
+    if (!bp) {
+        g->failed = 1;
+        return;
+    }
+    bp += (64 - (uintptr_t)bp % 64) % 64 / sizeof(float); /* a line apart: no panel load splits a line */
+    const float *x = g->x + img * K * N + n0;
+    float *y = g->y + img * M * N + n0;
+    const float *r = g->res ? g->res + img * M * N + n0 : NULL;
+    for (int64_t k0 = 0; k0 < K; k0 += g->kc) {
+        int64_t kb = K - k0 < g->kc ? K - k0 : g->kc;
+        int first = k0 == 0, last = k0 + kb == K;
+        GK(pack)(bp, x + k0 * N, N, kb, cols);
+        for (int64_t mc0 = m0; mc0 < m1; mc0 += g->mc) {
+            int64_t mc1 = m1 - mc0 < g->mc ? m1 : mc0 + g->mc;
+            for (int64_t p = 0; p < cols; p += GK_NR) {
+                int pc = cols - p < GK_NR ? (int)(cols - p) : GK_NR;
+                const float *b = bp + p / GK_NR * kb * GK_NR;
+                for (int64_t m = mc0; m < mc1; m += GK_MR) {
+                    int rows = mc1 - m < GK_MR ? (int)(mc1 - m) : GK_MR;
+                    GK(tile)(g, g->w + m * K + k0, b, kb, y + m * N + p, r ? r + m * N + p : NULL,
+                             g->bias ? g->bias + m : NULL, rows, pc, first, last, act);
+                }
+            }
+        }
+    }
+}
+
+/* Thin products (M of at most GK_TM rows: a fully connected layer on a few rows) do not pack X:
+ * each row of X is read once, straight into GK_TM x 4 accumulators, as a matrix-vector product
+ * wants; the tiles above would pack X and compute GK_MR rows for one. */
+#define GK_TM 4
+ALWAYS_INLINE void GK(thin)(const gemm_t *g, const float *x, float *y, const float *r, int64_t m, int cols,
+                            const int act) {
+    const int64_t K = g->K, N = g->N;
+    const int rows = g->M - m < GK_TM ? (int)(g->M - m) : GK_TM;
+    const float *a = g->w + m * K;
+    int part[4]; /* floats of each vector within cols */
+    for (int v = 0; v < 4; v++) part[v] = cols - v * GK_L > GK_L ? GK_L : (cols > v * GK_L ? cols - v * GK_L : 0);
+    GK_V c[GK_TM][4], zero = {0};
+    for (int i = 0; i < GK_TM; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = zero;
+    for (int64_t k = 0; k < K; k++) {
+        GK_V xv[4];
+        for (int v = 0; v < 4; v++)
+            xv[v] = cols >= 4 * GK_L ? GK(vld)(x + k * N + v * GK_L) : GK(vld_part)(x + k * N + v * GK_L, part[v]);
+        for (int i = 0; i < GK_TM; i++) {
+            float av = a[(i < rows ? i : rows - 1) * K + k];
+            GK_V s = GK_SPLAT(av);
+            for (int v = 0; v < 4; v++) c[i][v] += s * xv[v];
+        }
+    }
+    for (int i = 0; i < GK_TM; i++) {
+        if (i >= rows) break;
+        const float *b = g->bias ? g->bias + m + i : NULL, *ri = r ? r + (m + i) * N : NULL;
+        GK(finish)(g, c[i][0], c[i][1], y + (m + i) * N, ri, b, cols, 1, 1, act);
+        if (cols > 2 * GK_L)
+            GK(finish)(g, c[i][2], c[i][3], y + (m + i) * N + 2 * GK_L, ri ? ri + 2 * GK_L : NULL, b, cols - 2 * GK_L,
+                       1, 1, act);
+    }
+}
+
+ALWAYS_INLINE void GK(thin_item)(gemm_t *g, int64_t it, const int act) {
+    int64_t img = it / g->nn, n0 = it % g->nn * g->nb, n1 = g->N - n0 < g->nb ? g->N : n0 + g->nb;
+    const float *x = g->x + img * g->K * g->N;
+    float *y = g->y + img * g->M * g->N;
+    const float *r = g->res ? g->res + img * g->M * g->N : NULL;
+    for (int64_t m = 0; m < g->M; m += GK_TM)
+        for (int64_t n = n0; n < n1; n += 4 * GK_L)
+            GK(thin)(g, x + n, y + n, r ? r + n : NULL, m, n1 - n < 4 * GK_L ? (int)(n1 - n) : 4 * GK_L, act);
+}
+
+/* The pool's entry points, one per work item kind and activation (a constant in each). */
+#define GK_ENTRY(name, body, act) \
+    GK_ATTR static void GK(name)(void *c, int64_t it) { GK(body)(c, it, act); }
+GK_ENTRY(none, item, ACT_NONE)
+GK_ENTRY(relu, item, ACT_RELU)
+GK_ENTRY(clip, item, ACT_CLIP)
+GK_ENTRY(leaky, item, ACT_LEAKY_RELU)
+GK_ENTRY(sigmoid, item, ACT_SIGMOID)
+GK_ENTRY(tanh, item, ACT_TANH)
+GK_ENTRY(hsigmoid, item, ACT_HARD_SIGMOID)
+GK_ENTRY(hswish, item, ACT_HARD_SWISH)
+GK_ENTRY(swish, item, ACT_SWISH)
+GK_ENTRY(thin_none, thin_item, ACT_NONE)
+GK_ENTRY(thin_relu, thin_item, ACT_RELU)
+GK_ENTRY(thin_clip, thin_item, ACT_CLIP)
+GK_ENTRY(thin_leaky, thin_item, ACT_LEAKY_RELU)
+GK_ENTRY(thin_sigmoid, thin_item, ACT_SIGMOID)
+GK_ENTRY(thin_tanh, thin_item, ACT_TANH)
+GK_ENTRY(thin_hsigmoid, thin_item, ACT_HARD_SIGMOID)
+GK_ENTRY(thin_hswish, thin_item, ACT_HARD_SWISH)
+GK_ENTRY(thin_swish, thin_item, ACT_SWISH)
+#undef GK_ENTRY
+
+static const opt_item_fn GK(items)[ACT_COUNT] = {GK(none), GK(relu), GK(clip), GK(leaky), GK(sigmoid),
+                                                 GK(tanh), GK(hsigmoid), GK(hswish), GK(swish)};
+static const opt_item_fn GK(thin_items)[ACT_COUNT] = {
+    GK(thin_none), GK(thin_relu), GK(thin_clip), GK(thin_leaky), GK(thin_sigmoid),
+    GK(thin_tanh), GK(thin_hsigmoid), GK(thin_hswish), GK(thin_swish)};
+static const variant_t GK(variant) = {GK_MR, GK_NR, GK(items), GK(thin_items)};
+#undef GK_NR
+#undef GK_CH
+#undef GK_TM
+#undef GK_V
+#undef GK_L
+#undef GK_SPLAT
+#undef GK_MR
+#undef GK_ATTR
+#undef GK

@@ -1,0 +1,214 @@
+"""The native GEMM of the GEMM convs (src/gemm.c) against numpy on odd shapes, every fused
+activation, bias and residual, on each vector width the CPU runs and on 1, 2 and 3 threads; the
+1x1 and im2col conv kernels that call it, end to end against onnxruntime; and the fully connected
+heads that take its thin path."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import numpy as np
+import pytest
+
+from optcli import native
+from optcli.ops.activation import apply_activation
+from optcli.ops.conv import conv_1x1, conv_im2col
+from optcli.ops.gemm import fully_connected
+from tests.helpers import assert_close
+from tests.native.cases import ACT_PARAMS
+from tests.native.test_depthwise import ort_conv
+
+ACTS = [None, *ACT_PARAMS]
+# (M, K, N): ones, primes, shapes off every tile size (6, 8 or 12 rows, 8, 16 or 32 columns), K over
+# one K block (192 floats for 32-column tiles, 384 for 16, 768 for 8) so partial sums go through the output,
+# and the MobileNet family's own shapes.
+SHAPES = [(1, 1, 1), (1, 7, 16), (2, 3, 5), (5, 1, 17), (7, 13, 31), (13, 29, 49), (16, 32, 33), (9, 385, 47),
+          (31, 97, 196), (96, 16, 1000), (160, 961, 49), (24, 5, 3136), (1, 200, 3),
+          (1, 1280, 1000), (3, 50, 70), (4, 9, 129)]  # up to 4 rows: the thin path (no packing)
+
+
+@pytest.fixture(params=[4, 8, 16], ids=["4-lane", "8-lane", "16-lane"])
+def lanes(request, native_lib):
+    """Each vector width of the GEMM this CPU can run (16: x86-64 with AVX-512)."""
+    got = native_lib._lib.optcli_gemm_variant(request.param)
+    if got != request.param:
+        pytest.skip(f"no {request.param}-lane GEMM on this CPU")
+    yield got
+    native_lib._lib.optcli_gemm_variant(0)
+
+
+@pytest.fixture(params=[1, 2, 3], ids=lambda n: f"{n}-threads")
+def threads(request, native_lib):
+    old = native_lib.set_num_threads(request.param)
+    yield request.param
+    native_lib.set_num_threads(old)
+
+
+def product(w, x, bias=None, residual=None) -> np.ndarray:
+    """The product and its sums in float64, rounded to float32 once."""
+    y = np.einsum("mk,bkn->bmn", w.astype(np.float64), x.astype(np.float64))
+    if bias is not None:
+        y += bias[:, None]
+    if residual is not None:
+        y += residual
+    return y.astype(np.float32)
+
+
+def assert_epilogue_close(got: np.ndarray, pre: np.ndarray, act: str | None, what: str) -> None:
+    """``got`` against optcli's numpy activation of the exact pre-activation ``pre``, within fp32's
+    tolerance at the scale of ``pre``: a sum's rounding is relative to its own terms, so a
+    saturating activation (tanh, clip, hard_sigmoid) must not judge it at the scale of its output.
+    The activations are at most 1.5-Lipschitz, hence the factor."""
+    a, b = ACT_PARAMS.get(act, (0.0, 0.0))
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = apply_activation(pre.copy(), act, a, b)
+        finite = np.isfinite(pre)
+        scale = float(np.abs(pre[finite]).max()) if finite.any() else 1.0
+        tol = 1.5 * (1e-4 * np.abs(pre) + 1e-6 * scale)
+        ok = (got == want) | (np.abs(got - want) <= tol) | (np.isnan(got) & np.isnan(want))
+    assert got.shape == want.shape and ok.all(), (
+        f"{what}: {np.count_nonzero(~ok)} of {ok.size} off; first at {np.argwhere(~ok)[0].tolist()}: "
+        f"got {got[~ok][0]}, expected {want[~ok][0]}")
+
+
+def operands(m, k, n, batch=1, seed=0):
+    rng = np.random.default_rng(seed)
+    # weights scaled as a trained net's are, so that outputs are O(1) and saturating activations
+    # do not shrink the tolerance below the product's own fp32 rounding
+    w = (rng.standard_normal((m, k)) / np.sqrt(k)).astype(np.float32)
+    x = (rng.standard_normal((batch, k, n)) * 2).astype(np.float32)
+    return w, x, rng.standard_normal(m).astype(np.float32)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_matches_numpy(shape, lanes, threads):
+    m, k, n = shape
+    for i, act in enumerate(ACTS):
+        w, x, bias = operands(m, k, n, batch=1 + i % 2, seed=i)
+        bias = bias if i % 3 else None
+        a, b = ACT_PARAMS.get(act, (0.0, 0.0))
+        got = native.gemm_conv(w, x, bias, act, a, b)
+        assert_epilogue_close(got, product(w, x, bias), act, f"{shape} {act} bias={bias is not None}")
+
+
+@pytest.mark.parametrize("shape", [(7, 13, 31), (160, 961, 49), (24, 5, 3136)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("act", ["relu", "swish", None])
+def test_residual_added_once_before_the_activation(shape, act, lanes, threads):
+    m, k, n = shape
+    w, x, bias = operands(m, k, n, batch=2)
+    res = np.random.default_rng(9).standard_normal((2, m, n)).astype(np.float32) * 3
+    got = native.gemm_conv(w, x, bias, act, residual=res)
+    assert_epilogue_close(got, product(w, x, bias, res), act, f"{shape} {act} + residual")
+
+
+def test_same_result_on_any_thread_count(native_lib):
+    """Items split differently, each output is computed the same way: bit-identical results."""
+    w, x, bias = operands(160, 961, 49, batch=3)
+    w2, x2, bias2 = operands(96, 16, 12544)
+    old = native.get_num_threads()
+    try:
+        results = []
+        for t in (1, 2, 3, 5):
+            native.set_num_threads(t)
+            results.append((native.gemm_conv(w, x, bias, "hard_swish"), native.gemm_conv(w2, x2, bias2, "clip", 0, 6)))
+    finally:
+        native.set_num_threads(old)
+    for a, c in results[1:]:
+        assert np.array_equal(a, results[0][0]) and np.array_equal(c, results[0][1])
+
+
+def test_nan_and_inf_propagate_like_numpy(lanes):
+    w, x, bias = operands(13, 29, 49)
+    x[0, 3, 5], x[0, 7, 40] = np.nan, np.inf
+    for act in ("relu", "clip", "sigmoid", None):
+        a, b = ACT_PARAMS.get(act, (0.0, 0.0))
+        assert_epilogue_close(native.gemm_conv(w, x, bias, act, a, b), product(w, x, bias), act, str(act))
+
+
+def test_refuses_bad_arguments(native_lib):
+    w, x, _ = operands(4, 3, 20)
+    y = np.empty((1, 4, 20), np.float32)
+    rc = native_lib._lib.optcli_gemm_conv_f32(w.ctypes.data, x.ctypes.data, None, None, y.ctypes.data, 1, 4, 3, 20,
+                                              len(native.ACTIVATION_CODES), 0.0, 0.0)
+    assert rc == -1  # an activation code the library does not know
+    with pytest.raises(native.NativeError, match="GEMM conv failed with code -1"):
+        native._check(rc, "GEMM conv")
+
+
+# ------------------------------------------------------------------------- the conv kernels
+CONVS = [  # (kernel, x shape, w shape, attrs)
+    (conv_1x1, (1, 16, 56, 56), (24, 16, 1, 1), {}),
+    (conv_1x1, (2, 37, 7, 7), (61, 37, 1, 1), {}),
+    (conv_1x1, (1, 960, 7, 7), (320, 960, 1, 1), {}),
+    (conv_1x1, (1, 5, 1, 17), (3, 5, 1, 1), {}),
+    (conv_1x1, (1, 12, 19), (8, 12, 1), {}),  # 1-D
+    (conv_im2col, (1, 3, 37, 41), (16, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    (conv_im2col, (2, 8, 15, 13), (11, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
+    (conv_im2col, (1, 7, 20, 20), (5, 7, 5, 5), {"dilations": [2, 2]}),
+]
+
+
+@pytest.mark.parametrize("kernel, xs, ws, attrs", CONVS, ids=[f"{c[0].__name__}-{c[1]}" for c in CONVS])
+@pytest.mark.parametrize("act", ACTS)
+def test_convs_match_onnxruntime(kernel, xs, ws, attrs, act, native_calls):
+    rng = np.random.default_rng(len(xs) + ws[0])
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    b = rng.standard_normal(ws[0]).astype(np.float32)
+    full = {"kernel_shape": list(ws[2:]), **attrs}
+    if act:
+        a, be = ACT_PARAMS[act]
+        full.update(activation=act, activation_alpha=a, activation_beta=be)
+    got = kernel([x, w, b], dict(full))[0]
+    assert native_calls["gemm"] == xs[0] if kernel is conv_im2col else native_calls["gemm"] == 1
+    assert native_calls["epilogue"] == 0  # the GEMM's own epilogue, no second pass
+    want = ort_conv(x, w, b, {k: v for k, v in full.items() if not k.startswith("activation")})
+    assert_epilogue_close(got, want, act, f"{kernel.__name__} {xs} {act} vs onnxruntime")
+
+
+def test_fp16_storage_runs_natively_in_fp32(native_calls):
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal((1, 16, 9, 9)).astype(np.float16), rng.standard_normal((8, 16, 1, 1)).astype(np.float16)
+    got = conv_1x1([x, w, None], {"activation": "relu"})[0]
+    assert native_calls["gemm"] == 1 and got.dtype == np.float16
+    with mock.patch.object(native, "_lib", None):
+        assert_close(got, conv_1x1([x, w, None], {"activation": "relu"})[0], "fp16")
+
+
+@pytest.mark.parametrize("kernel, xs, ws, attrs", [
+    (conv_1x1, (1, 72, 1, 1), (24, 72, 1, 1), {}),  # squeeze-excitation: a matrix-vector product
+    (conv_im2col, (1, 8, 12, 12), (8, 2, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}),  # grouped
+], ids=["1x1-on-1x1", "grouped"])
+def test_narrow_and_grouped_convs_stay_with_blas(kernel, xs, ws, attrs, native_calls):
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    got = kernel([x, w, None], {"kernel_shape": list(ws[2:]), **attrs})[0]
+    assert native_calls["gemm"] == 0
+    assert_close(got, ort_conv(x, w, None, {"kernel_shape": list(ws[2:]), **attrs}))
+
+
+# ------------------------------------------------------------------------ FullyConnected
+@pytest.mark.parametrize("xs, n, bias_shape", [((1, 1280), 1000, (1000,)), ((1, 3, 17), 40, (1, 40)),
+                                               ((4, 64), 16, None), ((1, 7), 129, (129,))])
+@pytest.mark.parametrize("act", ["relu", "hard_swish", None])
+def test_fully_connected_heads_run_natively(xs, n, bias_shape, act, native_calls):
+    """A classifier's head (up to 4 rows): the native GEMM's thin path, bias and activation fused."""
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal((xs[-1], n)) / np.sqrt(xs[-1])).astype(np.float32)
+    b = None if bias_shape is None else rng.standard_normal(bias_shape).astype(np.float32)
+    attrs = {} if act is None else {"activation": act, **dict(zip(("activation_alpha", "activation_beta"),
+                                                                  ACT_PARAMS[act]))}
+    got = fully_connected([x, w, b], dict(attrs))[0]
+    assert native_calls["gemm"] == 1 and got.shape == xs[:-1] + (n,)
+    pre = (x.astype(np.float64) @ w.astype(np.float64) + (0 if b is None else b)).astype(np.float32)
+    assert_epilogue_close(got, pre, act, f"FC {xs} x {n} {act}")
+
+
+@pytest.mark.parametrize("xs, n", [((5, 64), 32), ((1, 64), 8)], ids=["5-rows", "8-columns"])
+def test_fully_connected_beyond_the_thin_path_stays_with_blas(xs, n, native_calls):
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal((xs[-1], n)).astype(np.float32)
+    got = fully_connected([x, w, None], {})[0]
+    assert native_calls["gemm"] == 0
+    assert_close(got, x @ w)
