@@ -11,14 +11,7 @@
 #define BINARY_OP 0
 #endif
 
-// Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7): Metal has no erf builtin.
-INLINE FLOAT4 erf4(FLOAT4 x) {
-    FLOAT4 a = fabs(x);
-    FLOAT4 t = F4S(1.0f) / (F4S(1.0f) + 0.3275911f * a);
-    FLOAT4 p = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
-    FLOAT4 r = F4S(1.0f) - p * exp(-a * a);
-    return select(r, -r, x < F4S(0.0f));
-}
+// erf4 is the epilogue's (gpu/dialect.py EPILOGUE), shared with the fused GELU.
 
 INLINE FLOAT4 unary_op(FLOAT4 v) {
 #if UNARY_OP == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -53,6 +55,17 @@ def run_variants(op_type: str, inputs: list, attrs: dict, domain: str = "") -> d
     """Run every registered variant of an op directly (ignores ``applies``)."""
     return {k.variant: k.fn([None if x is None else np.asarray(x) for x in inputs], dict(attrs))
             for k in kernels_for(op_type, domain)}
+
+
+def gelu_ref(y: np.ndarray, tanh: bool = False) -> np.ndarray:
+    """GELU in float64 from the standard library's erfc, independent of optcli's erf: x * Phi(x), or
+    the tanh form 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3), written as x / (1 + exp(-2u))
+    so that the negative tail does not cancel (1 + tanh(u) does, even in float64)."""
+    y = np.asarray(y, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if tanh:
+            return y / (1.0 + np.exp(-2.0 * np.sqrt(2.0 / np.pi) * (y + 0.044715 * y ** 3)))
+        return y * 0.5 * np.vectorize(math.erfc, otypes=[np.float64])(-y / math.sqrt(2.0))
 
 
 def assert_close(actual, expected, precision: str = "fp32", what: str = "") -> None:

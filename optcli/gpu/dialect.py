@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 ACTIVATION_CODES = {None: 0, "relu": 1, "clip": 2, "leaky_relu": 3, "sigmoid": 4, "tanh": 5,
-                    "hard_sigmoid": 6, "hard_swish": 7, "swish": 8}
+                    "hard_sigmoid": 6, "hard_swish": 7, "swish": 8, "gelu": 9, "gelu_tanh": 10}
 
 _KERNEL_HEAD = re.compile(r"KERNEL\(\s*(\w+)((?:\s*,\s*(?:(?:IN|OUT|INT|FLOAT)\(\s*\w+\s*\)|EPILOGUE))*)\s*\)")
 _PARAM = re.compile(r"(?:(IN|OUT|INT|FLOAT)\(\s*(\w+)\s*\)|(EPILOGUE))")
@@ -173,6 +173,15 @@ EPILOGUE = r"""
 #ifndef FAKE_QUANT
 #define FAKE_QUANT 0
 #endif
+// Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7): Metal has no erf builtin.  Here for GELU, the
+// stand-alone Erf / Gelu kernels (elementwise.cl) use it too.
+INLINE FLOAT4 erf4(FLOAT4 x) {
+    FLOAT4 a = fabs(x);
+    FLOAT4 t = F4S(1.0f) / (F4S(1.0f) + 0.3275911f * a);
+    FLOAT4 p = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+    FLOAT4 r = F4S(1.0f) - p * exp(-a * a);
+    return select(r, -r, x < F4S(0.0f));
+}
 // e: the kernel's EPILOGUE argument (see dialect.Epilogue): alpha, beta, then the fused
 // FakeQuant's scale, zero point, qmin, qmax.
 INLINE FLOAT4 activation_only(FLOAT4 v, EPI_T e) {
@@ -192,6 +201,11 @@ INLINE FLOAT4 activation_only(FLOAT4 v, EPI_T e) {
     return v * clamp(v * (1.0f / 6.0f) + F4S(0.5f), F4S(0.0f), F4S(1.0f));
 #elif ACTIVATION == 8
     return v / (F4S(1.0f) + exp(-v));
+#elif ACTIVATION == 9
+    return v * 0.5f * (F4S(1.0f) + erf4(v * 0.70710678118654752f));
+#elif ACTIVATION == 10
+    // 0.5 v (1 + tanh(u)) = v * sigmoid(2u), u = sqrt(2 / pi) (v + 0.044715 v^3)
+    return v / (F4S(1.0f) + exp(-v * (v * v * 0.0713548162726f + F4S(1.59576912161f))));
 #else
     return v;
 #endif

@@ -30,7 +30,7 @@ LIB_PREFIX = "_optcli_native"  # the extension's file name starts with this (thr
 
 # Fused epilogue names (optcli/ops/activation.py) -> the library's codes (src/simd.h).
 ACTIVATION_CODES = {None: 0, "relu": 1, "clip": 2, "leaky_relu": 3, "sigmoid": 4, "tanh": 5,
-                    "hard_sigmoid": 6, "hard_swish": 7, "swish": 8}
+                    "hard_sigmoid": 6, "hard_swish": 7, "swish": 8, "gelu": 9, "gelu_tanh": 10}
 
 _i64p = ctypes.POINTER(ctypes.c_int64)
 _vp = ctypes.c_void_p
@@ -47,6 +47,9 @@ _SIGNATURES = {
     "optcli_gemm_variant": ([ctypes.c_int], ctypes.c_int),  # tests only
     "optcli_channel_affine_f32": ([_vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
                                    ctypes.c_float, ctypes.c_float], ctypes.c_int),
+    "optcli_activation_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
+    "optcli_layer_norm_f32": ([_vp, _vp, _vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                               ctypes.c_float], ctypes.c_int),
 }
 
 
@@ -246,3 +249,36 @@ def gemm_conv(w: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None, acti
     _check(_lib.optcli_gemm_conv_f32(w.ctypes.data, x.ctypes.data, _ptr(bias), _ptr(r), out.ctypes.data, b, m, k, n,
                                      ACTIVATION_CODES[activation], alpha, beta), "GEMM conv")
     return out
+
+
+def activation(x: np.ndarray, name: str, alpha: float = 0.0, beta: float = 0.0,
+               out: np.ndarray | None = None) -> np.ndarray:
+    """The fused epilogue's activation ``name`` over a float32 array as a stand-alone op (GELU,
+    sigmoid, hard-swish...), in one threaded pass; ``out=x`` works in place."""
+    assert _lib is not None
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(np.shape(x))  # a 0-d x stays 0-d
+    if out is None:
+        out = np.empty_like(x)
+    assert out.dtype == np.float32 and out.flags.c_contiguous and out.shape == x.shape
+    _check(_lib.optcli_activation_f32(x.ctypes.data, out.ctypes.data, x.size, ACTIVATION_CODES[name], alpha, beta),
+           f"{name} activation")
+    return out
+
+
+def layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, eps: float, inner: int = 1,
+               stats: bool = True) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """LayerNormalization of a C-contiguous float32 ``x`` seen as [outer, C, inner] over C (``inner``
+    1: rows of C contiguous), ``scale`` and ``bias`` [C]; ``eps`` > 0.  Returns (y as x's shape,
+    mean and 1 / std as float32 [outer * inner] or None without ``stats``)."""
+    assert _lib is not None and x.dtype == np.float32 and x.flags.c_contiguous and eps > 0
+    c = scale.size
+    outer = x.size // (c * inner) if c * inner else 0
+    assert outer * c * inner == x.size and (bias is None or bias.size == c)
+    s = np.ascontiguousarray(scale, dtype=np.float32)
+    b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+    y = np.empty_like(x)
+    mean = np.empty(outer * inner, np.float32) if stats else None
+    inv = np.empty(outer * inner, np.float32) if stats else None
+    _check(_lib.optcli_layer_norm_f32(x.ctypes.data, s.ctypes.data, _ptr(b), y.ctypes.data, _ptr(mean), _ptr(inv),
+                                      outer, c, inner, eps), "layer normalization")
+    return y, mean, inv

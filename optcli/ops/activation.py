@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from optcli import native
 from optcli.ops.registry import kernel
 from optcli.ops.shapes_registry import broadcast_inputs, first_input, shape_fn
 
@@ -29,8 +30,46 @@ def _hard_sigmoid(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
     return np.clip(x * x.dtype.type(alpha) + x.dtype.type(beta), 0, 1).astype(x.dtype, copy=False)
 
 
+def gelu_reference(x: np.ndarray, tanh: bool = False) -> np.ndarray:
+    """GELU in float64 (Gelu-20: ``approximate`` "tanh" takes the tanh formula), returned in x's dtype."""
+    from optcli.ops.elementwise import erf  # elementwise imports this module
+
+    xd = x.astype(np.float64)
+    if tanh:
+        inner = np.sqrt(2.0 / np.pi) * (xd + 0.044715 * xd * xd * xd)
+        y = 0.5 * xd * (1.0 + np.tanh(inner))
+    else:
+        y = 0.5 * xd * (1.0 + erf(xd * np.sqrt(0.5)))
+    return y.astype(x.dtype, copy=False)
+
+
+def native_activation(x: np.ndarray, name: str, alpha: float = 0.0, beta: float = 0.0,
+                      in_place: bool = False) -> np.ndarray | None:
+    """``name`` over float32 ``x`` in the native library (one threaded pass, where numpy's erf or
+    masked sigmoid take several), in ``x`` itself when ``in_place`` and it is writable and
+    contiguous; None where the library is absent or ``x`` is not float32."""
+    if x.dtype != np.float32 or not native.available():
+        native.note_unavailable()
+        return None
+    if in_place and x.flags.c_contiguous and x.flags.writeable:
+        return native.activation(x, name, alpha, beta, out=x)
+    y = np.ascontiguousarray(x) if not x.flags.c_contiguous else None  # a non-contiguous x: one copy
+    return native.activation(x, name, alpha, beta) if y is None else native.activation(y, name, alpha, beta, out=y)
+
+
+def activate(y: np.ndarray, name: str | None, alpha: float = 0.0, beta: float = 0.0) -> np.ndarray:
+    """A kernel's fused epilogue: ``apply_activation``, in the native library where it runs (float32:
+    one threaded pass in place, where numpy's erf or masked sigmoid make several)."""
+    if name and name not in ("relu", "clip") and y.size:  # numpy's relu and clip are one in-place pass
+        done = native_activation(y, name, alpha, beta, in_place=True)
+        if done is not None:
+            return done
+    return apply_activation(y, name, alpha, beta)
+
+
 def apply_activation(y: np.ndarray, name: str | None, alpha: float = 0.0, beta: float = 0.0) -> np.ndarray:
-    """Apply a fused epilogue in place where possible and return the result."""
+    """Apply a fused epilogue in place where possible and return the result: numpy, the reference
+    the native epilogues are tested against."""
     if not name:
         return y
     if name == "relu":
@@ -49,10 +88,13 @@ def apply_activation(y: np.ndarray, name: str | None, alpha: float = 0.0, beta: 
         return y * _hard_sigmoid(y, 1.0 / 6.0, 0.5)
     if name == "swish":
         return y * _sigmoid(y)
+    if name in ("gelu", "gelu_tanh"):
+        return gelu_reference(y, name == "gelu_tanh")
     raise ValueError(f"unknown fused activation '{name}'")
 
 
-ACTIVATIONS = ("relu", "clip", "leaky_relu", "sigmoid", "tanh", "hard_sigmoid", "hard_swish", "swish")
+ACTIVATIONS = ("relu", "clip", "leaky_relu", "sigmoid", "tanh", "hard_sigmoid", "hard_swish", "swish", "gelu",
+               "gelu_tanh")
 
 
 _SIMPLE = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "HardSwish": "hard_swish"}
@@ -70,6 +112,8 @@ def activation_as_epilogue(node, const) -> tuple[str, float, float] | None:
         return None
     if node.op_type in _SIMPLE:
         return _SIMPLE[node.op_type], 0.0, 0.0
+    if node.op_type == "Gelu":
+        return ("gelu_tanh" if node.attrs.get("approximate", "none") == "tanh" else "gelu"), 0.0, 0.0
     if node.op_type == "LeakyRelu":
         return "leaky_relu", float(node.attrs.get("alpha", 0.01)), 0.0
     if node.op_type == "HardSigmoid":
@@ -124,31 +168,38 @@ def relu(inputs, attrs):
     return [np.maximum(inputs[0], 0).astype(inputs[0].dtype, copy=False)]
 
 
+def _native_or(x: np.ndarray, name: str, numpy_fn, alpha: float = 0.0, beta: float = 0.0) -> list[np.ndarray]:
+    """A stand-alone activation: the native pass for float32, else ``numpy_fn()``."""
+    y = native_activation(np.asarray(x), name, alpha, beta)
+    return [numpy_fn() if y is None else y]
+
+
 @kernel("Sigmoid")
 def sigmoid(inputs, attrs):
-    return [_sigmoid(np.asarray(inputs[0]))]
+    return _native_or(inputs[0], "sigmoid", lambda: _sigmoid(np.asarray(inputs[0])))
 
 
 @kernel("Tanh")
 def tanh(inputs, attrs):
-    return [np.tanh(inputs[0])]
+    return _native_or(inputs[0], "tanh", lambda: np.tanh(inputs[0]))
 
 
 @kernel("LeakyRelu")
 def leaky_relu(inputs, attrs):
-    x = inputs[0]
-    return [np.where(x >= 0, x, x * x.dtype.type(attrs.get("alpha", 0.01)))]
+    x, alpha = inputs[0], float(attrs.get("alpha", 0.01))
+    return _native_or(x, "leaky_relu", lambda: np.where(x >= 0, x, x * x.dtype.type(alpha)), alpha)
 
 
 @kernel("HardSigmoid")
 def hard_sigmoid(inputs, attrs):
-    return [_hard_sigmoid(inputs[0], attrs.get("alpha", 0.2), attrs.get("beta", 0.5))]
+    alpha, beta = float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5))
+    return _native_or(inputs[0], "hard_sigmoid", lambda: _hard_sigmoid(inputs[0], alpha, beta), alpha, beta)
 
 
 @kernel("HardSwish")
 def hard_swish(inputs, attrs):
     x = inputs[0]
-    return [x * _hard_sigmoid(x, 1.0 / 6.0, 0.5)]
+    return _native_or(x, "hard_swish", lambda: x * _hard_sigmoid(x, 1.0 / 6.0, 0.5))
 
 
 @kernel("Clip")

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from optcli import native
 from optcli.ir import OPTCLI_DOMAIN
 from optcli.ops.activation import apply_activation, apply_output_quant, epilogue
 from optcli.ops.registry import kernel
@@ -36,6 +37,17 @@ def _channel_shape(x: np.ndarray, p: np.ndarray) -> tuple[int, ...]:
     if p.ndim <= 1:
         return (1, -1) + (1,) * (x.ndim - 2)
     return (1,) + p.shape  # pre-opset-7 BatchNormalization with spatial=0: [C, *spatial]
+
+
+def _native_affine(x: np.ndarray, scale: np.ndarray) -> bool:
+    """Whether a per-channel affine map of ``x`` runs in the native library (one threaded pass with
+    the activation, where numpy makes one per operation): float32 [N, C, ...] with one scale per channel."""
+    if x.dtype != np.float32 or x.ndim < 2 or scale.ndim > 1 or scale.size != x.shape[1] or not x.size:
+        return False
+    if not native.available():
+        native.note_unavailable()
+        return False
+    return True
 
 
 @kernel("BatchNormalization")
@@ -58,6 +70,8 @@ def batch_normalization(inputs: list[np.ndarray | None], attrs: dict[str, Any]) 
         mean, var = bmean, bvar
     a = scale.astype(ct) / np.sqrt(var.astype(ct) + ct.type(eps))
     b = bias.astype(ct) - mean.astype(ct) * a
+    if _native_affine(x, a):
+        return [native.channel_affine(x, a, b)] + extra
     shape = _channel_shape(x, scale)
     y = xc * a.reshape(shape)
     y += b.reshape(shape)
@@ -68,6 +82,8 @@ def batch_normalization(inputs: list[np.ndarray | None], attrs: dict[str, Any]) 
 def channel_affine(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """``X * scale[c] + shift[c]`` along axis 1, then the fused activation epilogue."""
     x, scale, shift = inputs[0], inputs[1], inputs[2]
+    if _native_affine(x, scale) and (shift is None or shift.size == scale.size):
+        return [apply_output_quant(native.channel_affine(x, scale, shift, *epilogue(attrs)), attrs)]
     ct = compute_dtype(x.dtype)
     shape = (1, -1) + (1,) * (x.ndim - 2)
     y = x.astype(ct, copy=False) * scale.astype(ct, copy=False).reshape(shape)
@@ -75,6 +91,30 @@ def channel_affine(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
         y += shift.astype(ct, copy=False).reshape(shape)
     y = apply_activation(y, *epilogue(attrs))
     return [apply_output_quant(y.astype(x.dtype, copy=False), attrs)]
+
+
+def _native_layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, axis: int,
+                       eps: float) -> list[np.ndarray] | None:
+    """LayerNormalization of float32 ``x`` in the native library, or None where it does not apply
+    (other dtypes, broadcast scale or bias, eps too small for float32).  Rows of contiguous
+    values run as they lie; over the last axis of a channels-last view of a contiguous [N, C, ...]
+    tensor (ConvNeXt's Transpose -> LayerNorm -> Transpose), the strided rows are normalised in
+    place in that layout and the result is the same view of it: no transposing copy either way."""
+    c = prod(x.shape[axis:])
+    if x.dtype != np.float32 or not x.size or scale.size != c or (bias is not None and bias.size != c) \
+            or not eps >= 1.2e-38:
+        return None
+    if not native.available():
+        native.note_unavailable()
+        return None
+    stat_shape = x.shape[:axis] + (1,) * (x.ndim - axis)
+    if not x.flags.c_contiguous and axis == x.ndim - 1 and x.ndim >= 3:
+        xt = np.moveaxis(x, -1, 1)  # channels-last view -> the [N, C, ...] array it was made from
+        if xt.flags.c_contiguous:
+            y, mean, inv = native.layer_norm(xt, scale, bias, eps, inner=prod(xt.shape[2:]))
+            return [np.moveaxis(y, 1, -1), mean.reshape(stat_shape), inv.reshape(stat_shape)]
+    y, mean, inv = native.layer_norm(np.ascontiguousarray(x), scale, bias, eps)
+    return [y, mean.reshape(stat_shape), inv.reshape(stat_shape)]
 
 
 @kernel("LayerNormalization")
@@ -86,6 +126,9 @@ def layer_normalization(inputs: list[np.ndarray | None], attrs: dict[str, Any]) 
     axis = axis + x.ndim if axis < 0 else axis
     eps = float(attrs.get("epsilon", 1e-5))
     stash = np.float32 if int(attrs.get("stash_type", 1)) == 1 and x.dtype != np.float64 else x.dtype
+    done = _native_layer_norm(x, scale, bias, axis, eps) if stash == np.float32 else None
+    if done is not None:
+        return done
     ct = np.dtype(stash)
     xr = x.astype(ct, copy=False).reshape(prod(x.shape[:axis]), prod(x.shape[axis:]))  # -1: ambiguous if empty
     mean = xr.mean(axis=1, keepdims=True)

@@ -78,7 +78,7 @@ def test_conv_variant(variant, index, precision):
 
 
 EPILOGUES = {"relu": (0, 0), "clip": (-0.5, 0.7), "leaky_relu": (0.1, 0), "sigmoid": (0, 0), "tanh": (0, 0),
-             "hard_sigmoid": (0.2, 0.5), "hard_swish": (0, 0), "swish": (0, 0)}
+             "hard_sigmoid": (0.2, 0.5), "hard_swish": (0, 0), "swish": (0, 0), "gelu": (0, 0), "gelu_tanh": (0, 0)}
 
 
 def test_epilogue_table_covers_all_activations():

@@ -39,7 +39,8 @@ DEPTHWISE_CASES = [
 
 # Epilogue parameters per activation (alpha, beta), as the fusion pass writes them.
 ACT_PARAMS = {"relu": (0.0, 0.0), "clip": (0.0, 6.0), "leaky_relu": (0.1, 0.0), "sigmoid": (0.0, 0.0),
-              "tanh": (0.0, 0.0), "hard_sigmoid": (0.2, 0.5), "hard_swish": (0.0, 0.0), "swish": (0.0, 0.0)}
+              "tanh": (0.0, 0.0), "hard_sigmoid": (0.2, 0.5), "hard_swish": (0.0, 0.0), "swish": (0.0, 0.0),
+              "gelu": (0.0, 0.0), "gelu_tanh": (0.0, 0.0)}
 
 
 def make_case(xs, ws, attrs, seed=0, activation=None, bias=True):

@@ -3,13 +3,15 @@
  *
  * usage: driver THREADS CASE OUT [CASE OUT ...]
  * A case file is int64 header[20] then float32 arrays:
- *   header[0] = kind (0: depthwise conv, 1: channel affine, 2: pooling, 3: GEMM conv), [1] = act
- *   (pooling: 1 max, 2 average), [2] = has bias (shift),
+ *   header[0] = kind (0: depthwise conv, 1: channel affine, 2: pooling, 3: GEMM conv, 4: activation,
+ *   5: layer norm), [1] = act (pooling: 1 max, 2 average), [2] = has bias (shift),
  *   [3..17] = geometry (depthwise and pooling: the 15 values of optcli_dwconv2d_f32; affine: n, c, hw,
- *   has scale; GEMM: batch, m, k, n, has residual), [18..19] = alpha, beta as float32 bit patterns;
- *   then x, w (depthwise) or scale (affine, if any) or 1/counts per row and column (average), bias;
- *   GEMM: w, x, residual (if any), bias.
- * OUT receives the output as float32.  Exit status 0 when every kernel returned 0.
+ *   has scale; GEMM: batch, m, k, n, has residual; activation: n; layer norm: outer, c, inner),
+ *   [18..19] = alpha (layer norm: eps), beta as float32 bit patterns;
+ *   then x, w (depthwise) or scale (affine, if any; layer norm) or 1/counts per row and column
+ *   (average), bias; GEMM: w, x, residual (if any), bias.
+ * OUT receives the output as float32 (layer norm: y, then mean and 1 / std).  Exit status 0 when
+ * every kernel returned 0.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -65,6 +67,21 @@ static int run_case(const char *in, const char *out) {
         y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
         rc = optcli_pool2d_f32(x, y, g, act, rrow, rcol);
         free(x), free(rrow), free(rcol);
+    } else if (h[0] == 4) {
+        ny = g[0];
+        float *x = read_floats(f, ny);
+        y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
+        rc = optcli_activation_f32(x, ny % 2 ? y : x, ny, act, alpha, beta); /* odd sizes out of place */
+        if (ny % 2 == 0) memcpy(y, x, (size_t)ny * sizeof(float));
+        free(x);
+    } else if (h[0] == 5) {
+        int64_t nx = g[0] * g[1] * g[2], ns = g[0] * g[2];
+        float *x = read_floats(f, nx), *s = read_floats(f, g[1]);
+        float *b = has_bias ? read_floats(f, g[1]) : NULL;
+        ny = nx + 2 * ns;
+        y = malloc((size_t)ny * sizeof(float));
+        rc = optcli_layer_norm_f32(x, s, b, y, y + nx, y + nx + ns, g[0], g[1], g[2], alpha);
+        free(x), free(s), free(b);
     } else {
         ny = g[0] * g[1] * g[2];
         float *x = read_floats(f, ny);

@@ -15,6 +15,7 @@ import pytest
 
 from optcli import native
 from optcli.ops.activation import apply_activation
+from optcli.ops.normalization import layer_normalization
 from optcli.ops.pool import _axis_counts, average_pool, max_pool
 from optcli.ops.spatial import window
 from tests.helpers import assert_close
@@ -141,11 +142,37 @@ def _gemm_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
     return cases
 
 
+def _elementwise_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
+    """Stand-alone activations (GELU's 4-lane form) and LayerNormalization, rows and strided."""
+    rng = np.random.default_rng(13)
+    cases = []
+    for i, (act, n) in enumerate([("gelu", 1), ("gelu", 37), ("gelu_tanh", 1000), ("sigmoid", 9), ("gelu", 20000)]):
+        x = (rng.standard_normal(n) * 4).astype(np.float32)
+        with mock.patch.object(native, "_lib", None):
+            want = apply_activation(x.copy(), act)
+        src, dst = tmp / f"act{i}.in", tmp / f"act{i}.out"
+        _write_case(src, 4, act, [n], [x, None])
+        cases.append((src, dst, want, f"{act} over {n}"))
+    for i, (outer, c, inner) in enumerate([(1, 1, 1), (3, 17, 1), (2, 40, 1), (2, 7, 15), (1, 13, 77)]):
+        x = (rng.standard_normal((outer, c, inner)) + 2).astype(np.float32)
+        s, b = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
+        with mock.patch.object(native, "_lib", None):
+            y, mean, inv = layer_normalization([np.moveaxis(x, 1, -1), s, b], {"epsilon": 1e-5})
+        want = np.concatenate([np.moveaxis(y, -1, 1).ravel(), mean.ravel(), inv.ravel()])
+        src, dst = tmp / f"ln{i}.in", tmp / f"ln{i}.out"
+        head = [5, 0, 1, outer, c, inner, *[0] * 12, _bits(1e-5), 0]
+        with open(src, "wb") as f:
+            f.write(np.array(head, np.int64).tobytes() + x.tobytes() + s.tobytes() + b.tobytes())
+        cases.append((src, dst, want, f"layer norm {outer}x{c}x{inner}"))
+    return cases
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 def test_kernels_on_aarch64_match_numpy(aarch64_driver, tmp_path, threads):
     qemu, driver = aarch64_driver
-    cases = _depthwise_cases(tmp_path) + _epilogue_cases(tmp_path) + _pool_cases(tmp_path) + _gemm_cases(tmp_path)
-    assert len(cases) >= 31
+    cases = (_depthwise_cases(tmp_path) + _epilogue_cases(tmp_path) + _pool_cases(tmp_path) + _gemm_cases(tmp_path)
+             + _elementwise_cases(tmp_path))
+    assert len(cases) >= 41
     args = [str(p) for src, dst, _, _ in cases for p in (src, dst)]
     res = subprocess.run([qemu, str(driver), str(threads), *args], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, f"driver exited {res.returncode}: {res.stdout}{res.stderr}"

@@ -9,7 +9,7 @@ import pytest
 from optcli import native
 from optcli.ops.conv import _native_depthwise, conv_depthwise
 from optcli.ops.spatial import window
-from tests.helpers import assert_close, run_ort, single_node_model
+from tests.helpers import assert_close, gelu_ref, run_ort, single_node_model
 from tests.native.cases import ACT_PARAMS, DEPTHWISE_CASES, make_case, numpy_depthwise
 
 CASES = {c[0]: c[1:] for c in DEPTHWISE_CASES}
@@ -28,7 +28,7 @@ def act_ref(y: np.ndarray, name: str) -> np.ndarray:
         "relu": lambda: np.maximum(y, 0), "clip": lambda: np.clip(y, a, b),
         "leaky_relu": lambda: np.where(y >= 0, y, a * y), "sigmoid": lambda: _sig(y), "tanh": lambda: np.tanh(y),
         "hard_sigmoid": lambda: np.clip(a * y + b, 0, 1), "hard_swish": lambda: y * np.clip(y / 6 + 0.5, 0, 1),
-        "swish": lambda: y * _sig(y),
+        "swish": lambda: y * _sig(y), "gelu": lambda: gelu_ref(y), "gelu_tanh": lambda: gelu_ref(y, tanh=True),
     }[name]()
 
 

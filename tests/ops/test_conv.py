@@ -8,7 +8,7 @@ import pytest
 from optcli.ir import Graph, Node, Value
 from optcli.ops import kernels_for
 from optcli.ops.activation import ACTIVATIONS
-from tests.helpers import assert_close, run_ort, run_variants, single_node_model
+from tests.helpers import assert_close, gelu_ref, run_ort, run_variants, single_node_model
 
 RNG = np.random.default_rng(0)
 
@@ -32,6 +32,8 @@ def act_ref(y: np.ndarray, name: str) -> np.ndarray:
         "hard_sigmoid": lambda: np.clip(a * y + b, 0, 1),
         "hard_swish": lambda: y * np.clip(y / 6 + 0.5, 0, 1),
         "swish": lambda: y * _sig(y),
+        "gelu": lambda: gelu_ref(y),
+        "gelu_tanh": lambda: gelu_ref(y, tanh=True),
     }[name]()
 
 

@@ -58,6 +58,21 @@ def test_conv_bias_activation(name):
     np.testing.assert_allclose(graph.initializers[conv.inputs[2]], CONV_INITS["bias"].reshape(-1))
 
 
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_fuses_into_conv_and_residual_add(approximate):
+    """Gelu (opset 20, either form) becomes the conv's epilogue, or an Add's, and the outputs stay onnxruntime's."""
+    name = "gelu_tanh" if approximate == "tanh" else "gelu"
+    m = model(_conv_add(node("Gelu", ["a"], ["y"], approximate=approximate)), {"x": [1, 3, 6, 6]},
+              initializers=CONV_INITS, opset=20)
+    graph, counts = run_pass(m, fuse_conv_bias_activation)
+    assert ops(graph) == ["Conv"] and counts == {"bias": 1, "activation": 1}
+    assert graph.nodes[0].attrs["activation"] == name
+    m = model([node("Add", ["x", "z"], ["a"]), node("Gelu", ["a"], ["y"], approximate=approximate)],
+              {"x": [1, 3, 6, 6], "z": [1, 3, 6, 6]}, opset=20)
+    graph, counts = run_pass(m, fuse_conv_bias_activation)
+    assert ops(graph) == ["Add"] and graph.nodes[0].attrs["activation"] == name
+
+
 def test_swish_after_pattern_fusion():
     m = model(
         [node("Conv", ["x", "w"], ["c"]), node("Sigmoid", ["c"], ["s"]), node("Mul", ["c", "s"], ["y"])],

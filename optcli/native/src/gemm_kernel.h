@@ -223,6 +223,8 @@ GK_ENTRY(tanh, item, ACT_TANH)
 GK_ENTRY(hsigmoid, item, ACT_HARD_SIGMOID)
 GK_ENTRY(hswish, item, ACT_HARD_SWISH)
 GK_ENTRY(swish, item, ACT_SWISH)
+GK_ENTRY(gelu, item, ACT_GELU)
+GK_ENTRY(gelu_tanh, item, ACT_GELU_TANH)
 GK_ENTRY(thin_none, thin_item, ACT_NONE)
 GK_ENTRY(thin_relu, thin_item, ACT_RELU)
 GK_ENTRY(thin_clip, thin_item, ACT_CLIP)
@@ -232,13 +234,16 @@ GK_ENTRY(thin_tanh, thin_item, ACT_TANH)
 GK_ENTRY(thin_hsigmoid, thin_item, ACT_HARD_SIGMOID)
 GK_ENTRY(thin_hswish, thin_item, ACT_HARD_SWISH)
 GK_ENTRY(thin_swish, thin_item, ACT_SWISH)
+GK_ENTRY(thin_gelu, thin_item, ACT_GELU)
+GK_ENTRY(thin_gelu_tanh, thin_item, ACT_GELU_TANH)
 #undef GK_ENTRY
 
 static const opt_item_fn GK(items)[ACT_COUNT] = {GK(none), GK(relu), GK(clip), GK(leaky), GK(sigmoid),
-                                                 GK(tanh), GK(hsigmoid), GK(hswish), GK(swish)};
+                                                 GK(tanh), GK(hsigmoid), GK(hswish), GK(swish), GK(gelu),
+                                                 GK(gelu_tanh)};
 static const opt_item_fn GK(thin_items)[ACT_COUNT] = {
     GK(thin_none), GK(thin_relu), GK(thin_clip), GK(thin_leaky), GK(thin_sigmoid),
-    GK(thin_tanh), GK(thin_hsigmoid), GK(thin_hswish), GK(thin_swish)};
+    GK(thin_tanh), GK(thin_hsigmoid), GK(thin_hswish), GK(thin_swish), GK(thin_gelu), GK(thin_gelu_tanh)};
 static const variant_t GK(variant) = {GK_MR, GK_NR, GK(items), GK(thin_items)};
 #undef GK_NR
 #undef GK_CH

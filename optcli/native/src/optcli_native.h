@@ -51,4 +51,13 @@ OPT_API int optcli_gemm_conv_f32(const float *w, const float *x, const float *bi
  * by the CPU again, -1 changes nothing.  Returns the width now in use, or -1 if refused. */
 OPT_API int optcli_gemm_variant(int lanes);
 
+/* Element-wise (elementwise.c): y = act(x) over n floats (activation codes of simd.h); x == y works
+ * in place. */
+OPT_API int optcli_activation_f32(const float *x, float *y, int64_t n, int act, float alpha, float beta);
+/* LayerNormalization of x [outer, c, inner] over its c axis: y (same layout) = (x - mean) / sqrt(var + eps)
+ * * scale[k] + bias[k]; mean and inv (1 / sqrt(var + eps)), [outer, inner], are written when not NULL.
+ * bias may be NULL; eps must be > 0. */
+OPT_API int optcli_layer_norm_f32(const float *x, const float *scale, const float *bias, float *y, float *mean,
+                                  float *inv, int64_t outer, int64_t c, int64_t inner, float eps);
+
 #endif

@@ -1,0 +1,184 @@
+/* Stand-alone element-wise activations (GELU, sigmoid, hard-swish...) over a flat array, and
+ * LayerNormalization, on the pool.
+ *
+ * The activations are the fused epilogue's (simd.h), applied to a tensor no producer could take
+ * them from: numpy's erf and boolean-mask sigmoid cost 10-40x a vector pass.
+ *
+ * LayerNormalization normalises rows of C values.  Two memory orders come up: rows contiguous
+ * (inner = 1: transformers, ConvNeXt's channels-last blocks), and C as the middle axis of
+ * [outer, C, inner] (inner > 1: ConvNeXt's LayerNorm2d, exported as Transpose -> LayerNorm ->
+ * Transpose over an NCHW tensor, whose rows are strided by H*W).  The second is vectorised
+ * across the inner positions, so the transposes stay views and nothing is copied.
+ * Mean and variance take two passes over the data (in cache), as numpy's reference does, so a
+ * large mean does not cancel the variance away.
+ */
+#include "optcli_native.h"
+#include "simd.h"
+
+#define ACT_CHUNK 8192 /* floats per work item of the activations: 32 KiB */
+#define ACT_BLOCK 512  /* floats copied then activated while in L1 */
+
+typedef struct {
+    const float *x;
+    float *y;
+    int64_t n;
+    int act;
+    float alpha, beta;
+} act_t;
+
+HOT_CLONES static void act_item(void *ctx, int64_t it) {
+    const act_t *a = ctx;
+    int64_t end = (it + 1) * ACT_CHUNK < a->n ? (it + 1) * ACT_CHUNK : a->n;
+    for (int64_t i = it * ACT_CHUNK; i < end; i += ACT_BLOCK) {
+        int64_t len = end - i < ACT_BLOCK ? end - i : ACT_BLOCK;
+        if (a->x != a->y) memcpy(a->y + i, a->x + i, (size_t)len * sizeof(float));
+        act_span(a->y + i, len, a->act, a->alpha, a->beta);
+    }
+}
+
+OPT_API int optcli_activation_f32(const float *x, float *y, int64_t n, int act, float alpha, float beta) {
+    if (n < 0 || act < 0 || act >= ACT_COUNT) return OPT_EINVAL;
+    act_t a = {.x = x, .y = y, .n = n, .act = act, .alpha = alpha, .beta = beta};
+    /* below 128 KiB, waking a worker costs more than it saves */
+    opt_parallel(act_item, &a, (n + ACT_CHUNK - 1) / ACT_CHUNK, n < (1 << 15) ? 1 : 0);
+    return 0;
+}
+
+typedef struct {
+    const float *x, *scale, *bias;
+    float *y, *mean, *inv;
+    int64_t outer, c, inner;
+    int64_t rows;   /* rows per work item (inner == 1) */
+    int64_t blocks; /* column blocks per outer index (inner > 1) */
+    float eps;
+} ln_t;
+
+/* 1 / sqrt(v) for v >= eps > 0 without libm (a static aarch64 build has no -lm): the bit-level
+ * first guess and three Newton steps, within 2 ulp; an overflowed variance (inf) gives 0, as numpy's
+ * 1 / sqrt(inf) does. */
+ALWAYS_INLINE float rsqrt_pos(float v) {
+    int32_t i;
+    memcpy(&i, &v, sizeof i);
+    i = 0x5f375a86 - (i >> 1);
+    float y;
+    memcpy(&y, &i, sizeof y);
+    for (int k = 0; k < 3; k++) y = y * (1.5f - 0.5f * v * y * y);
+    return v > 3.4e38f ? 0.0f : y;
+}
+
+ALWAYS_INLINE float hsum(v8f v) {
+    float s = 0.0f;
+    for (int i = 0; i < VL; i++) s += v[i];
+    return s;
+}
+
+/* One contiguous row of c values. */
+ALWAYS_INLINE void ln_row(const ln_t *a, int64_t r) {
+    const int64_t c = a->c;
+    const float *x = a->x + r * c;
+    float *y = a->y + r * c;
+    v8f acc = vsplat(0.0f);
+    int64_t i = 0;
+    for (; i + VL <= c; i += VL) acc += vload(x + i);
+    float sum = hsum(acc);
+    for (; i < c; i++) sum += x[i];
+    const float mean = sum / (float)c;
+    v8f vm = vsplat(mean);
+    acc = vsplat(0.0f);
+    for (i = 0; i + VL <= c; i += VL) {
+        v8f d = vload(x + i) - vm;
+        acc += d * d;
+    }
+    float ss = hsum(acc);
+    for (; i < c; i++) ss += (x[i] - mean) * (x[i] - mean);
+    const float inv = rsqrt_pos(ss / (float)c + a->eps);
+    v8f vi = vsplat(inv);
+    for (i = 0; i + VL <= c; i += VL) {
+        v8f v = (vload(x + i) - vm) * vi * vload(a->scale + i);
+        vstore(y + i, a->bias ? v + vload(a->bias + i) : v);
+    }
+    for (; i < c; i++) {
+        float v = (x[i] - mean) * inv * a->scale[i];
+        y[i] = a->bias ? v + a->bias[i] : v;
+    }
+    if (a->mean) a->mean[r] = mean;
+    if (a->inv) a->inv[r] = inv;
+}
+
+HOT_CLONES static void ln_rows_item(void *ctx, int64_t it) {
+    const ln_t *a = ctx;
+    int64_t end = (it + 1) * a->rows < a->outer ? (it + 1) * a->rows : a->outer;
+    for (int64_t r = it * a->rows; r < end; r++) ln_row(a, r);
+}
+
+#define LN_COLS (4 * VL) /* inner positions per work item of the strided form: 4 vectors */
+
+/* Columns [p, p + LN_COLS) of one [C, inner] slab, each normalised over its C values. */
+ALWAYS_INLINE void ln_cols_full(const ln_t *a, const float *x, float *y, float *mean, float *inv) {
+    const int64_t c = a->c, s = a->inner;
+    v8f m[4] = {0}, q[4] = {0}, rc = vsplat(1.0f / (float)c);
+    for (int64_t k = 0; k < c; k++)
+        for (int j = 0; j < 4; j++) m[j] += vload(x + k * s + j * VL);
+    for (int j = 0; j < 4; j++) m[j] *= rc;
+    for (int64_t k = 0; k < c; k++)
+        for (int j = 0; j < 4; j++) {
+            v8f d = vload(x + k * s + j * VL) - m[j];
+            q[j] += d * d;
+        }
+    for (int j = 0; j < 4; j++) {
+        v8f var = q[j] * rc + a->eps;
+        for (int l = 0; l < VL; l++) q[j][l] = rsqrt_pos(var[l]);
+    }
+    for (int64_t k = 0; k < c; k++) {
+        v8f g = vsplat(a->scale[k]), b = vsplat(a->bias ? a->bias[k] : 0.0f);
+        for (int j = 0; j < 4; j++) vstore(y + k * s + j * VL, (vload(x + k * s + j * VL) - m[j]) * q[j] * g + b);
+    }
+    if (mean)
+        for (int j = 0; j < 4; j++) vstore(mean + j * VL, m[j]);
+    if (inv)
+        for (int j = 0; j < 4; j++) vstore(inv + j * VL, q[j]);
+}
+
+/* The same for one column at a time (the last, partial block). */
+static void ln_col(const ln_t *a, const float *x, float *y, float *mean, float *inv) {
+    const int64_t c = a->c, s = a->inner;
+    float sum = 0.0f, ss = 0.0f;
+    for (int64_t k = 0; k < c; k++) sum += x[k * s];
+    const float m = sum / (float)c;
+    for (int64_t k = 0; k < c; k++) ss += (x[k * s] - m) * (x[k * s] - m);
+    const float r = rsqrt_pos(ss / (float)c + a->eps);
+    for (int64_t k = 0; k < c; k++) y[k * s] = (x[k * s] - m) * r * a->scale[k] + (a->bias ? a->bias[k] : 0.0f);
+    if (mean) *mean = m;
+    if (inv) *inv = r;
+}
+
+HOT_CLONES static void ln_cols_item(void *ctx, int64_t it) {
+    const ln_t *a = ctx;
+    int64_t o = it / a->blocks, p0 = it % a->blocks * LN_COLS;
+    int64_t p1 = p0 + LN_COLS < a->inner ? p0 + LN_COLS : a->inner;
+    int64_t base = o * a->c * a->inner, st = o * a->inner;
+    if (p1 - p0 == LN_COLS) {
+        ln_cols_full(a, a->x + base + p0, a->y + base + p0, a->mean ? a->mean + st + p0 : NULL,
+                     a->inv ? a->inv + st + p0 : NULL);
+        return;
+    }
+    for (int64_t p = p0; p < p1; p++)
+        ln_col(a, a->x + base + p, a->y + base + p, a->mean ? a->mean + st + p : NULL, a->inv ? a->inv + st + p : NULL);
+}
+
+OPT_API int optcli_layer_norm_f32(const float *x, const float *scale, const float *bias, float *y, float *mean,
+                                  float *inv, int64_t outer, int64_t c, int64_t inner, float eps) {
+    if (outer < 0 || c < 1 || inner < 1 || !scale || !(eps > 0.0f)) return OPT_EINVAL;
+    if (outer == 0) return 0;
+    ln_t a = {.x = x, .scale = scale, .bias = bias, .y = y, .mean = mean, .inv = inv, .outer = outer, .c = c,
+              .inner = inner, .eps = eps};
+    int single = outer * c * inner < (1 << 15); /* below 128 KiB: one thread */
+    if (inner == 1) {
+        a.rows = c >= 4096 ? 1 : 4096 / c; /* about 16 KiB of rows per item */
+        opt_parallel(ln_rows_item, &a, (outer + a.rows - 1) / a.rows, single);
+    } else {
+        a.blocks = (inner + LN_COLS - 1) / LN_COLS;
+        opt_parallel(ln_cols_item, &a, outer * a.blocks, single);
+    }
+    return 0;
+}

@@ -1,0 +1,209 @@
+"""The native element-wise kernels (src/elementwise.c: stand-alone activations, GELU, LayerNormalization)
+and the native ChannelAffine / BatchNormalization, against float64 references, the numpy kernels and
+onnxruntime: one element, primes, large, non-contiguous inputs, 1 and 2 threads; and a ConvNeXt-like
+model run with and without the library."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import optcli
+from optcli import native
+from optcli.ops.activation import hard_swish, leaky_relu, sigmoid, tanh
+from optcli.ops.elementwise import gelu
+from optcli.ops.normalization import batch_normalization, channel_affine, layer_normalization
+from tests.helpers import assert_close, gelu_ref, run_ort, single_node_model
+
+RNG = np.random.default_rng(17)
+SHAPES = [(1,), (7,), (13, 97), (2, 3, 1009), (1, 160, 56, 56)]
+
+
+@pytest.fixture(params=[1, 2], ids=lambda n: f"{n}-threads")
+def threads(request, native_lib):
+    old = native_lib.set_num_threads(request.param)
+    yield request.param
+    native_lib.set_num_threads(old)
+
+
+@pytest.fixture
+def calls(native_lib, monkeypatch):
+    """Counts calls into the native activation, layer norm and channel affine: proof a test ran them."""
+    counts = {}
+
+    def counting(name, fn):
+        def counted(*args, **kwargs):
+            counts[name] += 1
+            return fn(*args, **kwargs)
+        return counted
+
+    for name in ("activation", "layer_norm", "channel_affine"):
+        counts[name] = 0
+        monkeypatch.setattr(native, name, counting(name, getattr(native, name)))
+    return counts
+
+
+def numpy_kernel(fn, inputs, attrs):
+    """The numpy kernel's answer, with the native library out of the way."""
+    with mock.patch.object(native, "_lib", None):
+        return fn(inputs, dict(attrs))
+
+
+def _x(shape, scale=3.0):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_gelu_matches_float64_numpy_and_onnxruntime(shape, approximate, threads, calls):
+    x = _x(shape)
+    attrs = {"approximate": approximate}
+    got = gelu([x], attrs)[0]
+    assert calls["activation"] == 1 and got.dtype == np.float32 and got.shape == x.shape
+    assert_close(got, gelu_ref(x, approximate == "tanh"), what=f"gelu {approximate} {shape} vs float64")
+    assert_close(got, numpy_kernel(gelu, [x], attrs)[0], what="vs the numpy kernel")
+    ort = run_ort(single_node_model("Gelu", {"x": x}, attrs=attrs, opset=20), {"x": x})[0]
+    assert_close(got, ort, what="vs onnxruntime")
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_tails_and_non_finite_values(approximate, calls):
+    """The negative tail keeps its relative accuracy (no 1 + erf cancellation), +inf stays, -inf
+    and NaN give NaN, as x * 0.5 * (1 + erf(x / sqrt 2)) does."""
+    x = np.concatenate([np.linspace(-16, 16, 4001), [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-40, 3e38,
+                                                     -3e38]]).astype(np.float32)
+    got = gelu([x], {"approximate": approximate})[0]
+    want = gelu_ref(x, approximate == "tanh")
+    assert_close(got, want, what="gelu over [-16, 16] and special values")
+    tail = (x < -3) & (np.abs(want) > 1e-30)
+    assert np.all(np.abs(got[tail] - want[tail]) <= 2e-5 * np.abs(want[tail]))
+
+
+def test_gelu_non_contiguous_input(threads, calls):
+    base = _x((3, 10, 17))
+    x = base[:, ::3, 1:]
+    got = gelu([x], {})[0]
+    assert calls["activation"] == 1 and got.flags.c_contiguous
+    assert_close(got, gelu_ref(x), what="strided gelu")
+    assert np.array_equal(base, base.copy()), "the input must stay as it was"
+
+
+@pytest.mark.parametrize("kernel, name, attrs", [(sigmoid, "sigmoid", {}), (tanh, "tanh", {}),
+                                                 (hard_swish, "hard_swish", {}),
+                                                 (leaky_relu, "leaky_relu", {"alpha": 0.3})])
+@pytest.mark.parametrize("shape", SHAPES[:4], ids=str)
+def test_standalone_activations_match_numpy_and_onnxruntime(kernel, name, attrs, shape, threads, calls):
+    x = _x(shape)
+    got = kernel([x], attrs)[0]
+    assert calls["activation"] == 1
+    assert_close(got, numpy_kernel(kernel, [x], attrs)[0], what=f"{name} vs the numpy kernel")
+    op = {"sigmoid": "Sigmoid", "tanh": "Tanh", "hard_swish": "HardSwish", "leaky_relu": "LeakyRelu"}[name]
+    assert_close(got, run_ort(single_node_model(op, {"x": x}, attrs=attrs), {"x": x})[0], what=f"{name} vs ort")
+
+
+def test_activation_refuses_unknown_codes(native_lib):
+    x = np.zeros(8, np.float32)
+    for code in (-1, len(native.ACTIVATION_CODES)):
+        assert native._lib.optcli_activation_f32(x.ctypes.data, x.ctypes.data, 8, code, 0.0, 0.0) == -1  # EINVAL
+
+
+# (x shape as stored, axis, whether x is the channels-last view of the stored NCHW array)
+LN_CASES = [((1, 1), -1, False), ((3, 17), -1, False), ((4, 1000), -1, False), ((2, 5, 13), 1, False),
+            ((5, 8), -1, False), ((2, 7, 3, 5), -1, True), ((1, 13, 37, 41), -1, True), ((2, 40, 8, 8), -1, True),
+            ((1, 3, 1, 1), -1, True), ((2, 6, 29), -1, True)]
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("shape, axis, channels_last", LN_CASES, ids=str)
+def test_layer_norm_matches_numpy_and_onnxruntime(shape, axis, channels_last, bias, threads, calls):
+    stored = _x(shape) + 2.0  # a mean that does not cancel
+    x = np.moveaxis(stored, 1, -1) if channels_last else stored
+    norm = x.shape[axis:] if axis != -1 else x.shape[-1:]
+    scale, b = _x(norm, 1.0), (_x(norm, 1.0) if bias else None)
+    attrs = {"axis": axis, "epsilon": 1e-5}
+    inputs = [x, scale] + ([b] if bias else [])
+    got = layer_normalization(inputs, attrs)
+    assert calls["layer_norm"] == 1
+    if channels_last:
+        assert np.moveaxis(got[0], -1, 1).flags.c_contiguous, "the result is the same view: no transposing copy"
+    for g, w, what in zip(got, numpy_kernel(layer_normalization, inputs, attrs), ("Y", "Mean", "InvStdDev")):
+        assert_close(g, w, what=f"{what} vs the numpy kernel")
+    feeds = {"x": np.ascontiguousarray(x)}
+    inits = {"scale": scale, **({"b": b} if bias else {})}
+    model = single_node_model("LayerNormalization", feeds, n_outputs=3, attrs=attrs, initializers=inits, opset=17)
+    for g, w, what in zip(got, run_ort(model, feeds), ("Y", "Mean", "InvStdDev")):
+        assert_close(g, w, what=f"{what} vs onnxruntime")
+
+
+def test_layer_norm_outside_the_native_scope_stays_in_numpy(calls):
+    x = _x((3, 8))
+    for scale, eps in ((_x((1,)), 1e-5), (_x((8,)), 0.0)):  # a broadcast scale; eps the library refuses
+        got = layer_normalization([x, scale], {"epsilon": eps})
+        assert calls["layer_norm"] == 0
+        assert_close(got[0], numpy_kernel(layer_normalization, [x, scale], {"epsilon": eps})[0])
+
+
+@pytest.mark.parametrize("activation", [None, "swish", "gelu", "hard_swish", "relu"])
+@pytest.mark.parametrize("shape", [(1, 1), (1, 7, 1, 1), (2, 13, 5, 3), (1, 240, 28, 28)], ids=str)
+def test_channel_affine_matches_numpy(shape, activation, threads, calls):
+    x, s, t = _x(shape), _x(shape[1], 1.0), _x(shape[1], 1.0)
+    attrs = {"activation": activation} if activation else {}
+    got = channel_affine([x, s, t], attrs)[0]
+    assert calls["channel_affine"] == 1
+    assert_close(got, numpy_kernel(channel_affine, [x, s, t], attrs)[0], what=f"ChannelAffine {activation}")
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 13, 5, 3), (1, 96, 56, 56)], ids=str)
+def test_batch_norm_matches_onnxruntime(shape, threads, calls):
+    c = shape[1]
+    x, s, b, m, v = _x(shape), _x(c, 1.0), _x(c, 1.0), _x(c, 1.0), np.abs(_x(c, 1.0)) + 0.1
+    got = batch_normalization([x, s, b, m, v], {"epsilon": 1e-3})[0]
+    assert calls["channel_affine"] == 1
+    inits = {"s": s, "b": b, "m": m, "v": v}
+    ort = run_ort(single_node_model("BatchNormalization", {"x": x}, attrs={"epsilon": 1e-3}, initializers=inits),
+                  {"x": x})[0]
+    assert_close(got, ort, what="BatchNormalization vs onnxruntime")
+
+
+def convnext_block(c: int = 24, hw: int = 14) -> onnx.ModelProto:
+    """Conv -> Transpose -> LayerNorm -> Transpose -> 1x1 Conv -> Gelu -> 1x1 Conv, then a
+    BatchNormalization + Sigmoid the passes cannot fold into a conv: ConvNeXt's and MixNet's host ops."""
+    r = np.random.default_rng(3)
+    shapes = {"w0": (c, 3, 3, 3), "ln_s": (c,), "ln_b": (c,), "w1": (4 * c, c, 1, 1), "w2": (c, 4 * c, 1, 1),
+              "bn_s": (c,), "bn_b": (c,), "bn_m": (c,), "bn_v": (c,)}
+    arrays = {k: (r.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32) for k, s in shapes.items()}
+    arrays["bn_v"] = np.abs(arrays["bn_v"]) + 0.5
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+        helper.make_node("Transpose", ["c0"], ["t0"], perm=[0, 2, 3, 1]),
+        helper.make_node("LayerNormalization", ["t0", "ln_s", "ln_b"], ["l0"], epsilon=1e-6),
+        helper.make_node("Transpose", ["l0"], ["t1"], perm=[0, 3, 1, 2]),
+        helper.make_node("Conv", ["t1", "w1"], ["c1"]),
+        helper.make_node("Gelu", ["c1"], ["g1"]),
+        helper.make_node("Conv", ["g1", "w2"], ["c2"]),
+        helper.make_node("Add", ["c2", "c0"], ["a2"]),
+        helper.make_node("BatchNormalization", ["a2", "bn_s", "bn_b", "bn_m", "bn_v"], ["n2"]),
+        helper.make_node("Sigmoid", ["n2"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "convnext_block",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, hw, hw])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, c, hw, hw])],
+                              [numpy_helper.from_array(v, k) for k, v in arrays.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+
+
+def test_model_same_with_and_without_the_library(native_lib, calls):
+    model = convnext_block()
+    x = _x((1, 3, 14, 14), 1.0)
+    ref = run_ort(model, {"x": x})[0]
+    data = optcli.optimize(model=model, valid_targets="arm").data
+    got = optcli.load(data, threads=2).run({"x": x})["y"]
+    assert calls["layer_norm"] and calls["channel_affine"]
+    with mock.patch.object(native, "_lib", None):
+        without = optcli.load(data, threads=2).run({"x": x})["y"]
+    assert_close(got, ref, what="native kernels vs onnxruntime")
+    assert_close(without, ref, what="numpy kernels vs onnxruntime")
