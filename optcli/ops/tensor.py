@@ -224,8 +224,22 @@ def pad(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     if not any(b or e for b, e in widths):
         return [x.copy()]
     if mode == "constant":
-        return [np.pad(x, widths, mode="constant", constant_values=np.asarray(value).astype(x.dtype))]
+        return [_pad_constant(x, widths, np.asarray(value).astype(x.dtype))]
     return [np.pad(x, widths, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode])]
+
+
+def _pad_constant(x: np.ndarray, widths: list[tuple[int, int]], value: np.ndarray) -> np.ndarray:
+    """np.pad's constant mode as one copy of ``x`` and one fill per padded side: np.pad takes ~3x as
+    long on the small tensors of mobile models (BlazeFace pads channels before each residual Add)."""
+    y = np.empty(tuple(s + b + e for s, (b, e) in zip(x.shape, widths)), x.dtype)
+    y[tuple(slice(b, b + s) for s, (b, _) in zip(x.shape, widths))] = x
+    for axis, (b, e) in enumerate(widths):
+        lead = (slice(None),) * axis
+        if b:
+            y[lead + (slice(0, b),)] = value
+        if e:
+            y[lead + (slice(y.shape[axis] - e, None),)] = value
+    return y
 
 
 # ----------------------------------------------------------------------------- casts, constants

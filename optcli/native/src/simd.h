@@ -157,6 +157,21 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 DEFINE_GELU(gelu4, gelu_tanh4, v4f, v4i)
 DEFINE_GELU(gelu8, gelu_tanh8, v8f, v8i)
 
+/* sigmoid and swish the same way, 8 lanes: sigmoid(v) = s or e * s by v's sign bit, e = exp(-|v|),
+ * s = 1 / (1 + e); |v| clamped at 100 (e flushes to 0), so a NaN is put back from its bits. */
+ALWAYS_INLINE v8f sigmoid8(v8f v) {
+    v8i bits = (v8i)v, neg = bits >> 31, mag = bits & 0x7fffffff;
+    v8i nan = (0x7f800000 - mag) >> 31; /* -1 where |v| is a NaN's bits */
+    v8f a = (v8f)mag;
+    CLAMP_POS_BODY(v8f, v8i, a, 0x42c80000)
+    a = -a;
+    EXP_SMALL_BODY(v8f, v8i, a)
+    v8f s = 1.0f / (y + 1.0f);
+    return (v8f)((neg & (v8i)(y * s)) | (~neg & (v8i)s) | (nan & 0x7fc00000));
+}
+
+ALWAYS_INLINE v8f swish8(v8f v) { return v * sigmoid8(v); } /* a NaN v makes it NaN */
+
 ALWAYS_INLINE v4f clamp01_4(v4f v) {
     v = sel4(v < splat4(0.0f), splat4(0.0f), v);
     return sel4(v > splat4(1.0f), splat4(1.0f), v);
@@ -256,16 +271,25 @@ ALWAYS_INLINE void relu_span(float *y, int64_t n) {
     }
 }
 
-/* GELU over n floats in place, 8 lanes at a time on x86-64 (see DEFINE_GELU); 4 elsewhere, where
- * 8-lane vectors are no wider than two registers. */
-ALWAYS_INLINE void gelu_span(float *y, int64_t n, const int act) {
+ALWAYS_INLINE v8f act8(v8f v, const int act) {
+    switch (act) {
+    case ACT_SIGMOID: return sigmoid8(v);
+    case ACT_SWISH: return swish8(v);
+    case ACT_GELU: return gelu8(v);
+    default: return gelu_tanh8(v);
+    }
+}
+
+/* GELU, sigmoid and swish over n floats in place, 8 lanes at a time on x86-64 (see DEFINE_GELU); 4
+ * elsewhere, where 8-lane vectors are no wider than two registers. */
+ALWAYS_INLINE void act8_span(float *y, int64_t n, const int act) {
 #if defined(__x86_64__)
     int64_t i = 0;
-    for (; i + VL <= n; i += VL) vstore(y + i, act == ACT_GELU ? gelu8(vload(y + i)) : gelu_tanh8(vload(y + i)));
+    for (; i + VL <= n; i += VL) vstore(y + i, act8(vload(y + i), act));
     if (i < n) {
         float t[VL] = {0};
         copy_short(t, y + i, (int)(n - i));
-        vstore(t, act == ACT_GELU ? gelu8(vload(t)) : gelu_tanh8(vload(t)));
+        vstore(t, act8(vload(t), act));
         copy_short(y + i, t, (int)(n - i));
     }
 #else
@@ -278,13 +302,13 @@ ALWAYS_INLINE void act_span(float *y, int64_t n, int act, float alpha, float bet
     case ACT_RELU: relu_span(y, n); break;
     case ACT_CLIP: clip_span(y, n, alpha, beta); break;
     case ACT_LEAKY_RELU: act_span_k(y, n, ACT_LEAKY_RELU, alpha, beta); break;
-    case ACT_SIGMOID: act_span_k(y, n, ACT_SIGMOID, alpha, beta); break;
+    case ACT_SIGMOID: act8_span(y, n, ACT_SIGMOID); break;
     case ACT_TANH: act_span_k(y, n, ACT_TANH, alpha, beta); break;
     case ACT_HARD_SIGMOID: act_span_k(y, n, ACT_HARD_SIGMOID, alpha, beta); break;
     case ACT_HARD_SWISH: act_span_k(y, n, ACT_HARD_SWISH, alpha, beta); break;
-    case ACT_SWISH: act_span_k(y, n, ACT_SWISH, alpha, beta); break;
-    case ACT_GELU: gelu_span(y, n, ACT_GELU); break;
-    case ACT_GELU_TANH: gelu_span(y, n, ACT_GELU_TANH); break;
+    case ACT_SWISH: act8_span(y, n, ACT_SWISH); break;
+    case ACT_GELU: act8_span(y, n, ACT_GELU); break;
+    case ACT_GELU_TANH: act8_span(y, n, ACT_GELU_TANH); break;
     default: break;
     }
 }
