@@ -45,6 +45,8 @@ _SIGNATURES = {
     "optcli_gemm_conv_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                               ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
     "optcli_gemm_variant": ([ctypes.c_int], ctypes.c_int),  # tests only
+    "optcli_conv2d_gemm_f32": ([_vp, _vp, _vp, _vp, _vp, _vp, ctypes.c_int, ctypes.c_float, ctypes.c_float],
+                               ctypes.c_int),
     "optcli_channel_affine_f32": ([_vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
                                    ctypes.c_float, ctypes.c_float], ctypes.c_int),
     "optcli_activation_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
@@ -249,6 +251,24 @@ def gemm_conv(w: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None, acti
     _check(_lib.optcli_gemm_conv_f32(w.ctypes.data, x.ctypes.data, _ptr(bias), _ptr(r), out.ctypes.data, b, m, k, n,
                                      ACTIVATION_CODES[activation], alpha, beta), "GEMM conv")
     return out
+
+
+def conv2d_gemm(xp: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: tuple[int, int],
+                dilations: tuple[int, int], out: tuple[int, int], activation: str | None = None, alpha: float = 0.0,
+                beta: float = 0.0) -> np.ndarray:
+    """A one-group 2-D convolution of the zero-padded float32 ``xp`` [N, C, HP, WP] by ``w``
+    [M, C, KH, KW] as an implicit GEMM: the im2col columns are gathered while packing (src/gemm.c),
+    never formed, and bias and activation are applied in the GEMM's own pass.  Returns [N, M, *out]."""
+    assert _lib is not None and xp.ndim == 4 and w.ndim == 4 and w.shape[1] == xp.shape[1]
+    xp = np.ascontiguousarray(xp, dtype=np.float32)
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+    assert b is None or b.shape == (w.shape[0],)
+    y = np.empty((xp.shape[0], w.shape[0]) + tuple(out), dtype=np.float32)
+    geom = np.array([xp.shape[0], w.shape[0], *xp.shape[1:], *w.shape[2:], *strides, *dilations, *out], dtype=np.int64)
+    _check(_lib.optcli_conv2d_gemm_f32(w.ctypes.data, xp.ctypes.data, _ptr(b), None, y.ctypes.data, geom.ctypes.data,
+                                       ACTIVATION_CODES[activation], alpha, beta), "conv GEMM")
+    return y
 
 
 def activation(x: np.ndarray, name: str, alpha: float = 0.0, beta: float = 0.0,

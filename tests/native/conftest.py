@@ -30,9 +30,10 @@ def _counted(calls: dict[str, int], key: str, fn):
 
 @pytest.fixture
 def native_calls(native_lib, monkeypatch):
-    """Counts calls into the native depthwise, epilogue and GEMM, to prove a test ran them."""
+    """Counts calls into the native depthwise, epilogue and GEMMs, to prove a test ran them."""
     calls = {}
-    for key, name in (("depthwise", "depthwise_conv2d"), ("epilogue", "bias_activation_"), ("gemm", "gemm_conv")):
+    for key, name in (("depthwise", "depthwise_conv2d"), ("epilogue", "bias_activation_"), ("gemm", "gemm_conv"),
+                      ("conv_gemm", "conv2d_gemm")):
         calls[key] = 0
         monkeypatch.setattr(native, name, _counted(calls, key, getattr(native, name)))
     return calls

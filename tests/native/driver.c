@@ -10,6 +10,8 @@
  *   [18..19] = alpha (layer norm: eps), beta as float32 bit patterns;
  *   then x, w (depthwise) or scale (affine, if any; layer norm) or 1/counts per row and column
  *   (average), bias; GEMM: w, x, residual (if any), bias.
+ * Kind 7 (implicit GEMM conv): geometry = the 13 values of optcli_conv2d_gemm_f32 and has residual;
+ * arrays w, the padded input, residual (if any), bias.
  * OUT receives the output as float32 (layer norm: y, then mean and 1 / std).  Exit status 0 when
  * every kernel returned 0.
  */
@@ -74,6 +76,15 @@ static int run_case(const char *in, const char *out) {
         rc = optcli_activation_f32(x, ny % 2 ? y : x, ny, act, alpha, beta); /* odd sizes out of place */
         if (ny % 2 == 0) memcpy(y, x, (size_t)ny * sizeof(float));
         free(x);
+    } else if (h[0] == 7) {
+        int64_t k = g[2] * g[5] * g[6];
+        float *w = read_floats(f, g[1] * k), *x = read_floats(f, g[0] * g[2] * g[3] * g[4]);
+        ny = g[0] * g[1] * g[11] * g[12];
+        float *r = g[13] ? read_floats(f, ny) : NULL;
+        float *b = has_bias ? read_floats(f, g[1]) : NULL;
+        y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
+        rc = optcli_conv2d_gemm_f32(w, x, b, r, y, g, act, alpha, beta);
+        free(w), free(x), free(r), free(b);
     } else if (h[0] == 5) {
         int64_t nx = g[0] * g[1] * g[2], ns = g[0] * g[2];
         float *x = read_floats(f, nx), *s = read_floats(f, g[1]);

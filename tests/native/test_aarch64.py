@@ -15,6 +15,7 @@ import pytest
 
 from optcli import native
 from optcli.ops.activation import apply_activation
+from optcli.ops.conv import conv_im2col
 from optcli.ops.normalization import layer_normalization
 from optcli.ops.pool import _axis_counts, average_pool, max_pool
 from optcli.ops.spatial import window
@@ -167,12 +168,36 @@ def _elementwise_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
     return cases
 
 
+def _conv_gemm_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
+    """The implicit GEMM (columns gathered from the padded input while packing), odd geometry."""
+    rng = np.random.default_rng(12)
+    cases = []
+    for i, (xs, ws, attrs) in enumerate([((1, 3, 17, 20), (8, 3, 3, 3), {"strides": [2, 2]}),
+                                         ((2, 5, 9, 30), (13, 5, 3, 5), {"strides": [1, 2], "dilations": [2, 1]}),
+                                         ((1, 40, 7, 7), (30, 40, 3, 3), {})]):  # 30 rows of 49 columns: shared pack
+        act = ACTS[i * 3 % len(ACTS)]
+        xp = rng.standard_normal(xs).astype(np.float32)
+        w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
+        b = rng.standard_normal(ws[0]).astype(np.float32)
+        full = {"kernel_shape": list(ws[2:]), **attrs}
+        with mock.patch.object(native, "_lib", None):
+            want = conv_im2col([xp, w, b], dict(full))[0]
+        r = rng.standard_normal(want.shape).astype(np.float32) if i % 2 else None
+        want = apply_activation(want + (0 if r is None else r), act, *ACT_PARAMS.get(act, (0.0, 0.0)))
+        st, dl = attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1])
+        geom = [xs[0], ws[0], *xs[1:], *ws[2:], *st, *dl, *want.shape[2:], int(r is not None)]
+        src, dst = tmp / f"convgemm{i}.in", tmp / f"convgemm{i}.out"
+        _write_case(src, 7, act, geom, [w, xp, r, b])
+        cases.append((src, dst, want, f"implicit GEMM {xs} {ws} {attrs} {act}"))
+    return cases
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 def test_kernels_on_aarch64_match_numpy(aarch64_driver, tmp_path, threads):
     qemu, driver = aarch64_driver
     cases = (_depthwise_cases(tmp_path) + _epilogue_cases(tmp_path) + _pool_cases(tmp_path) + _gemm_cases(tmp_path)
-             + _elementwise_cases(tmp_path))
-    assert len(cases) >= 41
+             + _elementwise_cases(tmp_path) + _conv_gemm_cases(tmp_path))
+    assert len(cases) >= 44
     args = [str(p) for src, dst, _, _ in cases for p in (src, dst)]
     res = subprocess.run([qemu, str(driver), str(threads), *args], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, f"driver exited {res.returncode}: {res.stdout}{res.stderr}"

@@ -145,6 +145,11 @@ CONVS = [  # (kernel, x shape, w shape, attrs)
     (conv_im2col, (1, 3, 37, 41), (16, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
     (conv_im2col, (2, 8, 15, 13), (11, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
     (conv_im2col, (1, 7, 20, 20), (5, 7, 5, 5), {"dilations": [2, 2]}),
+    (conv_im2col, (1, 5, 17, 30), (13, 5, 3, 5), {"strides": [3, 2], "dilations": [2, 1], "pads": [2, 0, 1, 3]}),
+    (conv_im2col, (3, 64, 14, 14), (40, 64, 3, 3), {"pads": [1, 1, 1, 1]}),  # K over one block
+    (conv_im2col, (1, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
+    (conv_im2col, (1, 16, 23, 9), (24, 16, 1, 1), {"strides": [2, 2]}),  # strided 1x1: not a plain GEMM
+    (conv_im2col, (2, 6, 40), (7, 6, 3), {"pads": [1, 1], "strides": [2]}),  # 1-D: explicit columns
 ]
 
 
@@ -160,7 +165,9 @@ def test_convs_match_onnxruntime(kernel, xs, ws, attrs, act, native_calls):
         a, be = ACT_PARAMS[act]
         full.update(activation=act, activation_alpha=a, activation_beta=be)
     got = kernel([x, w, b], dict(full))[0]
-    assert native_calls["gemm"] == xs[0] if kernel is conv_im2col else native_calls["gemm"] == 1
+    implicit = kernel is conv_im2col and len(xs) == 4  # 2-D: the implicit GEMM, no column matrix
+    assert (native_calls["conv_gemm"], native_calls["gemm"]) == ((1, 0) if implicit else (0, 1 if kernel is conv_1x1
+                                                                                          else xs[0]))
     assert native_calls["epilogue"] == 0  # the GEMM's own epilogue, no second pass
     want = ort_conv(x, w, b, {k: v for k, v in full.items() if not k.startswith("activation")})
     assert_epilogue_close(got, want, act, f"{kernel.__name__} {xs} {act} vs onnxruntime")
@@ -212,3 +219,21 @@ def test_fully_connected_beyond_the_thin_path_stays_with_blas(xs, n, native_call
     got = fully_connected([x, w, None], {})[0]
     assert native_calls["gemm"] == 0
     assert_close(got, x @ w)
+
+
+def test_implicit_gemm_with_negative_pads_matches_numpy(native_calls):
+    """Negative pads (valid ONNX, refused by onnxruntime) crop the input before the columns."""
+    rng = np.random.default_rng(8)
+    x, w = rng.standard_normal((1, 4, 11, 12)).astype(np.float32), rng.standard_normal((9, 4, 3, 3)).astype(np.float32)
+    attrs = {"kernel_shape": [3, 3], "pads": [-1, 2, 0, -2], "strides": [1, 2]}
+    got = conv_im2col([x, w, None], dict(attrs))[0]
+    assert native_calls["conv_gemm"] == 1
+    with mock.patch.object(native, "_lib", None):
+        assert_close(got, conv_im2col([x, w, None], dict(attrs))[0])
+
+
+def test_implicit_gemm_refuses_windows_outside_the_input(native_lib):
+    xp = np.zeros((1, 2, 5, 5), np.float32)
+    w = np.zeros((3, 2, 3, 3), np.float32)
+    with pytest.raises(native.NativeError, match="conv GEMM failed with code -1"):
+        native.conv2d_gemm(xp, w, None, (1, 1), (1, 1), (4, 3))  # 4 rows of 3 taps need 6 input rows

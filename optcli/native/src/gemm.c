@@ -17,6 +17,7 @@
  * Y (still in L2).  The work item itself is in gemm_kernel.h, once per vector width.
  */
 #include <pthread.h>
+#include <stdlib.h>
 
 #include "optcli_native.h"
 #include "simd.h"
@@ -25,9 +26,20 @@
 #define L2_FLOATS (64 * 1024)  /* 256 KiB: the packed X block, or a row block of W, in L2 */
 #define THIN_ROWS 4            /* GK_TM: products of this few rows take the thin work item */
 
+/* A 2-D convolution's geometry, for the implicit GEMM: X is never formed, its columns are
+ * packed straight from the zero-padded input (C x HP x WP per image): row k = (c, kh, kw) of X at
+ * column n = (oh, ow) is xp[c][oh * sh + kh * dh][ow * sw + kw * dw]. */
+typedef struct {
+    int64_t C, HP, WP, KH, KW, sh, sw, dh, dw, OH, OW;
+} conv_t;
+
 typedef struct {
     const float *w, *x, *bias, *res;
     float *y;
+    const conv_t *conv;        /* NULL: X is a matrix [K, N] per image */
+    float *packed;             /* X packed once for all row bands (NULL: each item packs its own) */
+    int64_t pstride;           /* floats of packed X per image */
+    int64_t xstride;           /* floats per image of x */
     int64_t M, K, N;
     int64_t kc, mc, nb, mb;    /* K block, W row block, columns and rows per item */
     int64_t nn, nm;            /* column bands and row bands per image */
@@ -47,6 +59,7 @@ typedef struct {
     int mr, nr;               /* a register tile's rows, and columns (two vectors) */
     const opt_item_fn *items; /* the work item, per activation code */
     const opt_item_fn *thin;  /* the same for thin products (GK_TM rows or fewer) */
+    opt_item_fn prepack;      /* packs X for all row bands at once */
 } variant_t;
 
 #define GK_V v4f
@@ -122,20 +135,16 @@ OPT_API int optcli_gemm_variant(int lanes) {
 
 static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 
-OPT_API int optcli_gemm_conv_f32(const float *w, const float *x, const float *bias, const float *res, float *y,
-                                 int64_t batch, int64_t M, int64_t K, int64_t N, int act, float alpha, float beta) {
+/* Blocks and work items for g (w, x, bias, res, y, M, K, N, act set), then the job itself. */
+static int run(gemm_t *g, int64_t batch) {
     pthread_once(&g_variant_once, pick_variant);
     const variant_t v = *g_variant;
-    if (batch < 0 || M < 0 || K < 1 || N < 0 || act < 0 || act >= ACT_COUNT) return OPT_EINVAL;
-    if (batch == 0 || M == 0 || N == 0) return 0;
-    gemm_t g = {.w = w, .x = x, .bias = bias, .res = res, .y = y, .M = M, .K = K, .N = N, .act = act,
-                .alpha = alpha, .beta = beta};
-    const int64_t mr = v.mr, nr = v.nr;
+    const int64_t M = g->M, K = g->K, N = g->N, mr = v.mr, nr = v.nr;
     /* K blocks of equal size, none above what keeps a packed panel in L1 */
     int64_t kmax = PANEL_FLOATS / nr, kblocks = (K + kmax - 1) / kmax;
-    g.kc = (K + kblocks - 1) / kblocks;
-    g.mc = L2_FLOATS / g.kc / mr * mr;
-    if (g.mc < mr) g.mc = mr;
+    g->kc = (K + kblocks - 1) / kblocks;
+    g->mc = L2_FLOATS / g->kc / mr * mr;
+    if (g->mc < mr) g->mc = mr;
     /* Items: about 4 per thread (a thread that is not scheduled leaves its share to the others).
      * Each column band reads all of its rows of W and each row band packs all of its columns of
      * X, so split the columns when X is the larger (N > M) and the rows when W is (the late
@@ -143,25 +152,62 @@ OPT_API int optcli_gemm_conv_f32(const float *w, const float *x, const float *bi
      * over).  A column band is never wider than the L2 holds packed. */
     int threads = optcli_get_num_threads();
     int64_t macs = batch * M * K * N, want = batch >= 4 * threads ? 1 : (4 * threads + batch - 1) / batch;
-    if (M <= THIN_ROWS) { /* bands of columns only, no packing: see GK(thin) */
+    if (M <= THIN_ROWS && !g->conv) { /* bands of columns only, no packing: see GK(thin) */
         int64_t per = 4 * (nr / 2);
-        g.nb = round_up((N + want - 1) / want, per);
-        g.nn = (N + g.nb - 1) / g.nb;
-        opt_parallel(v.thin[act], &g, batch * g.nn, macs < (1 << 20) ? 1 : 0);
+        g->nb = round_up((N + want - 1) / want, per);
+        g->nn = (N + g->nb - 1) / g->nb;
+        opt_parallel(v.thin[g->act], g, batch * g->nn, macs < (1 << 20) ? 1 : 0);
         return 0;
     }
-    int64_t cmax = L2_FLOATS / g.kc / nr * nr;
+    int64_t cmax = L2_FLOATS / g->kc / nr * nr;
     if (cmax < nr) cmax = nr;
-    g.nb = round_up(N > M ? (N + want - 1) / want : N, nr);
-    if (g.nb > cmax) g.nb = cmax;
-    g.nn = (N + g.nb - 1) / g.nb;
-    g.mb = M;
-    if (g.nn < want) {
-        int64_t split = (want + g.nn - 1) / g.nn;
-        g.mb = round_up((M + split - 1) / split, mr);
+    g->nb = round_up(N > M ? (N + want - 1) / want : N, nr);
+    if (g->nb > cmax) g->nb = cmax;
+    g->nn = (N + g->nb - 1) / g->nb;
+    g->mb = M;
+    if (g->nn < want) {
+        int64_t split = (want + g->nn - 1) / g->nn;
+        g->mb = round_up((M + split - 1) / split, mr);
     }
-    g.nm = (M + g.mb - 1) / g.mb;
+    g->nm = (M + g->mb - 1) / g->mb;
     /* below ~1M multiply-adds (~10 us on one core) a worker's wake-up costs more than it saves */
-    opt_parallel(v.items[act], &g, batch * g.nn * g.nm, macs < (1 << 20) ? 1 : 0);
-    return g.failed ? OPT_ENOMEM : 0;
+    int cap = macs < (1 << 20) ? 1 : 0;
+    if (g->conv && g->nn == 1 && g->nm > 1) {
+        /* Row bands of one column band would each gather the same columns from the input again:
+         * pack them once, shared, in a job of its own (a plain X packs with vector copies, cheaper
+         * than a second job's wake-up).  Without the memory, each item packs its own as usual. */
+        g->pstride = K * round_up(N, nr);
+        g->packed = malloc((size_t)(batch * g->pstride) * sizeof(float));
+        if (g->packed) opt_parallel(v.prepack, g, batch * ((K + g->kc - 1) / g->kc), cap);
+    }
+    opt_parallel(v.items[g->act], g, batch * g->nn * g->nm, cap);
+    free(g->packed);
+    g->packed = NULL;
+    return g->failed ? OPT_ENOMEM : 0;
+}
+
+OPT_API int optcli_gemm_conv_f32(const float *w, const float *x, const float *bias, const float *res, float *y,
+                                 int64_t batch, int64_t M, int64_t K, int64_t N, int act, float alpha, float beta) {
+    if (batch < 0 || M < 0 || K < 1 || N < 0 || act < 0 || act >= ACT_COUNT) return OPT_EINVAL;
+    if (batch == 0 || M == 0 || N == 0) return 0;
+    gemm_t g = {.w = w, .x = x, .bias = bias, .res = res, .y = y, .xstride = K * N, .M = M, .K = K, .N = N,
+                .act = act, .alpha = alpha, .beta = beta};
+    return run(&g, batch);
+}
+
+OPT_API int optcli_conv2d_gemm_f32(const float *w, const float *xp, const float *bias, const float *res, float *y,
+                                   const int64_t *geom, int act, float alpha, float beta) {
+    int64_t batch = geom[0], M = geom[1];
+    conv_t q = {.C = geom[2], .HP = geom[3], .WP = geom[4], .KH = geom[5], .KW = geom[6], .sh = geom[7],
+                .sw = geom[8], .dh = geom[9], .dw = geom[10], .OH = geom[11], .OW = geom[12]};
+    if (batch < 0 || M < 0 || q.C < 1 || q.KH < 1 || q.KW < 1 || q.sh < 1 || q.sw < 1 || q.dh < 1 || q.dw < 1 ||
+        q.OH < 0 || q.OW < 0 || act < 0 || act >= ACT_COUNT)
+        return OPT_EINVAL;
+    /* every tap of every output must lie in the padded input */
+    if (q.OH && q.OW && ((q.OH - 1) * q.sh + (q.KH - 1) * q.dh >= q.HP || (q.OW - 1) * q.sw + (q.KW - 1) * q.dw >= q.WP))
+        return OPT_EINVAL;
+    if (batch == 0 || M == 0 || q.OH * q.OW == 0) return 0;
+    gemm_t g = {.w = w, .x = xp, .bias = bias, .res = res, .y = y, .conv = &q, .xstride = q.C * q.HP * q.WP,
+                .M = M, .K = q.C * q.KH * q.KW, .N = q.OH * q.OW, .act = act, .alpha = alpha, .beta = beta};
+    return run(&g, batch);
 }

@@ -135,24 +135,62 @@ ALWAYS_INLINE void GK(pack)(float *dst, const float *x, int64_t ld, int64_t kb, 
     }
 }
 
+/* The same panels for the implicit GEMM of a convolution: rows k0.. of X, columns n0.. (cols of
+ * them), gathered from the padded input xp of one image (see conv_t), a run of output columns of
+ * one output row at a time. */
+ALWAYS_INLINE void GK(pack_conv)(float *dst, const conv_t *q, const float *xp, int64_t k0, int64_t kb, int64_t n0,
+                                 int64_t cols) {
+    const int64_t taps = q->KH * q->KW;
+    for (int64_t p = 0; p < cols; p += GK_NR, dst += kb * GK_NR) {
+        int w = cols - p < GK_NR ? (int)(cols - p) : GK_NR;
+        int64_t oh0 = (n0 + p) / q->OW, ow0 = (n0 + p) % q->OW;
+        for (int64_t k = 0; k < kb; k++) {
+            int64_t c = (k0 + k) / taps, t = (k0 + k) % taps;
+            const float *plane = xp + (c * q->HP + t / q->KW * q->dh) * q->WP + t % q->KW * q->dw;
+            float *d = dst + k * GK_NR;
+            int j = 0;
+            for (int64_t oh = oh0, ow = ow0; j < w; oh++, ow = 0) {
+                int run = q->OW - ow < w - j ? (int)(q->OW - ow) : w - j;
+                const float *src = plane + oh * q->sh * q->WP + ow * q->sw;
+                if (q->sw == 1) {
+                    for (int i = 0; i < run; i++) d[j + i] = src[i];
+                } else {
+                    for (int i = 0; i < run; i++) d[j + i] = src[i * q->sw];
+                }
+                j += run;
+            }
+            for (; j < GK_NR; j++) d[j] = 0.0f;
+        }
+    }
+}
+
 ALWAYS_INLINE void GK(item)(gemm_t *g, int64_t it, const int act) {
     const int64_t M = g->M, K = g->K, N = g->N;
     int64_t img = it / (g->nn * g->nm), rest = it % (g->nn * g->nm);
     int64_t n0 = rest / g->nm * g->nb, m0 = rest % g->nm * g->mb; /* row bands of a column band are neighbours */
     int64_t cols = N - n0 < g->nb ? N - n0 : g->nb, m1 = M - m0 < g->mb ? M : m0 + g->mb;
-    float *bp = opt_scratch((size_t)(g->kc * ((cols + GK_NR - 1) / GK_NR) * GK_NR + 16));
-    if (!bp) {
-        g->failed = 1;
-        return;
+    float *bp = NULL;
+    if (!g->packed) {
+        bp = opt_scratch((size_t)(g->kc * ((cols + GK_NR - 1) / GK_NR) * GK_NR + 16));
+        if (!bp) {
+            g->failed = 1;
+            return;
+        }
+        bp += (64 - (uintptr_t)bp % 64) % 64 / sizeof(float); /* a line apart: no panel load splits a line */
     }
-    bp += (64 - (uintptr_t)bp % 64) % 64 / sizeof(float); /* a line apart: no panel load splits a line */
-    const float *x = g->x + img * K * N + n0;
+    const float *x = g->x + img * g->xstride + (g->conv ? 0 : n0);
     float *y = g->y + img * M * N + n0;
     const float *r = g->res ? g->res + img * M * N + n0 : NULL;
     for (int64_t k0 = 0; k0 < K; k0 += g->kc) {
         int64_t kb = K - k0 < g->kc ? K - k0 : g->kc;
         int first = k0 == 0, last = k0 + kb == K;
-        GK(pack)(bp, x + k0 * N, N, kb, cols);
+        if (g->packed) { /* packed once for all row bands: see run() */
+            bp = g->packed + img * g->pstride + k0 * ((N + GK_NR - 1) / GK_NR) * GK_NR;
+        } else if (g->conv) {
+            GK(pack_conv)(bp, g->conv, x, k0, kb, n0, cols);
+        } else {
+            GK(pack)(bp, x + k0 * N, N, kb, cols);
+        }
         for (int64_t mc0 = m0; mc0 < m1; mc0 += g->mc) {
             int64_t mc1 = m1 - mc0 < g->mc ? m1 : mc0 + g->mc;
             for (int64_t p = 0; p < cols; p += GK_NR) {
@@ -211,6 +249,21 @@ ALWAYS_INLINE void GK(thin_item)(gemm_t *g, int64_t it, const int act) {
             GK(thin)(g, x + n, y + n, r ? r + n : NULL, m, n1 - n < 4 * GK_L ? (int)(n1 - n) : 4 * GK_L, act);
 }
 
+/* Item it of the packing job that serves every row band (run()): K block it % blocks of image
+ * it / blocks, all N columns, at the place GK(item) looks for it. */
+GK_ATTR static void GK(prepack)(void *c, int64_t it) {
+    gemm_t *g = c;
+    int64_t blocks = (g->K + g->kc - 1) / g->kc, img = it / blocks, k0 = it % blocks * g->kc;
+    int64_t kb = g->K - k0 < g->kc ? g->K - k0 : g->kc;
+    float *dst = g->packed + img * g->pstride + k0 * ((g->N + GK_NR - 1) / GK_NR) * GK_NR;
+    const float *x = g->x + img * g->xstride;
+    if (g->conv) {
+        GK(pack_conv)(dst, g->conv, x, k0, kb, 0, g->N);
+    } else {
+        GK(pack)(dst, x + k0 * g->N, g->N, kb, g->N);
+    }
+}
+
 /* The pool's entry points, one per work item kind and activation (a constant in each). */
 #define GK_ENTRY(name, body, act) \
     GK_ATTR static void GK(name)(void *c, int64_t it) { GK(body)(c, it, act); }
@@ -244,7 +297,7 @@ static const opt_item_fn GK(items)[ACT_COUNT] = {GK(none), GK(relu), GK(clip), G
 static const opt_item_fn GK(thin_items)[ACT_COUNT] = {
     GK(thin_none), GK(thin_relu), GK(thin_clip), GK(thin_leaky), GK(thin_sigmoid),
     GK(thin_tanh), GK(thin_hsigmoid), GK(thin_hswish), GK(thin_swish), GK(thin_gelu), GK(thin_gelu_tanh)};
-static const variant_t GK(variant) = {GK_MR, GK_NR, GK(items), GK(thin_items)};
+static const variant_t GK(variant) = {GK_MR, GK_NR, GK(items), GK(thin_items), GK(prepack)};
 #undef GK_NR
 #undef GK_CH
 #undef GK_TM

@@ -47,6 +47,12 @@ OPT_API int optcli_channel_affine_f32(const float *x, float *y, const float *sca
  * bias and res may be NULL; res must not overlap y (y holds partial sums while K is walked). */
 OPT_API int optcli_gemm_conv_f32(const float *w, const float *x, const float *bias, const float *res, float *y,
                                  int64_t batch, int64_t m, int64_t k, int64_t n, int act, float alpha, float beta);
+/* A 2-D convolution (one group) as an implicit GEMM: the same product and epilogue with X the
+ * im2col matrix of the zero-padded input xp [batch, C, HP, WP], gathered while packing, never
+ * formed.  geom: batch, M, C, HP, WP, KH, KW, stride_h, stride_w, dil_h, dil_w, OH, OW; w is
+ * [M, C * KH * KW], y and res [batch, M, OH * OW]. */
+OPT_API int optcli_conv2d_gemm_f32(const float *w, const float *xp, const float *bias, const float *res, float *y,
+                                   const int64_t *geom, int act, float alpha, float beta);
 /* For the tests: the GEMM's vector width in floats, 4, 8 or 16 (x86-64 with AVX-512 only); 0 picks
  * by the CPU again, -1 changes nothing.  Returns the width now in use, or -1 if refused. */
 OPT_API int optcli_gemm_variant(int lanes);
