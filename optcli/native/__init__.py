@@ -52,6 +52,7 @@ _SIGNATURES = {
     "optcli_activation_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
     "optcli_layer_norm_f32": ([_vp, _vp, _vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                ctypes.c_float], ctypes.c_int),
+    "optcli_row_mean_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int64], ctypes.c_int),
 }
 
 
@@ -302,3 +303,12 @@ def layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, eps: f
     _check(_lib.optcli_layer_norm_f32(x.ctypes.data, s.ctypes.data, _ptr(b), y.ctypes.data, _ptr(mean), _ptr(inv),
                                       outer, c, inner, eps), "layer normalization")
     return y, mean, inv
+
+
+def row_mean(x: np.ndarray, n: int) -> np.ndarray:
+    """The mean of each run of ``n`` floats of a C-contiguous float32 ``x`` (its trailing axes making
+    ``n``): a flat float32 array of x.size // n means, summed in float32 blocks and double."""
+    assert _lib is not None and x.dtype == np.float32 and x.flags.c_contiguous and n >= 1 and x.size % n == 0
+    y = np.empty(x.size // n, np.float32)
+    _check(_lib.optcli_row_mean_f32(x.ctypes.data, y.ctypes.data, y.size, n), "row mean")
+    return y

@@ -129,9 +129,12 @@ def _flat_spatial(x: np.ndarray) -> np.ndarray:
 
 @kernel("GlobalAveragePool")
 def global_average_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
-    """Mean over every spatial axis, keeping them as size-1 dims."""
+    """Mean over every spatial axis, keeping them as size-1 dims (float32 in the native library)."""
     x = inputs[0]
-    y = _flat_spatial(x).mean(axis=-1, dtype=compute_dtype(x.dtype))
+    if x.dtype == np.float32 and x.ndim >= 3 and x.size and x.flags.c_contiguous and native.available():
+        y = native.row_mean(x, prod(x.shape[2:]))
+    else:
+        y = _flat_spatial(x).mean(axis=-1, dtype=compute_dtype(x.dtype))
     return [apply_output_quant(y.reshape(x.shape[:2] + (1,) * (x.ndim - 2)).astype(x.dtype, copy=False), attrs)]
 
 

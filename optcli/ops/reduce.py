@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from optcli import native
 from optcli.ops.registry import kernel
 from optcli.ops.shapes_registry import Shape, ShapeArgs, norm_axis, shape_fn, unknown
 
@@ -86,6 +87,10 @@ def _sum(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
 
 def _mean(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     n = int(np.prod([x.shape[a] for a in axes]))
+    if n and x.size and x.dtype == np.float32 and axes == tuple(range(x.ndim - len(axes), x.ndim)) \
+            and x.flags.c_contiguous and native.available():
+        # trailing axes (squeeze-excite's spatial mean): one threaded pass, numpy's pairwise sum costs ~4x
+        return native.row_mean(x, n).reshape(_kept_shape(x, axes))
     return _sum(x, axes) / x.dtype.type(n) if n else np.full(_kept_shape(x, axes), np.nan, x.dtype)
 
 

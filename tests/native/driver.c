@@ -10,6 +10,7 @@
  *   [18..19] = alpha (layer norm: eps), beta as float32 bit patterns;
  *   then x, w (depthwise) or scale (affine, if any; layer norm) or 1/counts per row and column
  *   (average), bias; GEMM: w, x, residual (if any), bias.
+ * Kind 6 (row mean): geometry = rows, n; array x.
  * Kind 7 (implicit GEMM conv): geometry = the 13 values of optcli_conv2d_gemm_f32 and has residual;
  * arrays w, the padded input, residual (if any), bias.
  * OUT receives the output as float32 (layer norm: y, then mean and 1 / std).  Exit status 0 when
@@ -85,6 +86,12 @@ static int run_case(const char *in, const char *out) {
         y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
         rc = optcli_conv2d_gemm_f32(w, x, b, r, y, g, act, alpha, beta);
         free(w), free(x), free(r), free(b);
+    } else if (h[0] == 6) {
+        float *x = read_floats(f, g[0] * g[1]);
+        ny = g[0];
+        y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
+        rc = optcli_row_mean_f32(x, y, g[0], g[1]);
+        free(x);
     } else if (h[0] == 5) {
         int64_t nx = g[0] * g[1] * g[2], ns = g[0] * g[2];
         float *x = read_floats(f, nx), *s = read_floats(f, g[1]);

@@ -144,7 +144,7 @@ def _gemm_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
 
 
 def _elementwise_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
-    """Stand-alone activations (GELU's 4-lane form) and LayerNormalization, rows and strided."""
+    """Stand-alone activations (GELU's 4-lane form), row means and LayerNormalization, rows and strided."""
     rng = np.random.default_rng(13)
     cases = []
     for i, (act, n) in enumerate([("gelu", 1), ("gelu", 37), ("gelu_tanh", 1000), ("sigmoid", 9), ("gelu", 20000)]):
@@ -154,6 +154,11 @@ def _elementwise_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
         src, dst = tmp / f"act{i}.in", tmp / f"act{i}.out"
         _write_case(src, 4, act, [n], [x, None])
         cases.append((src, dst, want, f"{act} over {n}"))
+    for i, (rows, n) in enumerate([(1, 1), (7, 13), (3, 5000)]):
+        x = (rng.standard_normal((rows, n)) + 3).astype(np.float32)
+        src, dst = tmp / f"mean{i}.in", tmp / f"mean{i}.out"
+        _write_case(src, 6, None, [rows, n], [x, None])
+        cases.append((src, dst, x.astype(np.float64).mean(axis=1).astype(np.float32), f"row mean {rows}x{n}"))
     for i, (outer, c, inner) in enumerate([(1, 1, 1), (3, 17, 1), (2, 40, 1), (2, 7, 15), (1, 13, 77)]):
         x = (rng.standard_normal((outer, c, inner)) + 2).astype(np.float32)
         s, b = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
@@ -197,7 +202,7 @@ def test_kernels_on_aarch64_match_numpy(aarch64_driver, tmp_path, threads):
     qemu, driver = aarch64_driver
     cases = (_depthwise_cases(tmp_path) + _epilogue_cases(tmp_path) + _pool_cases(tmp_path) + _gemm_cases(tmp_path)
              + _elementwise_cases(tmp_path) + _conv_gemm_cases(tmp_path))
-    assert len(cases) >= 44
+    assert len(cases) >= 47
     args = [str(p) for src, dst, _, _ in cases for p in (src, dst)]
     res = subprocess.run([qemu, str(driver), str(threads), *args], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, f"driver exited {res.returncode}: {res.stdout}{res.stderr}"

@@ -1,4 +1,4 @@
-"""The native element-wise kernels (src/elementwise.c: stand-alone activations, GELU, LayerNormalization)
+"""The native element-wise kernels (src/elementwise.c: stand-alone activations, GELU, row means, LayerNormalization)
 and the native ChannelAffine / BatchNormalization, against float64 references, the numpy kernels and
 onnxruntime: one element, primes, large, non-contiguous inputs, 1 and 2 threads; and a ConvNeXt-like
 model run with and without the library."""
@@ -14,9 +14,11 @@ from onnx import helper, numpy_helper
 
 import optcli
 from optcli import native
+from optcli.ops import kernels_for
 from optcli.ops.activation import hard_swish, leaky_relu, sigmoid, tanh
 from optcli.ops.elementwise import gelu
 from optcli.ops.normalization import batch_normalization, channel_affine, layer_normalization
+from optcli.ops.pool import global_average_pool
 from tests.helpers import assert_close, gelu_ref, run_ort, single_node_model
 
 RNG = np.random.default_rng(17)
@@ -41,7 +43,7 @@ def calls(native_lib, monkeypatch):
             return fn(*args, **kwargs)
         return counted
 
-    for name in ("activation", "layer_norm", "channel_affine"):
+    for name in ("activation", "layer_norm", "channel_affine", "row_mean"):
         counts[name] = 0
         monkeypatch.setattr(native, name, counting(name, getattr(native, name)))
     return counts
@@ -109,6 +111,35 @@ def test_activation_refuses_unknown_codes(native_lib):
     x = np.zeros(8, np.float32)
     for code in (-1, len(native.ACTIVATION_CODES)):
         assert native._lib.optcli_activation_f32(x.ctypes.data, x.ctypes.data, 8, code, 0.0, 0.0) == -1  # EINVAL
+
+
+@pytest.mark.parametrize("shape, axes", [((1, 1, 1, 1), (2, 3)), ((1, 240, 28, 28), (2, 3)), ((2, 7, 13, 3), (2, 3)),
+                                         ((3, 5, 1009), (2,)), ((2, 3, 4), (1, 2)), ((1, 2, 300, 300), (2, 3)),
+                                         ((4, 6), (0, 1))], ids=str)
+def test_mean_over_trailing_axes_matches_numpy_and_onnxruntime(shape, axes, threads, calls):
+    x = _x(shape) + 1.0
+    kernels = {k.variant: k.fn for k in kernels_for("ReduceMean", "")}
+    got = kernels["default"]([x, np.array(axes, np.int64)], {"keepdims": 1})[0]
+    assert calls["row_mean"] == 1 and got.shape == tuple(1 if i in axes else d for i, d in enumerate(shape))
+    assert_close(got, x.astype(np.float64).mean(axis=axes, keepdims=True), what=f"ReduceMean {shape} {axes}")
+    model = single_node_model("ReduceMean", {"x": x}, initializers={"axes": np.array(axes, np.int64)}, opset=18)
+    assert_close(got, run_ort(model, {"x": x})[0], what="vs onnxruntime")
+    if len(shape) >= 3 and axes == tuple(range(2, len(shape))):
+        gap = global_average_pool([x], {})[0]
+        assert calls["row_mean"] == 2
+        assert_close(gap, got, what="GlobalAveragePool")
+
+
+def test_mean_keeps_digits_on_long_rows_and_leaves_other_axes_to_numpy(calls):
+    x = (1000.0 + RNG.standard_normal((2, 1 << 20))).astype(np.float32)  # float32 lanes alone drift here
+    got = native.row_mean(x, 1 << 20)
+    assert np.allclose(got, x.astype(np.float64).mean(axis=1), rtol=2e-7, atol=0)
+    kernels = {k.variant: k.fn for k in kernels_for("ReduceMean", "")}
+    y = _x((4, 5, 6))
+    for axes in ((0,), (1,), (0, 2)):  # not the trailing axes
+        assert_close(kernels["default"]([y, np.array(axes, np.int64)], {})[0], y.mean(axis=axes, keepdims=True))
+    assert_close(kernels["default"]([y[:, ::2], np.array([2], np.int64)], {})[0], y[:, ::2].mean(axis=2, keepdims=True))
+    assert calls["row_mean"] == 1
 
 
 # (x shape as stored, axis, whether x is the channels-last view of the stored NCHW array)

@@ -65,5 +65,7 @@ OPT_API int optcli_activation_f32(const float *x, float *y, int64_t n, int act, 
  * bias may be NULL; eps must be > 0. */
 OPT_API int optcli_layer_norm_f32(const float *x, const float *scale, const float *bias, float *y, float *mean,
                                   float *inv, int64_t outer, int64_t c, int64_t inner, float eps);
+/* y[r] = the mean of x[r, 0:n] for r < rows, x row-major. */
+OPT_API int optcli_row_mean_f32(const float *x, float *y, int64_t rows, int64_t n);
 
 #endif
