@@ -52,6 +52,17 @@ def bn_scale_shift(
 
 
 def fold_scale_shift(graph: Graph, names: Names, conv: Node, bn: Node, scale: np.ndarray, shift: np.ndarray) -> bool:
+    if not scale_conv(graph, names, conv, scale, shift):
+        return False
+    drop_values(graph, conv.outputs[0])
+    conv.outputs = [bn.outputs[0]]
+    sync_proto(conv)
+    return True
+
+
+def scale_conv(graph: Graph, names: Names, conv: Node, scale: np.ndarray, shift: np.ndarray) -> bool:
+    """Make ``conv`` compute ``scale * conv(x) + shift`` per output channel (new weight and bias
+    initializers); False, changing nothing, where its weights or bias are not constants that fit."""
     w = graph.const(conv.input(1))
     b = graph.const(conv.input(2)) if conv.input(2) else None
     if not is_float(w) or w.ndim < 3 or (conv.input(2) and b is None):
@@ -75,8 +86,6 @@ def fold_scale_shift(graph: Graph, names: Names, conv: Node, bn: Node, scale: np
     new_w = names.initializer(f"{base}_bn_weight", w_scaled.astype(w.dtype))
     new_b = names.initializer(f"{base}_bn_bias", (bias * scale + shift).astype(w.dtype))
     conv.inputs = [conv.inputs[0], new_w, new_b]
-    drop_values(graph, conv.outputs[0])
-    conv.outputs = [bn.outputs[0]]
     sync_proto(conv)
     return True
 

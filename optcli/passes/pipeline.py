@@ -21,6 +21,7 @@ from optcli.passes import (
     drop_redundant_fake_quant,
     eliminate_common_subexpressions,
     eliminate_identity,
+    fold_affine_into_concat,
     fold_constants,
     fold_dynamic_reshape_shapes,
     fold_pad_into_conv,
@@ -66,6 +67,7 @@ PASSES: list[ModuleType] = [
     fuse_dynamic_quant_matmul,  # before fuse_matmul_add: its bias Add is part of the chain
     fuse_matmul_add,
     fuse_conv_bias_activation,
+    fold_affine_into_concat,  # after the ChannelAffine took its activation: the convs take both
     fuse_fake_quant,  # after the epilogue activation is in place: FakeQuant is its last stage
     fold_dynamic_reshape_shapes,
     fold_shape_chains,
