@@ -11,7 +11,7 @@ Three Conv variants, because no single formulation is fast for every layer of a 
 
 Every variant falls back to ``im2col`` when called on a node it does not fit, so a plan that
 recorded a variant can never compute a wrong answer.  All of them finish with the fused
-epilogue: optional bias, then ``apply_activation``, then the fused FakeQuant if any.
+epilogue: optional bias, then ``activate``, then the fused FakeQuant if any.
 ConvTranspose is the adjoint: a GEMM to columns, then a col2im scatter-add over kernel taps.
 
 Where the native library is loaded (``optcli.native``: C, built at install), ``depthwise``
@@ -30,7 +30,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from optcli import native
-from optcli.ops.activation import apply_activation, apply_output_quant, epilogue
+from optcli.ops.activation import activate, apply_output_quant, epilogue
 from optcli.ops.registry import kernel
 from optcli.ops.shapes_registry import Shape, ShapeArgs, ShapeDerivationError, check_length, fixed, shape_fn
 from optcli.ops.spatial import compute_dtype, conv_transpose_geometry, pad_input, prod, window, window_dims
@@ -87,7 +87,7 @@ def _finish(
             return [apply_output_quant(y.astype(dtype, copy=False), attrs)]
     if bias is not None:
         y += bias.astype(y.dtype, copy=False).reshape((1, -1) + (1,) * (y.ndim - 2))
-    y = apply_activation(y, *epilogue(attrs))
+    y = activate(y, *epilogue(attrs))
     return [apply_output_quant(y.astype(dtype, copy=False), attrs)]
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from optcli import native
 from optcli.ir import OPTCLI_DOMAIN
-from optcli.ops.activation import apply_activation, apply_output_quant, epilogue
+from optcli.ops.activation import activate, apply_output_quant, epilogue
 from optcli.ops.registry import kernel
 from optcli.ops.shapes_registry import (
     Shape,
@@ -78,7 +78,7 @@ def gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndar
             y += c
         else:
             y = y + c
-    y = apply_activation(y, *epilogue(attrs))
+    y = activate(y, *epilogue(attrs))
     return [apply_output_quant(y.astype(inputs[0].dtype, copy=False), attrs)]
 
 
@@ -104,7 +104,7 @@ def fully_connected(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
             y += b
         else:
             y = y + b
-    y = apply_activation(y, *epilogue(attrs))
+    y = activate(y, *epilogue(attrs))
     return [apply_output_quant(np.asarray(y).astype(x.dtype, copy=False), attrs)]
 
 
