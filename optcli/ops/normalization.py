@@ -109,10 +109,11 @@ def _native_layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None
         return None
     stat_shape = x.shape[:axis] + (1,) * (x.ndim - axis)
     if not x.flags.c_contiguous and axis == x.ndim - 1 and x.ndim >= 3:
-        xt = np.moveaxis(x, -1, 1)  # channels-last view -> the [N, C, ...] array it was made from
+        last = x.ndim - 1  # transpose, not np.moveaxis: ~3 us a call, a third of this kernel's Python time
+        xt = x.transpose(0, last, *range(1, last))  # channels-last view -> the [N, C, ...] array it was made from
         if xt.flags.c_contiguous:
             y, mean, inv = native.layer_norm(xt, scale, bias, eps, inner=prod(xt.shape[2:]))
-            return [np.moveaxis(y, 1, -1), mean.reshape(stat_shape), inv.reshape(stat_shape)]
+            return [y.transpose(0, *range(2, x.ndim), 1), mean.reshape(stat_shape), inv.reshape(stat_shape)]
     y, mean, inv = native.layer_norm(np.ascontiguousarray(x), scale, bias, eps)
     return [y, mean.reshape(stat_shape), inv.reshape(stat_shape)]
 

@@ -92,7 +92,8 @@ typedef struct {
     float *y, *mean, *inv;
     int64_t outer, c, inner;
     int64_t rows;   /* rows per work item (inner == 1) */
-    int64_t blocks; /* column blocks per outer index (inner > 1) */
+    int64_t blocks; /* work items per outer index (inner > 1) */
+    int64_t group;  /* column blocks per work item (inner > 1) */
     float eps;
 } ln_t;
 
@@ -148,7 +149,7 @@ HOT_CLONES static void ln_rows_item(void *ctx, int64_t it) {
     for (int64_t r = it * a->rows; r < end; r++) ln_row(a, r);
 }
 
-#define LN_COLS (4 * VL) /* inner positions per work item of the strided form: 4 vectors */
+#define LN_COLS (4 * VL) /* inner positions per block of the strided form: 4 vectors */
 
 /* Columns [p, p + LN_COLS) of one [C, inner] slab, each normalised over its C values. */
 ALWAYS_INLINE void ln_cols_full(const ln_t *a, const float *x, float *y, float *mean, float *inv) {
@@ -189,18 +190,26 @@ static void ln_col(const ln_t *a, const float *x, float *y, float *mean, float *
     if (inv) *inv = r;
 }
 
+/* A work item of the strided form: a run of whole column blocks of one slab, and the slab's last
+ * columns when they do not fill a block, as one more block ending at the slab's end: it overlaps
+ * the item's own last block, so no other thread writes those columns.  Slabs narrower than a
+ * block go one column at a time. */
 HOT_CLONES static void ln_cols_item(void *ctx, int64_t it) {
     const ln_t *a = ctx;
-    int64_t o = it / a->blocks, p0 = it % a->blocks * LN_COLS;
-    int64_t p1 = p0 + LN_COLS < a->inner ? p0 + LN_COLS : a->inner;
-    int64_t base = o * a->c * a->inner, st = o * a->inner;
-    if (p1 - p0 == LN_COLS) {
-        ln_cols_full(a, a->x + base + p0, a->y + base + p0, a->mean ? a->mean + st + p0 : NULL,
-                     a->inv ? a->inv + st + p0 : NULL);
+    const int64_t s = a->inner, full = s / LN_COLS, o = it / a->blocks;
+    const float *x = a->x + o * a->c * s;
+    float *y = a->y + o * a->c * s, *mean = a->mean ? a->mean + o * s : NULL, *inv = a->inv ? a->inv + o * s : NULL;
+    if (full == 0) {
+        for (int64_t p = 0; p < s; p++) ln_col(a, x + p, y + p, mean ? mean + p : NULL, inv ? inv + p : NULL);
         return;
     }
-    for (int64_t p = p0; p < p1; p++)
-        ln_col(a, a->x + base + p, a->y + base + p, a->mean ? a->mean + st + p : NULL, a->inv ? a->inv + st + p : NULL);
+    int64_t b0 = it % a->blocks * a->group, b1 = b0 + a->group < full ? b0 + a->group : full;
+    for (int64_t p = b0 * LN_COLS; p < b1 * LN_COLS; p += LN_COLS)
+        ln_cols_full(a, x + p, y + p, mean ? mean + p : NULL, inv ? inv + p : NULL);
+    if (b1 == full && s % LN_COLS) {
+        int64_t p = s - LN_COLS;
+        ln_cols_full(a, x + p, y + p, mean ? mean + p : NULL, inv ? inv + p : NULL);
+    }
 }
 
 OPT_API int optcli_layer_norm_f32(const float *x, const float *scale, const float *bias, float *y, float *mean,
@@ -214,7 +223,11 @@ OPT_API int optcli_layer_norm_f32(const float *x, const float *scale, const floa
         a.rows = c >= 4096 ? 1 : 4096 / c; /* about 16 KiB of rows per item */
         opt_parallel(ln_rows_item, &a, (outer + a.rows - 1) / a.rows, single);
     } else {
-        a.blocks = (inner + LN_COLS - 1) / LN_COLS;
+        /* items of about 8 K floats: a block's 32 columns of a few dozen channels are too little
+         * for a take from the pool, and neighbouring blocks share cache lines */
+        int64_t full = inner / LN_COLS;
+        a.group = c * LN_COLS >= 8192 ? 1 : 8192 / (c * LN_COLS);
+        a.blocks = full ? (full + a.group - 1) / a.group : 1;
         opt_parallel(ln_cols_item, &a, outer * a.blocks, single);
     }
     return 0;
