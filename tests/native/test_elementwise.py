@@ -145,7 +145,8 @@ def test_mean_keeps_digits_on_long_rows_and_leaves_other_axes_to_numpy(calls):
 # (x shape as stored, axis, whether x is the channels-last view of the stored NCHW array)
 LN_CASES = [((1, 1), -1, False), ((3, 17), -1, False), ((4, 1000), -1, False), ((2, 5, 13), 1, False),
             ((5, 8), -1, False), ((2, 7, 3, 5), -1, True), ((1, 13, 37, 41), -1, True), ((2, 40, 8, 8), -1, True),
-            ((1, 3, 1, 1), -1, True), ((2, 6, 29), -1, True)]
+            ((1, 3, 1, 1), -1, True), ((2, 6, 29), -1, True),
+            ((300, 1000), -1, False), ((1, 64, 64, 65), -1, True)]  # the last two: over 1 MiB, on the pool
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
