@@ -47,6 +47,8 @@ _SIGNATURES = {
     "optcli_gemm_variant": ([ctypes.c_int], ctypes.c_int),  # tests only
     "optcli_conv2d_gemm_f32": ([_vp, _vp, _vp, _vp, _vp, _vp, ctypes.c_int, ctypes.c_float, ctypes.c_float],
                                ctypes.c_int),
+    "optcli_conv2d_gemm_grouped_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int, ctypes.c_float,
+                                        ctypes.c_float], ctypes.c_int),
     "optcli_channel_affine_f32": ([_vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
                                    ctypes.c_float, ctypes.c_float], ctypes.c_int),
     "optcli_activation_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
@@ -256,19 +258,28 @@ def gemm_conv(w: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None, acti
 
 def conv2d_gemm(xp: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: tuple[int, int],
                 dilations: tuple[int, int], out: tuple[int, int], activation: str | None = None, alpha: float = 0.0,
-                beta: float = 0.0) -> np.ndarray:
-    """A one-group 2-D convolution of the zero-padded float32 ``xp`` [N, C, HP, WP] by ``w``
-    [M, C, KH, KW] as an implicit GEMM: the im2col columns are gathered while packing (src/gemm.c),
-    never formed, and bias and activation are applied in the GEMM's own pass.  Returns [N, M, *out]."""
-    assert _lib is not None and xp.ndim == 4 and w.ndim == 4 and w.shape[1] == xp.shape[1]
+                beta: float = 0.0, group: int = 1) -> np.ndarray:
+    """A 2-D convolution of the zero-padded float32 ``xp`` [N, C, HP, WP] by ``w`` [M, C / group, KH,
+    KW] as an implicit GEMM: the im2col columns are gathered while packing (src/gemm.c), never
+    formed, and bias and activation are applied in the GEMM's own pass; with ``group`` > 1 each
+    group is a GEMM of its own, the groups of all images spread over the pool.  Returns [N, M, *out]."""
+    assert _lib is not None and xp.ndim == 4 and w.ndim == 4 and group >= 1
+    assert w.shape[1] * group == xp.shape[1] and w.shape[0] % group == 0
     xp = np.ascontiguousarray(xp, dtype=np.float32)
     w = np.ascontiguousarray(w, dtype=np.float32)
     b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
     assert b is None or b.shape == (w.shape[0],)
     y = np.empty((xp.shape[0], w.shape[0]) + tuple(out), dtype=np.float32)
-    geom = np.array([xp.shape[0], w.shape[0], *xp.shape[1:], *w.shape[2:], *strides, *dilations, *out], dtype=np.int64)
-    _check(_lib.optcli_conv2d_gemm_f32(w.ctypes.data, xp.ctypes.data, _ptr(b), None, y.ctypes.data, geom.ctypes.data,
-                                       ACTIVATION_CODES[activation], alpha, beta), "conv GEMM")
+    if group == 1:
+        geom = np.array([xp.shape[0], w.shape[0], *xp.shape[1:], *w.shape[2:], *strides, *dilations, *out],
+                        dtype=np.int64)
+        _check(_lib.optcli_conv2d_gemm_f32(w.ctypes.data, xp.ctypes.data, _ptr(b), None, y.ctypes.data,
+                                           geom.ctypes.data, ACTIVATION_CODES[activation], alpha, beta), "conv GEMM")
+        return y
+    geom = np.array([xp.shape[0], w.shape[0] // group, w.shape[1], *xp.shape[2:], *w.shape[2:], *strides, *dilations,
+                     *out], dtype=np.int64)
+    _check(_lib.optcli_conv2d_gemm_grouped_f32(w.ctypes.data, xp.ctypes.data, _ptr(b), y.ctypes.data, geom.ctypes.data,
+                                               group, ACTIVATION_CODES[activation], alpha, beta), "grouped conv GEMM")
     return y
 
 

@@ -108,9 +108,9 @@ def conv_im2col(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[
     xp = pad_input(x.astype(ct, copy=False), win)
     ksize = int(np.prod(win.kernel))
     osize = int(np.prod(win.out))
-    if x.ndim == 4 and group == 1 and cg and _native_gemm(ct, osize):  # the columns gathered while packing
+    if x.ndim == 4 and cg and _native_gemm(ct, osize):  # the columns gathered while packing, per group
         y = native.conv2d_gemm(xp, w.astype(ct, copy=False), _bias(inputs), win.strides, win.dilations, win.out,
-                               *epilogue(attrs))
+                               *epilogue(attrs), group=group)
         return [apply_output_quant(y.astype(x.dtype, copy=False), attrs)]
     # View [N, C, *K, *O] of the padded input: tap k of output o reads xp[o*s + k*d].
     sp = xp.strides[2:]

@@ -36,13 +36,13 @@ def test_without_bias(native_lib):
     assert_close(native.bias_activation_(y.copy(), None, "hard_swish"), apply_activation(y.copy(), "hard_swish"))
 
 
-@pytest.mark.parametrize("kernel, wshape, attrs", [  # single-group 1x1 / im2col: the native GEMM (test_gemm.py)
-    (conv_im2col, (12, 8, 3, 3), {"pads": [1, 1, 1, 1], "strides": [1, 1], "group": 2}),
-    (conv_transpose, (16, 5, 3, 3), {"strides": [2, 2]}),
+@pytest.mark.parametrize("kernel, xshape, wshape, attrs", [  # 2-D 1x1 / im2col: the native GEMM (test_gemm.py)
+    (conv_im2col, (1, 16, 3500), (12, 8, 3), {"pads": [1, 1], "strides": [1], "group": 2}),  # 1-D grouped: BLAS
+    (conv_transpose, (1, 16, 57, 61), (16, 5, 3, 3), {"strides": [2, 2]}),
 ])
 @pytest.mark.parametrize("activation", ["clip", "swish", None])
-def test_gemm_convs_finish_natively(kernel, wshape, attrs, activation, native_calls):
-    x = RNG.standard_normal((1, 16, 57, 61)).astype(np.float32)  # outputs above the native threshold
+def test_gemm_convs_finish_natively(kernel, xshape, wshape, attrs, activation, native_calls):
+    x = RNG.standard_normal(xshape).astype(np.float32)  # outputs above the native threshold
     w = RNG.standard_normal(wshape).astype(np.float32)
     b = RNG.standard_normal(wshape[1] if kernel is conv_transpose else wshape[0]).astype(np.float32)
     full = dict(attrs)

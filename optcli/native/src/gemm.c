@@ -41,6 +41,8 @@ typedef struct {
     int64_t pstride;           /* floats of packed X per image */
     int64_t xstride;           /* floats per image of x */
     int64_t M, K, N;
+    int64_t groups;            /* grouped convs: image b is group b % groups of its input, with that
+                                  group's rows of W and bias (0 or 1: one W for every image) */
     int64_t kc, mc, nb, mb;    /* K block, W row block, columns and rows per item */
     int64_t nn, nm;            /* column bands and row bands per image */
     int act;
@@ -195,12 +197,16 @@ OPT_API int optcli_gemm_conv_f32(const float *w, const float *x, const float *bi
     return run(&g, batch);
 }
 
-OPT_API int optcli_conv2d_gemm_f32(const float *w, const float *xp, const float *bias, const float *res, float *y,
-                                   const int64_t *geom, int act, float alpha, float beta) {
-    int64_t batch = geom[0], M = geom[1];
+/* One group of a grouped conv is a one-group conv of its channels, and NCHW lays the groups of
+ * an image one after the other in x, in W, in the bias and in y: so the groups of all images are
+ * simply more "images" of the one-group GEMM, each with its own rows of W (gemm_t.groups).  The
+ * work items then spread over the groups too, which suits RegNet's many narrow groups. */
+static int conv_gemm(const float *w, const float *xp, const float *bias, const float *res, float *y,
+                     const int64_t *geom, int64_t groups, int act, float alpha, float beta) {
+    int64_t batch = geom[0] * groups, M = geom[1];
     conv_t q = {.C = geom[2], .HP = geom[3], .WP = geom[4], .KH = geom[5], .KW = geom[6], .sh = geom[7],
                 .sw = geom[8], .dh = geom[9], .dw = geom[10], .OH = geom[11], .OW = geom[12]};
-    if (batch < 0 || M < 0 || q.C < 1 || q.KH < 1 || q.KW < 1 || q.sh < 1 || q.sw < 1 || q.dh < 1 || q.dw < 1 ||
+    if (geom[0] < 0 || M < 0 || q.C < 1 || q.KH < 1 || q.KW < 1 || q.sh < 1 || q.sw < 1 || q.dh < 1 || q.dw < 1 ||
         q.OH < 0 || q.OW < 0 || act < 0 || act >= ACT_COUNT)
         return OPT_EINVAL;
     /* every tap of every output must lie in the padded input */
@@ -208,6 +214,20 @@ OPT_API int optcli_conv2d_gemm_f32(const float *w, const float *xp, const float 
         return OPT_EINVAL;
     if (batch == 0 || M == 0 || q.OH * q.OW == 0) return 0;
     gemm_t g = {.w = w, .x = xp, .bias = bias, .res = res, .y = y, .conv = &q, .xstride = q.C * q.HP * q.WP,
-                .M = M, .K = q.C * q.KH * q.KW, .N = q.OH * q.OW, .act = act, .alpha = alpha, .beta = beta};
+                .M = M, .K = q.C * q.KH * q.KW, .N = q.OH * q.OW, .groups = groups, .act = act, .alpha = alpha,
+                .beta = beta};
     return run(&g, batch);
+}
+
+OPT_API int optcli_conv2d_gemm_f32(const float *w, const float *xp, const float *bias, const float *res, float *y,
+                                   const int64_t *geom, int act, float alpha, float beta) {
+    return conv_gemm(w, xp, bias, res, y, geom, 1, act, alpha, beta);
+}
+
+/* geom as for optcli_conv2d_gemm_f32, but per group: M and C are one group's output and input
+ * channels (the input has groups * C channels, W groups * M rows). */
+OPT_API int optcli_conv2d_gemm_grouped_f32(const float *w, const float *xp, const float *bias, float *y,
+                                           const int64_t *geom, int64_t groups, int act, float alpha, float beta) {
+    if (groups < 1) return OPT_EINVAL;
+    return conv_gemm(w, xp, bias, NULL, y, geom, groups, act, alpha, beta);
 }

@@ -181,6 +181,8 @@ ALWAYS_INLINE void GK(item)(gemm_t *g, int64_t it, const int act) {
     const float *x = g->x + img * g->xstride + (g->conv ? 0 : n0);
     float *y = g->y + img * M * N + n0;
     const float *r = g->res ? g->res + img * M * N + n0 : NULL;
+    const int64_t grp = g->groups > 1 ? img % g->groups : 0; /* a grouped conv's group: its rows of W */
+    const float *w = g->w + grp * M * K, *bias = g->bias ? g->bias + grp * M : NULL;
     for (int64_t k0 = 0; k0 < K; k0 += g->kc) {
         int64_t kb = K - k0 < g->kc ? K - k0 : g->kc;
         int first = k0 == 0, last = k0 + kb == K;
@@ -198,8 +200,8 @@ ALWAYS_INLINE void GK(item)(gemm_t *g, int64_t it, const int act) {
                 const float *b = bp + p / GK_NR * kb * GK_NR;
                 for (int64_t m = mc0; m < mc1; m += GK_MR) {
                     int rows = mc1 - m < GK_MR ? (int)(mc1 - m) : GK_MR;
-                    GK(tile)(g, g->w + m * K + k0, b, kb, y + m * N + p, r ? r + m * N + p : NULL,
-                             g->bias ? g->bias + m : NULL, rows, pc, first, last, act);
+                    GK(tile)(g, w + m * K + k0, b, kb, y + m * N + p, r ? r + m * N + p : NULL,
+                             bias ? bias + m : NULL, rows, pc, first, last, act);
                 }
             }
         }

@@ -53,6 +53,8 @@ OPT_API int optcli_gemm_conv_f32(const float *w, const float *x, const float *bi
  * [M, C * KH * KW], y and res [batch, M, OH * OW]. */
 OPT_API int optcli_conv2d_gemm_f32(const float *w, const float *xp, const float *bias, const float *res, float *y,
                                    const int64_t *geom, int act, float alpha, float beta);
+OPT_API int optcli_conv2d_gemm_grouped_f32(const float *w, const float *xp, const float *bias, float *y,
+                                           const int64_t *geom, int64_t groups, int act, float alpha, float beta);
 /* For the tests: the GEMM's vector width in floats, 4, 8 or 16 (x86-64 with AVX-512 only); 0 picks
  * by the CPU again, -1 changes nothing.  Returns the width now in use, or -1 if refused. */
 OPT_API int optcli_gemm_variant(int lanes);
