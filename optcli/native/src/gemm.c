@@ -154,11 +154,13 @@ static int run(gemm_t *g, int64_t batch) {
      * over).  A column band is never wider than the L2 holds packed. */
     int threads = optcli_get_num_threads();
     int64_t macs = batch * M * K * N, want = batch >= 4 * threads ? 1 : (4 * threads + batch - 1) / batch;
-    if (M <= THIN_ROWS && !g->conv) { /* bands of columns only, no packing: see GK(thin) */
-        int64_t per = 4 * (nr / 2);
-        g->nb = round_up((N + want - 1) / want, per);
+    if (M <= THIN_ROWS && !g->conv) { /* bands of columns only, no packing: see GK(thin_block) */
+        /* one band per thread: the wider a band, the longer the runs each row of X is read in */
+        int64_t per = 4 * (nr / 2), bands = batch >= threads ? 1 : (threads + batch - 1) / batch;
+        g->nb = round_up((N + bands - 1) / bands, per);
         g->nn = (N + g->nb - 1) / g->nb;
-        opt_parallel(v.thin[g->act], g, batch * g->nn, macs < (1 << 20) ? 1 : 0);
+        /* memory-bound (each weight read once): worth a second thread from far fewer multiply-adds */
+        opt_parallel(v.thin[g->act], g, batch * g->nn, macs < (1 << 17) ? 1 : 0);
         return 0;
     }
     int64_t cmax = L2_FLOATS / g->kc / nr * nr;

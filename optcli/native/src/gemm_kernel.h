@@ -208,37 +208,53 @@ ALWAYS_INLINE void GK(item)(gemm_t *g, int64_t it, const int act) {
     }
 }
 
-/* Thin products (M of at most GK_TM rows: a fully connected layer on a few rows) do not pack X:
- * each row of X is read once, straight into GK_TM x 4 accumulators, as a matrix-vector product
- * wants; the tiles above would pack X and compute GK_MR rows for one. */
-#define GK_TM 4
-ALWAYS_INLINE void GK(thin)(const gemm_t *g, const float *x, float *y, const float *r, int64_t m, int cols,
-                            const int act) {
-    const int64_t K = g->K, N = g->N;
-    const int rows = g->M - m < GK_TM ? (int)(g->M - m) : GK_TM;
-    const float *a = g->w + m * K;
-    int part[4]; /* floats of each vector within cols */
-    for (int v = 0; v < 4; v++) part[v] = cols - v * GK_L > GK_L ? GK_L : (cols > v * GK_L ? cols - v * GK_L : 0);
-    GK_V c[GK_TM][4], zero = {0};
-    for (int i = 0; i < GK_TM; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = zero;
-    for (int64_t k = 0; k < K; k++) {
-        GK_V xv[4];
-        for (int v = 0; v < 4; v++)
-            xv[v] = cols >= 4 * GK_L ? GK(vld)(x + k * N + v * GK_L) : GK(vld_part)(x + k * N + v * GK_L, part[v]);
-        for (int i = 0; i < GK_TM; i++) {
-            float av = a[(i < rows ? i : rows - 1) * K + k];
-            GK_V s = GK_SPLAT(av);
-            for (int v = 0; v < 4; v++) c[i][v] += s * xv[v];
+#define GK_TM 4 /* thin products: at most this many rows of W (a fully connected layer on a few rows) */
+
+/* Thin products over a band of columns, K outermost: Y's rows (at most GK_TM) for a block of
+ * GK_TB columns stay in L1 (or L2) while every row of X streams through once, in order.  With K innermost
+ * (registers across all of K, per group of columns) each group walks down all K rows of X, N floats apart: for a classifier
+ * head (X is the 1024 x 1000 weight) that is a strided walk over 4 MB that the prefetchers do not
+ * follow, 2-6x slower than one sequential pass. */
+#define GK_TB 2048
+ALWAYS_INLINE void GK(thin_block)(const gemm_t *g, const float *x, float *y, const float *r, int64_t c0, int64_t c1,
+                                  const int act) {
+    const int64_t K = g->K, N = g->N, M = g->M;
+    const int64_t vec_end = c0 + (c1 - c0) / GK_L * GK_L;
+    for (int64_t m = 0; m < M; m++) {
+        float start = g->bias ? g->bias[m] : 0.0f;
+        for (int64_t n = c0; n < c1; n++) y[m * N + n] = start;
+    }
+    int64_t k = 0;
+    for (; k + 4 <= K; k += 4) { /* four rows of X per pass over Y's block: a quarter of the Y traffic */
+        const float *x0 = x + k * N, *x1 = x0 + N, *x2 = x1 + N, *x3 = x2 + N;
+        for (int m = 0; m < M; m++) {
+            const float *a = g->w + m * K + k;
+            GK_V s0 = GK_SPLAT(a[0]), s1 = GK_SPLAT(a[1]), s2 = GK_SPLAT(a[2]), s3 = GK_SPLAT(a[3]);
+            float *ym = y + m * N;
+            int64_t n = c0;
+            for (; n < vec_end; n += GK_L)
+                GK(vst)(ym + n, GK(vld)(ym + n) + s0 * GK(vld)(x0 + n) + s1 * GK(vld)(x1 + n) + s2 * GK(vld)(x2 + n) +
+                                    s3 * GK(vld)(x3 + n));
+            for (; n < c1; n++) ym[n] += a[0] * x0[n] + a[1] * x1[n] + a[2] * x2[n] + a[3] * x3[n];
         }
     }
-    for (int i = 0; i < GK_TM; i++) {
-        if (i >= rows) break;
-        const float *b = g->bias ? g->bias + m + i : NULL, *ri = r ? r + (m + i) * N : NULL;
-        GK(finish)(g, c[i][0], c[i][1], y + (m + i) * N, ri, b, cols, 1, 1, act);
-        if (cols > 2 * GK_L)
-            GK(finish)(g, c[i][2], c[i][3], y + (m + i) * N + 2 * GK_L, ri ? ri + 2 * GK_L : NULL, b, cols - 2 * GK_L,
-                       1, 1, act);
+    for (; k < K; k++) {
+        const float *xr = x + k * N;
+        for (int m = 0; m < M; m++) {
+            float av = g->w[m * K + k];
+            GK_V sv = GK_SPLAT(av);
+            float *ym = y + m * N;
+            int64_t n = c0;
+            for (; n < vec_end; n += GK_L) GK(vst)(ym + n, GK(vld)(ym + n) + sv * GK(vld)(xr + n));
+            for (; n < c1; n++) ym[n] += av * xr[n];
+        }
     }
+    GK_V zero = {0};
+    for (int64_t m = 0; m < M; m++)  /* the residual and the activation over the rows, still in L1 */
+        for (int64_t n = c0; n < c1; n += GK_NR) {
+            int cols = c1 - n < GK_NR ? (int)(c1 - n) : GK_NR;
+            GK(finish)(g, zero, zero, y + m * N + n, r ? r + m * N + n : NULL, NULL, cols, 0, 1, act);
+        }
 }
 
 ALWAYS_INLINE void GK(thin_item)(gemm_t *g, int64_t it, const int act) {
@@ -246,9 +262,8 @@ ALWAYS_INLINE void GK(thin_item)(gemm_t *g, int64_t it, const int act) {
     const float *x = g->x + img * g->K * g->N;
     float *y = g->y + img * g->M * g->N;
     const float *r = g->res ? g->res + img * g->M * g->N : NULL;
-    for (int64_t m = 0; m < g->M; m += GK_TM)
-        for (int64_t n = n0; n < n1; n += 4 * GK_L)
-            GK(thin)(g, x + n, y + n, r ? r + n : NULL, m, n1 - n < 4 * GK_L ? (int)(n1 - n) : 4 * GK_L, act);
+    for (int64_t c = n0; c < n1; c += GK_TB)
+        GK(thin_block)(g, x, y, r, c, n1 - c < GK_TB ? n1 : c + GK_TB, act);
 }
 
 /* Item it of the packing job that serves every row band (run()): K block it % blocks of image
