@@ -404,19 +404,18 @@ def geomean_lines(rows: list[dict]) -> list[str]:
 
 
 DEPTHWISE_NOTE = (
-    "Depthwise convolutions have no reuse for a GEMM. In numpy they are two memory-bound passes per "
-    "kernel tap (multiply, accumulate), about 2-3 G elements/s here, while onnxruntime runs all taps "
-    "in registers in one pass; that made the MobileNet family 8-10x slower than onnxruntime (the numpy "
-    "columns above). The native host kernels (`optcli/native`, C with vector extensions, built at "
-    "install) do the same as onnxruntime: all taps of a tile of outputs in registers with the bias, the "
-    "activation over each band of rows while it is in L1, channels split over a small pthread pool "
-    "sized by `threads=`; max and average pooling use the same code, and the GEMM convs (1x1, im2col) "
-    "finish with a one-pass bias + activation. Without a C compiler at install, or with "
-    "`OPTCLI_NATIVE=0`, the numpy kernels run (the machine section above says which ran here). What is "
-    "left (issue 11, phase 2) is in the breakdowns below: the 1x1 convs, still numpy matmuls through "
-    "OpenBLAS, now take most of the MobileNet family's time; onnxruntime's depthwise kernels also work "
-    "in a channel-blocked layout that suits the small late-stage planes better than NCHW; and ops "
-    "outside this slice (GELU, a stand-alone BatchNormalization with swish) dominate some real models."
+    "What runs natively (`optcli/native`, C with vector extensions, built at install; without a C "
+    "compiler, or with `OPTCLI_NATIVE=0`, the numpy kernels of the columns above run): depthwise convs "
+    "and pooling (all taps of a tile in registers, bias and activation while the band is in L1); the "
+    "1x1 and im2col convs, grouped ones too, as a GEMM whose epilogue (bias, activation) is applied to "
+    "each register tile before it is stored, the im2col columns gathered while packing, never formed; "
+    "classifier heads; GELU, the other activations, LayerNormalization, BatchNormalization and the "
+    "spatial means, all on one pthread pool sized by `threads=` (no OpenMP; BLAS stays out of conv nets, "
+    "whose spinning threads would steal the pool's cores). What is left (issue 11) is in the breakdowns "
+    "below: the 1x1 convs of the 7x7 stages (49 columns fill 64 of a tile's), stems with 3 input "
+    "channels (a GEMM with K = 27), onnxruntime's channel-blocked layout that suits the small late "
+    "planes better than NCHW, a residual Add that no pass folds into its conv yet, and classifier heads "
+    "(OpenBLAS splits K between threads)."
 )
 
 
