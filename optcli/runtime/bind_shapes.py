@@ -167,10 +167,10 @@ def derive_at_data_point(plan: Plan, k: int, env: dict, device_shapes: dict[str,
                   weights={**plan.weights, **constants})
     later = [i - k for i in gpu_indices if i >= k]
     try:
-        derived = derive_device_shapes(sub, pinned, device_values - written_before, later, source)
+        # the device values alive across k are the sub-plan's inputs: pinned, and checked with the rest
+        alive = {n for n in pinned if n in device_values}
+        derived = derive_device_shapes(sub, pinned, (device_values - written_before) | alive, later, source)
     except InputError as exc:
         raise StepError(f"{source}: the values computed at run time do not fit the model's later steps "
                         f"(step {k} onwards): {exc}") from None
-    if derived.shapes is not None:
-        derived.shapes.update({n: s for n, s in pinned.items() if n in device_values})
     return derived

@@ -34,24 +34,28 @@ def _first_columns(k: str, out: str) -> list:
             helper.make_node("Gather", ["x", f"{out}_idx"], [out], axis=3)]
 
 
-def _model(nodes: list, inputs: list, inits: list = ()) -> object:
+def _model(nodes: list, inputs: list, inits: list = (), x_shape: list | None = None) -> object:
     graph = helper.make_graph([_const("zero", 0), _const("one", 1), *nodes], "data_points",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(X.shape)), *inputs],
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape or list(X.shape)),
+                               *inputs],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], list(inits))
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-@pytest.fixture(scope="module")
-def carried():
+def _carried_model(x_shape: list) -> object:
     """A device value made before the data point (the per-channel mean of a conv of x) is read
     after it (added to the data-sized columns of x)."""
     w = numpy_helper.from_array(RNG.standard_normal((4, 4, 1, 1)).astype(np.float32), "w")
     nodes = [helper.make_node("Conv", ["x", "w"], ["a"]), helper.make_node("GlobalAveragePool", ["a"], ["m"]),
              *_first_columns("k", "s"), helper.make_node("Relu", ["s"], ["r"]),
              helper.make_node("Add", ["r", "m"], ["y"])]
-    model = _model(nodes, [helper.make_tensor_value_info("k", TensorProto.INT64, [])], [w])
-    plan_data = optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data
-    return model, plan_data
+    return _model(nodes, [helper.make_tensor_value_info("k", TensorProto.INT64, [])], [w], x_shape)
+
+
+@pytest.fixture(scope="module")
+def carried():
+    model = _carried_model(list(X.shape))
+    return model, optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data
 
 
 def test_nodes_after_a_data_point_are_placed_on_the_gpu(carried):
@@ -83,6 +87,20 @@ def test_each_run_binds_the_sizes_its_data_gives(carried):
         assert (p.gpu.dev.builds, len(p.gpu.dev._programs)) == builds, "a new size must build no program"
     # one binding from the input shapes, one per size the data gave
     assert len(p.gpu._bindings) == 1 + len({5, 9, 16})
+
+
+@pytest.mark.opencl
+def test_dynamic_input_shapes_and_a_data_point():
+    """Bound per input shape, then per data: the value carried across the point has a symbolic
+    shape in the file and its concrete one from the input-shape binding."""
+    model = _carried_model(["N", 4, "H", "W"])
+    p = optcli.load(optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU).data,
+                    require_gpu=True)
+    assert p.gpu.dynamic and next(s for s in p.plan.steps if s.op_type == "Add").target == "opencl"
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for shape, k in [((1, 4, 8, 12), 5), ((2, 4, 6, 9), 3), ((1, 4, 8, 12), 7), ((2, 4, 6, 9), 3)]:
+        feeds = {"x": RNG.standard_normal(shape).astype(np.float32), "k": np.array(k, np.int64)}
+        assert_close(p.run(feeds)["y"], sess.run(None, feeds)[0], what=f"{shape} k={k}")
 
 
 @pytest.mark.opencl
