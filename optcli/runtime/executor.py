@@ -59,7 +59,11 @@ class Executor:
         self._program = None
 
     def _compile(self) -> list[_Step]:
-        graph_inputs = {v.name for v in self.plan.inputs} if self.gpu is not None else set()
+        # Device arrays on the host side: inputs the caller passed as pyopencl arrays, and Download
+        # outputs returned on the device (outputs_on_device=True) that a later host step reads.
+        graph_inputs = ({v.name for v in self.plan.inputs}
+                        | {o for s in self.plan.steps if s.op_type == "Download" for o in s.outputs}
+                        if self.gpu is not None else set())
         program = []
         for i, (step, fn) in enumerate(zip(self.plan.steps, self.fns)):
             used = 1 + max((k for k, n in enumerate(step.outputs) if n), default=-1)
