@@ -64,3 +64,39 @@ def test_pool_works_in_a_forked_child(threads):
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+_SPIN_CHILD = """
+import ctypes, glob, os, time
+from optcli import native
+native.set_num_threads(2)
+stats = (ctypes.c_int64 * 2)()
+native._lib.optcli_pool_selftest(8, 1000, stats)  # starts the worker and ends a job
+
+def states():  # the pool workers' scheduler states: R running (spinning), S sleeping
+    out = []
+    for path in glob.glob(f"/proc/{os.getpid()}/task/*"):
+        if open(f"{path}/comm").read().strip() == "optcli-pool":
+            out.append(open(f"{path}/stat").read().rsplit(")", 1)[1].split()[0])
+    return "".join(sorted(out)) or "-"
+
+soon = states()
+time.sleep(0.6)
+print(soon, states())
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc to see the worker's state")
+@pytest.mark.parametrize("spin_us, spinning_after_job", [(300_000, True), (0, False)])
+def test_workers_spin_for_a_bounded_time_after_a_job(native_lib, spin_us, spinning_after_job):
+    """OPTCLI_POOL_SPIN_US: a worker spins that long after a job (so the next job needs no
+    wake-up), then sleeps: never a core burnt for nothing once the runs stop."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, OPTCLI_POOL_SPIN_US=str(spin_us))
+    out = subprocess.run([sys.executable, "-c", _SPIN_CHILD], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    soon, later = out.stdout.split()
+    assert ("R" in soon) == spinning_after_job, f"worker states right after the job: {soon}"
+    assert "R" not in later, f"a worker still runs 0.6 s after the last job: {later}"
