@@ -21,6 +21,7 @@ from optcli.errors import KernelError, OptError
 from optcli.ops.spatial import WindowDoesNotFit
 from optcli.plan import Plan
 from optcli.runtime.cpu import StepError, StepFn, bind_step
+from optcli.runtime.host_memory import keep_freed_memory
 
 
 def _host(value):
@@ -46,6 +47,8 @@ class Executor:
         self.free_after = plan.memory.free_after
         self._program: list[_Step] | None = None
         self.fns = [None if i in on_gpu else bind_step(s, plan.opsets) for i, s in enumerate(plan.steps)]
+        if len(on_gpu) < len(plan.steps):
+            keep_freed_memory()  # host steps allocate their outputs: no page faults run after run
 
     @property
     def fns(self) -> list[StepFn | None]:
