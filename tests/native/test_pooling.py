@@ -25,6 +25,8 @@ CASES = [
     ("c13-same-upper", (1, 13, 7, 7), {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}),
     ("c4-5x5-s3", (1, 4, 17, 19), {"kernel_shape": [5, 5], "strides": [3, 3], "pads": [2, 2, 2, 2]}),
     ("c6-1d", (1, 6, 31), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+    # 2x2 / 2 without padding: a max pooling of its own (vectors of 8 outputs and a tail, odd rows)
+    ("c28-2x2-s2-wide", (2, 28, 65, 70), {"kernel_shape": [2, 2], "strides": [2, 2]}),
 ]
 IDS = {c[0]: c[1:] for c in CASES}
 
@@ -84,6 +86,19 @@ def test_nan_and_inf_like_numpy(pool_calls):
     for kernel in (max_pool, average_pool):
         assert_close(kernel([x], dict(attrs))[0], _numpy(kernel, x, attrs), what=kernel.__name__)
     assert pool_calls == ["max", "avg"]
+
+
+def test_2x2_max_pool_keeps_nans_anywhere_in_the_window(pool_calls):
+    x = RNG.standard_normal((1, 2, 4, 40)).astype(np.float32)
+    for j, (r, c) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):  # each corner, in vector lanes and the tail
+        x[0, 0, r, 2 * j + c] = np.nan
+        x[0, 1, 2 + r, 2 * (16 + j) + c] = np.nan
+    x[0, 1, 0, 6] = np.inf
+    attrs = {"kernel_shape": [2, 2], "strides": [2, 2]}
+    got = max_pool([x], dict(attrs))[0]
+    assert_close(got, _numpy(max_pool, x, attrs), what="2x2 max pooling with NaNs")
+    assert np.isnan(got[0, 0, 0, :4]).all() and np.isnan(got[0, 1, 1, 16:20]).all()
+    assert pool_calls == ["max"]
 
 
 def test_other_dtypes_stay_in_numpy(pool_calls):

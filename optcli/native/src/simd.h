@@ -321,8 +321,28 @@ ALWAYS_INLINE v8f vload_even(const float *p) {
     v8f a = vload(p), b = vload(p + VL);
     return __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14);
 }
+/* ... and the odd lanes (2x2 max pooling takes both phases of a row at once). */
+ALWAYS_INLINE v8f vload_odd(const float *p) {
+    v8f a = vload(p), b = vload(p + VL);
+    return __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15);
+}
 #endif
 #endif
+
+/* np.maximum lane by lane: the larger, or a NaN of either.  Compared in 4-lane halves taken with
+ * shuffles (registers, not the stack: a memcpy into halves went through memory and stalled on
+ * store forwarding, 2x the whole pooling's time); without shuffles, 8-lane compares. */
+ALWAYS_INLINE v4f max4_nan(v4f a, v4f b) { return sel4((a > b) | (a != a), a, b); }
+ALWAYS_INLINE v8f vmax_nan(v8f a, v8f b) {
+#ifdef HAVE_SHUFFLE
+    v4f lo = max4_nan(__builtin_shufflevector(a, a, 0, 1, 2, 3), __builtin_shufflevector(b, b, 0, 1, 2, 3));
+    v4f hi = max4_nan(__builtin_shufflevector(a, a, 4, 5, 6, 7), __builtin_shufflevector(b, b, 4, 5, 6, 7));
+    return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7);
+#else
+    v8i m = (a > b) | (a != a);
+    return (v8f)((m & (v8i)a) | (~m & (v8i)b));
+#endif
+}
 
 /* x86-64: an AVX2+FMA clone of each hot function next to the baseline one, picked by the loader
  * (ifunc) on the CPU it runs on; no -march=native, so a built package can move between machines. */

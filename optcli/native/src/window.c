@@ -209,13 +209,16 @@ ALWAYS_INLINE void pool_item(dw_t *a, int64_t it, const int op) {
             memcpy(y, row + a->toff[0], (size_t)OW * sizeof(float));
             for (int64_t t = 1; t < a->taps; t++) {
                 const float *src = row + a->toff[t];
+                int64_t j = 0;
                 if (op == OP_MAX) {
-                    for (int64_t j = 0; j < OW; j++) {
+                    for (; j + VL <= OW; j += VL) vstore(y + j, vmax_nan(vload(src + j), vload(y + j)));
+                    for (; j < OW; j++) {
                         float v = src[j], m = y[j];
                         y[j] = (v > m || v != v) ? v : m;
                     }
                 } else {
-                    for (int64_t j = 0; j < OW; j++) y[j] += src[j];
+                    for (; j + VL <= OW; j += VL) vstore(y + j, vload(y + j) + vload(src + j));
+                    for (; j < OW; j++) y[j] += src[j];
                 }
             }
             if (op == OP_AVG) {
@@ -225,6 +228,37 @@ ALWAYS_INLINE void pool_item(dw_t *a, int64_t it, const int op) {
         }
     }
 }
+
+#ifdef HAVE_SHUFFLE
+/* 2x2 max pooling with stride 2 and no padding (BlazeFace's, and many detectors'): each output row
+ * is the max of two input rows' even and odd columns, read straight from the input, no scratch.
+ * Items are (plane group, band) as for the other window ops; only whole windows are read (the
+ * caller checks 2 * OH <= H and 2 * OW <= W). */
+HOT_CLONES static void item_max_2x2(void *ctx, int64_t it) {
+    const dw_t *a = ctx;
+    int64_t b = it % a->nbands, g = it / a->nbands, W = a->W, OW = a->OW;
+    int64_t oh0 = b * a->band, oh1 = oh0 + a->band < a->OH ? oh0 + a->band : a->OH;
+    int64_t p1 = (g + 1) * a->group < a->N * a->M ? (g + 1) * a->group : a->N * a->M;
+    for (int64_t plane = g * a->group; plane < p1; plane++) {
+        for (int64_t oh = oh0; oh < oh1; oh++) {
+            const float *r0 = a->x + (plane * a->H + 2 * oh) * W, *r1 = r0 + W;
+            float *y = a->y + (plane * a->OH + oh) * OW;
+            int64_t j = 0;
+            for (; j + VL <= OW; j += VL) {
+                v8f top = vmax_nan(vload_even(r0 + 2 * j), vload_odd(r0 + 2 * j));
+                v8f bottom = vmax_nan(vload_even(r1 + 2 * j), vload_odd(r1 + 2 * j));
+                vstore(y + j, vmax_nan(top, bottom));
+            }
+            for (; j < OW; j++) {
+                float m = r0[2 * j];
+                const float v[3] = {r0[2 * j + 1], r1[2 * j], r1[2 * j + 1]};
+                for (int i = 0; i < 3; i++) m = (v[i] > m || v[i] != v[i]) ? v[i] : m;
+                y[j] = m;
+            }
+        }
+    }
+}
+#endif
 
 HOT_CLONES static void item_max(void *ctx, int64_t it) { pool_item(ctx, it, OP_MAX); }
 HOT_CLONES static void item_avg(void *ctx, int64_t it) { pool_item(ctx, it, OP_AVG); }
@@ -298,7 +332,14 @@ static opt_item_fn pick_conv(const dw_t *a) {
     return a->taps == 9 && a->KW == 3 ? item_3x3 : a->taps == 25 && a->KW == 5 ? item_5x5 : item_any;
 }
 
-static opt_item_fn pick_pool(const dw_t *a) { return a->op == OP_MAX ? item_max : item_avg; }
+static opt_item_fn pick_pool(const dw_t *a) {
+#ifdef HAVE_SHUFFLE
+    if (a->op == OP_MAX && a->KH == 2 && a->KW == 2 && a->sh == 2 && a->sw == 2 && a->dh == 1 && a->dw == 1 &&
+        a->pt == 0 && a->pl == 0 && 2 * a->OH <= a->H && 2 * a->OW <= a->W)
+        return item_max_2x2;
+#endif
+    return a->op == OP_MAX ? item_max : item_avg;
+}
 
 OPT_API int optcli_dwconv2d_f32(const float *x, const float *w, const float *bias, float *y,
                                 const int64_t *g, int act, float alpha, float beta) {
