@@ -52,6 +52,7 @@ _SIGNATURES = {
     "optcli_channel_affine_f32": ([_vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
                                    ctypes.c_float, ctypes.c_float], ctypes.c_int),
     "optcli_activation_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
+    "optcli_add_f32": ([_vp, _vp, _vp, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
     "optcli_layer_norm_f32": ([_vp, _vp, _vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                ctypes.c_float], ctypes.c_int),
     "optcli_row_mean_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int64], ctypes.c_int),
@@ -294,6 +295,18 @@ def activation(x: np.ndarray, name: str, alpha: float = 0.0, beta: float = 0.0,
     assert out.dtype == np.float32 and out.flags.c_contiguous and out.shape == x.shape
     _check(_lib.optcli_activation_f32(x.ctypes.data, out.ctypes.data, x.size, ACTIVATION_CODES[name], alpha, beta),
            f"{name} activation")
+    return out
+
+
+def add(a: np.ndarray, b: np.ndarray, activation: str | None = None, alpha: float = 0.0,
+        beta: float = 0.0) -> np.ndarray:
+    """``act(a + b)`` of two C-contiguous float32 arrays of one shape, in one threaded pass (a
+    residual Add and the Relu fused after it, where numpy takes two passes)."""
+    assert _lib is not None and a.shape == b.shape and a.dtype == b.dtype == np.float32
+    assert a.flags.c_contiguous and b.flags.c_contiguous
+    out = np.empty_like(a)
+    _check(_lib.optcli_add_f32(a.ctypes.data, b.ctypes.data, out.ctypes.data, a.size, ACTIVATION_CODES[activation],
+                               alpha, beta), "add")
     return out
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from optcli import native
 from optcli.ops.activation import (
     _sigmoid,
     activate,
@@ -68,9 +69,17 @@ def _with_epilogue(y: np.ndarray, attrs: Attrs) -> np.ndarray:
     return apply_output_quant(y, attrs)
 
 
+_NATIVE_ADD_MIN = 1 << 14  # below this many floats numpy's two quick passes cost less than a native call
+
+
 @kernel("Add")
 def add(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     a, b = inputs[0], inputs[1]
+    if (type(a) is np.ndarray and type(b) is np.ndarray and a.shape == b.shape and a.size >= _NATIVE_ADD_MIN
+            and a.dtype == b.dtype == np.float32 and a.flags.c_contiguous and b.flags.c_contiguous
+            and attrs.get("activation") in native.ACTIVATION_CODES and native.available()):
+        # a residual Add (and the Relu fused into it) in one threaded pass over the output
+        return [apply_output_quant(native.add(a, b, *epilogue(attrs)), attrs)]
     return [_with_epilogue(_same(np.add(a, b), a), attrs)]
 
 

@@ -11,6 +11,7 @@
  *   then x, w (depthwise) or scale (affine, if any; layer norm) or 1/counts per row and column
  *   (average), bias; GEMM: w, x, residual (if any), bias.
  * Kind 6 (row mean): geometry = rows, n; array x.
+ * Kind 8 (sum with an activation): geometry = n; arrays x, b.
  * Kind 7 (implicit GEMM conv): geometry = the 13 values of optcli_conv2d_gemm_f32 and has residual;
  * arrays w, the padded input, residual (if any), bias.
  * OUT receives the output as float32 (layer norm: y, then mean and 1 / std).  Exit status 0 when
@@ -77,6 +78,14 @@ static int run_case(const char *in, const char *out) {
         rc = optcli_activation_f32(x, ny % 2 ? y : x, ny, act, alpha, beta); /* odd sizes out of place */
         if (ny % 2 == 0) memcpy(y, x, (size_t)ny * sizeof(float));
         free(x);
+    } else if (h[0] == 8) {
+        ny = g[0];
+        float *x = read_floats(f, ny), *b = read_floats(f, ny);
+        y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
+        rc = optcli_add_f32(x, b, ny % 2 ? y : b, ny, act, alpha, beta); /* even sizes in place (into b) */
+        if (ny % 2 == 0) memcpy(y, b, (size_t)ny * sizeof(float));
+        free(x);
+        free(b);
     } else if (h[0] == 7) {
         int64_t k = g[2] * g[5] * g[6];
         float *w = read_floats(f, g[1] * k), *x = read_floats(f, g[0] * g[2] * g[3] * g[4]);

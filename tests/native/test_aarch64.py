@@ -16,6 +16,7 @@ import pytest
 from optcli import native
 from optcli.ops.activation import apply_activation
 from optcli.ops.conv import conv_im2col
+from optcli.ops.elementwise import add
 from optcli.ops.normalization import layer_normalization
 from optcli.ops.pool import _axis_counts, average_pool, max_pool
 from optcli.ops.spatial import window
@@ -155,6 +156,16 @@ def _elementwise_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
         src, dst = tmp / f"act{i}.in", tmp / f"act{i}.out"
         _write_case(src, 4, act, [n], [x, None])
         cases.append((src, dst, want, f"{act} over {n}"))
+    for i, (act, n) in enumerate([("relu", 1), (None, 40000), ("clip", 8195)]):
+        x, b = (rng.standard_normal((2, n)) * 4).astype(np.float32)
+        fused = {"activation": act, "activation_alpha": 0.0, "activation_beta": 6.0} if act else {}
+        with mock.patch.object(native, "_lib", None):
+            want = add([x, b], fused)[0]
+        src, dst = tmp / f"add{i}.in", tmp / f"add{i}.out"
+        head = [8, native.ACTIVATION_CODES[act], 0, n, *[0] * 14, _bits(0.0), _bits(6.0)]
+        with open(src, "wb") as f:
+            f.write(np.array(head, np.int64).tobytes() + x.tobytes() + b.tobytes())
+        cases.append((src, dst, want, f"add + {act} over {n}"))
     for i, (rows, n) in enumerate([(1, 1), (7, 13), (3, 5000)]):
         x = (rng.standard_normal((rows, n)) + 3).astype(np.float32)
         src, dst = tmp / f"mean{i}.in", tmp / f"mean{i}.out"

@@ -1,4 +1,5 @@
-"""The native element-wise kernels (src/elementwise.c: stand-alone activations, GELU, row means, LayerNormalization)
+"""The native element-wise kernels (src/elementwise.c: stand-alone activations, GELU, sums with an activation,
+row means, LayerNormalization)
 and the native ChannelAffine / BatchNormalization, against float64 references, the numpy kernels and
 onnxruntime: one element, primes, large, non-contiguous inputs, 1 and 2 threads; and a ConvNeXt-like
 model run with and without the library."""
@@ -16,7 +17,7 @@ import optcli
 from optcli import native
 from optcli.ops import kernels_for
 from optcli.ops.activation import hard_swish, leaky_relu, sigmoid, tanh
-from optcli.ops.elementwise import gelu
+from optcli.ops.elementwise import add, gelu
 from optcli.ops.normalization import batch_normalization, channel_affine, layer_normalization
 from optcli.ops.pool import global_average_pool
 from tests.helpers import assert_close, gelu_ref, run_ort, single_node_model
@@ -43,7 +44,7 @@ def calls(native_lib, monkeypatch):
             return fn(*args, **kwargs)
         return counted
 
-    for name in ("activation", "layer_norm", "channel_affine", "row_mean"):
+    for name in ("activation", "layer_norm", "channel_affine", "row_mean", "add"):
         counts[name] = 0
         monkeypatch.setattr(native, name, counting(name, getattr(native, name)))
     return counts
@@ -239,3 +240,31 @@ def test_model_same_with_and_without_the_library(native_lib, calls):
         without = optcli.load(data, threads=2).run({"x": x})["y"]
     assert_close(got, ref, what="native kernels vs onnxruntime")
     assert_close(without, ref, what="numpy kernels vs onnxruntime")
+
+
+ADD_SHAPES = [(1, 16384), (1, 28, 64, 64), (2, 3, 61, 97), (1, 160, 56, 56)]  # chunk edges, primes, large
+
+
+@pytest.mark.parametrize("shape", ADD_SHAPES, ids=str)
+@pytest.mark.parametrize("activation, attrs", [(None, {}), ("relu", {}), ("clip", {"activation_alpha": 0.0,
+                                                                                    "activation_beta": 6.0}),
+                                               ("hard_swish", {"activation_alpha": 1 / 6, "activation_beta": 0.5})])
+def test_add_with_activation_matches_numpy_and_onnxruntime(shape, activation, attrs, threads, calls):
+    a, b = _x(shape), _x(shape)
+    a.flat[::977] = np.nan  # NaNs flow through the sum and the activation as in numpy
+    fused = {**attrs, "activation": activation} if activation else {}
+    got = add([a, b], fused)[0]
+    assert calls["add"] == 1
+    assert_close(got, numpy_kernel(add, [a, b], fused)[0], what=f"add + {activation}")
+    if activation is None:
+        assert_close(got, run_ort(single_node_model("Add", {"a": a, "b": b}), {"a": a, "b": b})[0], what="vs ort")
+
+
+def test_add_outside_the_native_scope_stays_in_numpy(calls):
+    small = _x((1, 8, 4, 4))
+    big = _x((1, 64, 32, 32))
+    add([small, small], {})  # too small to be worth a call
+    add([big, big[:, :1]], {})  # broadcast
+    add([big, big.astype(np.float64)], {})  # mixed dtypes
+    add([big[:, :, :, ::-1], big], {})  # a strided view
+    assert calls["add"] == 0

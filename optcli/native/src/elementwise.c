@@ -1,4 +1,5 @@
-/* Stand-alone element-wise activations (GELU, sigmoid, hard-swish...) over a flat array, the mean
+/* Stand-alone element-wise activations (GELU, sigmoid, hard-swish...) over a flat array, sums of
+ * two arrays of one shape with an activation (residual Add + Relu in one pass), the mean
  * of each row (global average pooling, squeeze-excite's ReduceMean), and LayerNormalization, on
  * the pool.
  *
@@ -20,7 +21,7 @@
 #define ACT_BLOCK 512  /* floats copied then activated while in L1 */
 
 typedef struct {
-    const float *x;
+    const float *x, *b; /* b: the second operand of a sum, or NULL */
     float *y;
     int64_t n;
     int act;
@@ -32,17 +33,36 @@ HOT_CLONES static void act_item(void *ctx, int64_t it) {
     int64_t end = (it + 1) * ACT_CHUNK < a->n ? (it + 1) * ACT_CHUNK : a->n;
     for (int64_t i = it * ACT_CHUNK; i < end; i += ACT_BLOCK) {
         int64_t len = end - i < ACT_BLOCK ? end - i : ACT_BLOCK;
-        if (a->x != a->y) memcpy(a->y + i, a->x + i, (size_t)len * sizeof(float));
+        if (a->b) {
+            const float *x = a->x + i, *b = a->b + i;
+            float *y = a->y + i;
+            int64_t j = 0;
+            for (; j + VL <= len; j += VL) vstore(y + j, vload(x + j) + vload(b + j));
+            for (; j < len; j++) y[j] = x[j] + b[j];
+        } else if (a->x != a->y) {
+            memcpy(a->y + i, a->x + i, (size_t)len * sizeof(float));
+        }
         act_span(a->y + i, len, a->act, a->alpha, a->beta);
     }
 }
 
-OPT_API int optcli_activation_f32(const float *x, float *y, int64_t n, int act, float alpha, float beta) {
-    if (n < 0 || act < 0 || act >= ACT_COUNT) return OPT_EINVAL;
-    act_t a = {.x = x, .y = y, .n = n, .act = act, .alpha = alpha, .beta = beta};
-    /* below 128 KiB, waking a worker costs more than it saves */
-    opt_parallel(act_item, &a, (n + ACT_CHUNK - 1) / ACT_CHUNK, n < (1 << 15) ? 1 : 0);
+/* The activations and sums over n floats on the pool: below 128 KiB, waking a worker costs more
+ * than it saves. */
+static int run_act(act_t *a) {
+    if (a->n < 0 || a->act < 0 || a->act >= ACT_COUNT) return OPT_EINVAL;
+    opt_parallel(act_item, a, (a->n + ACT_CHUNK - 1) / ACT_CHUNK, a->n < (1 << 15) ? 1 : 0);
     return 0;
+}
+
+OPT_API int optcli_activation_f32(const float *x, float *y, int64_t n, int act, float alpha, float beta) {
+    act_t a = {.x = x, .y = y, .n = n, .act = act, .alpha = alpha, .beta = beta};
+    return run_act(&a);
+}
+
+OPT_API int optcli_add_f32(const float *x, const float *b, float *y, int64_t n, int act, float alpha, float beta) {
+    if (!b) return OPT_EINVAL;
+    act_t a = {.x = x, .b = b, .y = y, .n = n, .act = act, .alpha = alpha, .beta = beta};
+    return run_act(&a);
 }
 
 ALWAYS_INLINE float hsum(v8f v) {

@@ -62,6 +62,8 @@ OPT_API int optcli_gemm_variant(int lanes);
 /* Element-wise (elementwise.c): y = act(x) over n floats (activation codes of simd.h); x == y works
  * in place. */
 OPT_API int optcli_activation_f32(const float *x, float *y, int64_t n, int act, float alpha, float beta);
+/* y = act(x + b) over n floats (a residual Add and its fused activation in one pass); y may be x or b. */
+OPT_API int optcli_add_f32(const float *x, const float *b, float *y, int64_t n, int act, float alpha, float beta);
 /* LayerNormalization of x [outer, c, inner] over its c axis: y (same layout) = (x - mean) / sqrt(var + eps)
  * * scale[k] + bias[k]; mean and inv (1 / sqrt(var + eps)), [outer, inner], are written when not NULL.
  * bias may be NULL; eps must be > 0. */
