@@ -155,8 +155,39 @@ def _check(rc: int, what: str) -> None:
         raise NativeError(f"native {what} failed with code {rc}" + (" (out of memory)" if rc == -2 else ""))
 
 
+_CONST_ADDRS: dict[int, tuple[np.ndarray, int]] = {}  # id -> (read-only array, its data address)
+_GEOMS: dict[tuple[int, ...], tuple[np.ndarray, int]] = {}  # geometry values -> (int64 array, address)
+_CACHE_MAX = 4096
+
+
 def _ptr(a: np.ndarray | None) -> int | None:
-    return None if a is None else a.ctypes.data
+    """The data address of ``a`` (None for None).  Read-only arrays (a plan's weights, mapped from
+    the .nb file) are looked up by identity: numpy takes ~0.8 us to answer, a few times per call of
+    kernels that take ~10 us on a model's small layers.  The cache holds each array it names, so
+    an id is never reused while it is there, and an array's data never moves."""
+    if a is None:
+        return None
+    hit = _CONST_ADDRS.get(id(a))
+    if hit is not None and hit[0] is a:
+        return hit[1]
+    addr = a.ctypes.data
+    if not a.flags.writeable:
+        if len(_CONST_ADDRS) >= _CACHE_MAX:
+            _CONST_ADDRS.clear()
+        _CONST_ADDRS[id(a)] = (a, addr)
+    return addr
+
+
+def _geom(values: tuple[int, ...]) -> int:
+    """The address of an int64 array of ``values``, made once per distinct geometry (a model's
+    layers repeat theirs run after run; np.array and its address cost ~1.3 us a call)."""
+    hit = _GEOMS.get(values)
+    if hit is None:
+        if len(_GEOMS) >= _CACHE_MAX:
+            _GEOMS.clear()
+        arr = np.array(values, dtype=np.int64)
+        hit = _GEOMS[values] = (arr, arr.ctypes.data)
+    return hit[1]
 
 
 def depthwise_fits(kernel: tuple[int, ...], strides: tuple[int, ...]) -> bool:
@@ -178,9 +209,8 @@ def depthwise_conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, stri
     n, c, h, wd = x.shape
     m, _, kh, kw = w.shape
     y = np.empty((n, m, out[0], out[1]), dtype=np.float32)
-    geom = np.array([n, c, h, wd, m, kh, kw, strides[0], strides[1], dilations[0], dilations[1],
-                     pad_begin[0], pad_begin[1], out[0], out[1]], dtype=np.int64)
-    _check(_lib.optcli_dwconv2d_f32(x.ctypes.data, w.ctypes.data, _ptr(b), y.ctypes.data, geom.ctypes.data,
+    geom = _geom((n, c, h, wd, m, kh, kw, *strides, *dilations, *pad_begin, *out))
+    _check(_lib.optcli_dwconv2d_f32(x.ctypes.data, _ptr(w), _ptr(b), y.ctypes.data, geom,
                                     ACTIVATION_CODES[activation], alpha, beta), "depthwise conv")
     return y
 
@@ -198,11 +228,10 @@ def pool2d(x: np.ndarray, op: str, kernel: tuple[int, int], strides: tuple[int, 
     x = np.ascontiguousarray(x, dtype=np.float32)
     n, c, h, wd = x.shape
     y = np.empty((n, c, out[0], out[1]), dtype=np.float32)
-    geom = np.array([n, c, h, wd, c, kernel[0], kernel[1], strides[0], strides[1], dilations[0], dilations[1],
-                     pad_begin[0], pad_begin[1], out[0], out[1]], dtype=np.int64)
+    geom = _geom((n, c, h, wd, c, *kernel, *strides, *dilations, *pad_begin, *out))
     r = None if rrow is None else np.ascontiguousarray(rrow, dtype=np.float32)
     k = None if rcol is None else np.ascontiguousarray(rcol, dtype=np.float32)
-    _check(_lib.optcli_pool2d_f32(x.ctypes.data, y.ctypes.data, geom.ctypes.data, POOL_OPS[op], _ptr(r), _ptr(k)),
+    _check(_lib.optcli_pool2d_f32(x.ctypes.data, y.ctypes.data, geom, POOL_OPS[op], _ptr(r), _ptr(k)),
            f"{op} pooling")
     return y
 
@@ -247,12 +276,13 @@ def gemm_conv(w: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None, acti
     (m, k), (b, _, n) = w.shape, x.shape
     if out is None:
         out = np.empty((b, m, n), dtype=np.float32)
-    assert out.dtype == np.float32 and out.flags.c_contiguous and out.shape == (b, m, n)
+    else:
+        assert out.dtype == np.float32 and out.flags.c_contiguous and out.shape == (b, m, n)
     bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
     assert bias is None or bias.shape == (m,)
     r = None if residual is None else np.ascontiguousarray(residual, dtype=np.float32)
     assert r is None or r.shape == out.shape
-    _check(_lib.optcli_gemm_conv_f32(w.ctypes.data, x.ctypes.data, _ptr(bias), _ptr(r), out.ctypes.data, b, m, k, n,
+    _check(_lib.optcli_gemm_conv_f32(_ptr(w), x.ctypes.data, _ptr(bias), _ptr(r), out.ctypes.data, b, m, k, n,
                                      ACTIVATION_CODES[activation], alpha, beta), "GEMM conv")
     return out
 
@@ -272,14 +302,13 @@ def conv2d_gemm(xp: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides:
     assert b is None or b.shape == (w.shape[0],)
     y = np.empty((xp.shape[0], w.shape[0]) + tuple(out), dtype=np.float32)
     if group == 1:
-        geom = np.array([xp.shape[0], w.shape[0], *xp.shape[1:], *w.shape[2:], *strides, *dilations, *out],
-                        dtype=np.int64)
-        _check(_lib.optcli_conv2d_gemm_f32(w.ctypes.data, xp.ctypes.data, _ptr(b), None, y.ctypes.data,
-                                           geom.ctypes.data, ACTIVATION_CODES[activation], alpha, beta), "conv GEMM")
+        geom = _geom((xp.shape[0], w.shape[0], *xp.shape[1:], *w.shape[2:], *strides, *dilations, *out))
+        _check(_lib.optcli_conv2d_gemm_f32(_ptr(w), xp.ctypes.data, _ptr(b), None, y.ctypes.data,
+                                           geom, ACTIVATION_CODES[activation], alpha, beta), "conv GEMM")
         return y
-    geom = np.array([xp.shape[0], w.shape[0] // group, w.shape[1], *xp.shape[2:], *w.shape[2:], *strides, *dilations,
-                     *out], dtype=np.int64)
-    _check(_lib.optcli_conv2d_gemm_grouped_f32(w.ctypes.data, xp.ctypes.data, _ptr(b), y.ctypes.data, geom.ctypes.data,
+    geom = _geom((xp.shape[0], w.shape[0] // group, w.shape[1], *xp.shape[2:], *w.shape[2:], *strides, *dilations,
+                  *out))
+    _check(_lib.optcli_conv2d_gemm_grouped_f32(_ptr(w), xp.ctypes.data, _ptr(b), y.ctypes.data, geom,
                                                group, ACTIVATION_CODES[activation], alpha, beta), "grouped conv GEMM")
     return y
 

@@ -31,7 +31,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from optcli import native
 from optcli.ops.activation import activate, apply_output_quant, epilogue
-from optcli.ops.registry import kernel
+from optcli.ops.registry import StepAttrs, kernel
 from optcli.ops.shapes_registry import Shape, ShapeArgs, ShapeDerivationError, check_length, fixed, shape_fn
 from optcli.ops.spatial import compute_dtype, conv_transpose_geometry, pad_input, prod, window, window_dims
 
@@ -135,6 +135,23 @@ def conv_im2col(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[
     return _finish(y.reshape((n, m) + win.out), _bias(inputs), attrs, x.dtype)
 
 
+_WEIGHT_VIEWS: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (id(w), shape) -> (w, view)
+
+
+def _weight_view(w: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``w.reshape(shape)``; for a plan's weights (read-only) the same view object on every run, so
+    that the native library finds its address in its cache instead of asking numpy again."""
+    if w.flags.writeable:
+        return w.reshape(shape)
+    key = (id(w), shape)
+    hit = _WEIGHT_VIEWS.get(key)
+    if hit is None or hit[0] is not w:
+        if len(_WEIGHT_VIEWS) >= 4096:
+            _WEIGHT_VIEWS.clear()
+        hit = _WEIGHT_VIEWS[key] = (w, w.reshape(shape))
+    return hit[1]
+
+
 def _native_gemm(ct: np.dtype, columns: int) -> bool:
     """Whether a GEMM conv runs in the native GEMM: fp32 with 16 or more output positions per
     image (its register tiles are 8 to 32 columns wide; a narrower product, such as the 1x1 convs
@@ -155,7 +172,7 @@ def conv_1x1(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.
     n, c = x.shape[:2]
     m = w.shape[0]
     xr = x.astype(ct, copy=False).reshape(n, c, prod(x.shape[2:]))  # not -1: ambiguous for N = 0
-    wr = w.astype(ct, copy=False).reshape(m, c)
+    wr = _weight_view(w.astype(ct, copy=False), (m, c))
     if c and _native_gemm(ct, xr.shape[2]):  # bias and activation in the GEMM's own pass over y
         y = native.gemm_conv(wr, xr, _bias(inputs), *epilogue(attrs))
         return [apply_output_quant(y.reshape((n, m) + x.shape[2:]).astype(x.dtype, copy=False), attrs)]
@@ -249,8 +266,20 @@ _GEOMETRY_ATTRS = ("kernel_shape", "strides", "dilations", "pads", "auto_pad")
 _WINDOWS: dict[tuple, Any] = {}  # resolved windows of the native path, by shapes and geometry attributes
 
 
+_WINDOWS_BY_STEP: dict[tuple, tuple[dict, Any]] = {}  # (id(attrs), shapes) -> (attrs, window)
+
+
 def _window_of(attrs: dict[str, Any], xshape: tuple[int, ...], wshape: tuple[int, ...]) -> Any:
-    """``window()`` for a conv, memoised: resolving it costs more than a small native call."""
+    """``window()`` for a conv, memoised: resolving it costs more than a small native call.
+
+    A bound step passes the same attrs on every run, fixed (``StepAttrs``), so the first lookup is
+    by its identity (the entry holds the dict: its id cannot be reused while cached); other callers
+    fall back to a key made of the geometry attributes' values."""
+    step_key = (id(attrs), xshape, wshape)
+    if type(attrs) is StepAttrs:
+        hit = _WINDOWS_BY_STEP.get(step_key)
+        if hit is not None and hit[0] is attrs:
+            return hit[1]
     key = (xshape, wshape) + tuple(tuple(v) if isinstance(v, (list, tuple, np.ndarray)) else v
                                    for v in (attrs.get(k) for k in _GEOMETRY_ATTRS))
     win = _WINDOWS.get(key)
@@ -258,6 +287,10 @@ def _window_of(attrs: dict[str, Any], xshape: tuple[int, ...], wshape: tuple[int
         if len(_WINDOWS) >= 1024:
             _WINDOWS.clear()
         win = _WINDOWS[key] = window(attrs, xshape[2:], attrs.get("kernel_shape") or wshape[2:])
+    if type(attrs) is StepAttrs:
+        if len(_WINDOWS_BY_STEP) >= 1024:
+            _WINDOWS_BY_STEP.clear()
+        _WINDOWS_BY_STEP[step_key] = (attrs, win)
     return win
 
 

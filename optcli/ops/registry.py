@@ -38,6 +38,22 @@ class Kernel:
         return kernel_id(self.op_type, self.domain, self.variant)
 
 
+class StepAttrs(dict):
+    """A bound step's kernel attributes (``runtime.evaluate.kernel_attrs``): one dict per step for
+    the life of a plan, passed on every run.  Kernels may memoise what they derive from it by its
+    identity (ops/conv.py's windows) because it cannot change: every mutation raises."""
+
+    __slots__ = ()
+
+    def _fixed(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a bound step's attributes are fixed: copy them (dict(attrs)) to change them")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _fixed  # type: ignore
+
+    def __reduce__(self):  # copies and pickles are plain dicts: only the bound one is fixed
+        return dict, (dict(self),)
+
+
 def kernel_id(op_type: str, domain: str, variant: str) -> str:
     return f"{domain or 'onnx'}.{op_type}.{variant}"
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from optcli.ir import Node
 from optcli.ops import get_kernel, kernels_for
+from optcli.ops.registry import StepAttrs
 from optcli.runtime.reference import run_reference
 
 
@@ -17,7 +18,7 @@ def kernel_attrs(attrs: dict, n_outputs: int, opsets: dict[str, int]) -> dict:
     """The attrs a kernel receives: the node's, plus ``_opset`` (the default domain's version,
     for ops whose semantics changed across versions) and ``_n_outputs`` (Split with no sizes
     divides equally across its outputs)."""
-    return {**attrs, "_opset": int(opsets.get("", 0) or 0), "_n_outputs": n_outputs}
+    return StepAttrs({**attrs, "_opset": int(opsets.get("", 0) or 0), "_n_outputs": n_outputs})
 
 
 def evaluate_node(node: Node, inputs: list[np.ndarray | None], opsets: dict[str, int]) -> list[np.ndarray]:

@@ -1,0 +1,51 @@
+"""StepAttrs (a bound step's fixed attributes) and the per-step caches that rely on it: the conv
+window memo keyed by its identity and the native library's address cache for read-only arrays."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import numpy as np
+import pytest
+
+from optcli import native
+from optcli.ops.conv import _window_of
+from optcli.ops.registry import StepAttrs
+from optcli.runtime.evaluate import kernel_attrs
+
+
+def test_bound_attributes_cannot_change_but_copies_can():
+    attrs = kernel_attrs({"pads": [1, 1, 1, 1]}, 1, {"": 13})
+    assert type(attrs) is StepAttrs and attrs["_opset"] == 13
+    for change in (lambda a: a.__setitem__("pads", [0] * 4), lambda a: a.pop("pads"), lambda a: a.update(x=1),
+                   lambda a: a.setdefault("x", 1), lambda a: a.clear()):
+        with pytest.raises(TypeError):
+            change(attrs)
+    for dup in (dict(attrs), copy.copy(attrs), copy.deepcopy(attrs), pickle.loads(pickle.dumps(attrs))):
+        dup["pads"] = [0, 0, 0, 0]  # plain dicts
+        assert attrs["pads"] == [1, 1, 1, 1]
+
+
+def test_window_memo_follows_each_steps_own_attributes():
+    """Two steps with the same shapes but other pads get their own windows, run after run."""
+    a = kernel_attrs({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, 1, {})
+    b = kernel_attrs({"kernel_shape": [3, 3], "pads": [0, 0, 0, 0], "strides": [2, 2]}, 1, {})
+    for _ in range(2):
+        assert _window_of(a, (1, 4, 8, 8), (4, 1, 3, 3)).out == (8, 8)
+        assert _window_of(b, (1, 4, 8, 8), (4, 1, 3, 3)).out == (3, 3)
+    plain = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}  # a caller's dict may change between calls
+    assert _window_of(plain, (1, 4, 8, 8), (4, 1, 3, 3)).out == (8, 8)
+    plain["pads"] = [0, 0, 0, 0]
+    assert _window_of(plain, (1, 4, 8, 8), (4, 1, 3, 3)).out == (6, 6)
+
+
+@pytest.mark.skipif(not native.available(), reason="the native library is not built here")
+def test_address_cache_only_keeps_read_only_arrays():
+    w = np.arange(12, dtype=np.float32)
+    w.flags.writeable = False
+    x = np.zeros(12, dtype=np.float32)
+    assert native._ptr(w) == w.ctypes.data == native._ptr(w)
+    assert native._ptr(x) == x.ctypes.data
+    assert id(w) in native._CONST_ADDRS and id(x) not in native._CONST_ADDRS
+    assert native._ptr(None) is None
