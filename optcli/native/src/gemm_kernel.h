@@ -140,13 +140,22 @@ ALWAYS_INLINE void GK(pack)(float *dst, const float *x, int64_t ld, int64_t kb, 
  * one output row at a time. */
 ALWAYS_INLINE void GK(pack_conv)(float *dst, const conv_t *q, const float *xp, int64_t k0, int64_t kb, int64_t n0,
                                  int64_t cols) {
-    const int64_t taps = q->KH * q->KW;
+    /* where row k of X starts in xp, worked out once for all the panels: four divisions per row
+     * and panel cost ten times the copy itself */
+    int64_t start[PANEL_FLOATS / GK_NR];
+    int64_t c = k0 / (q->KH * q->KW), kh = k0 / q->KW % q->KH, kw = k0 % q->KW;
+    for (int64_t k = 0; k < kb; k++) {
+        start[k] = (c * q->HP + kh * q->dh) * q->WP + kw * q->dw;
+        if (++kw == q->KW) {
+            kw = 0;
+            if (++kh == q->KH) kh = 0, c++;
+        }
+    }
     for (int64_t p = 0; p < cols; p += GK_NR, dst += kb * GK_NR) {
         int w = cols - p < GK_NR ? (int)(cols - p) : GK_NR;
         int64_t oh0 = (n0 + p) / q->OW, ow0 = (n0 + p) % q->OW;
         for (int64_t k = 0; k < kb; k++) {
-            int64_t c = (k0 + k) / taps, t = (k0 + k) % taps;
-            const float *plane = xp + (c * q->HP + t / q->KW * q->dh) * q->WP + t % q->KW * q->dw;
+            const float *plane = xp + start[k];
             float *d = dst + k * GK_NR;
             int j = 0;
             for (int64_t oh = oh0, ow = ow0; j < w; oh++, ow = 0) {
