@@ -95,27 +95,28 @@ ALWAYS_INLINE void GK(finish)(const gemm_t *g, GK_V c0, GK_V c1, float *y, const
     if (last && act == ACT_CLIP) clip_span(y, cols, g->alpha, g->beta);
 }
 
-/* One tile of Y at (m, n): rows < GK_MR and cols < GK_NR at the edges.  a is W at (m, k0), b the
- * packed panel (kb x GK_NR); first / last say whether this K block is the first / last one. */
+/* One tile of Y at (m, n): MR rows (a constant: GK_MR, or a smaller tile for the last rows of M),
+ * rows < MR and cols < GK_NR at the edges.  a is W at (m, k0), b the packed panel (kb x GK_NR);
+ * first / last say whether this K block is the first / last one. */
 ALWAYS_INLINE void GK(tile)(const gemm_t *g, const float *a, const float *b, int64_t kb, float *y, const float *r,
-                            const float *bias, int rows, int cols, int first, int last, const int act) {
+                            const float *bias, int rows, int cols, int first, int last, const int act, const int MR) {
     const int64_t K = g->K, N = g->N;
     const float *ar[GK_MR];
-    for (int i = 0; i < GK_MR; i++) ar[i] = a + (i < rows ? i : rows - 1) * K; /* past M: a row again, unstored */
+    for (int i = 0; i < MR; i++) ar[i] = a + (i < rows ? i : rows - 1) * K; /* past M: a row again, unstored */
     /* Each K block sums from zero and then adds what came before it (the bias, or the earlier
      * blocks' sum in Y): a two-level sum, whose rounding grows with the block length, not K. */
     GK_V c[GK_MR][2], zero = {0};
-    for (int i = 0; i < GK_MR; i++) c[i][0] = c[i][1] = zero;
+    for (int i = 0; i < MR; i++) c[i][0] = c[i][1] = zero;
     for (int64_t k = 0; k < kb; k++, b += GK_NR) {
         GK_V b0 = GK(vld)(b), b1 = GK(vld)(b + GK_L);
-        for (int i = 0; i < GK_MR; i++) {
+        for (int i = 0; i < MR; i++) {
             float av = ar[i][k];
             GK_V s = GK_SPLAT(av); /* one broadcast: 0 + av would be an add as well */
             c[i][0] += s * b0;
             c[i][1] += s * b1;
         }
     }
-    for (int i = 0; i < GK_MR; i++) { /* a constant bound: the accumulators stay in registers */
+    for (int i = 0; i < MR; i++) { /* a constant bound: the accumulators stay in registers */
         if (i >= rows) break;
         GK(finish)(g, c[i][0], c[i][1], y + i * N, r ? r + i * N : NULL, bias ? bias + i : NULL, cols, first, last,
                    act);
@@ -209,8 +210,14 @@ ALWAYS_INLINE void GK(item)(gemm_t *g, int64_t it, const int act) {
                 const float *b = bp + p / GK_NR * kb * GK_NR;
                 for (int64_t m = mc0; m < mc1; m += GK_MR) {
                     int rows = mc1 - m < GK_MR ? (int)(mc1 - m) : GK_MR;
-                    GK(tile)(g, w + m * K + k0, b, kb, y + m * N + p, r ? r + m * N + p : NULL,
-                             bias ? bias + m : NULL, rows, pc, first, last, act);
+                    const float *wm = w + m * K + k0, *rm = r ? r + m * N + p : NULL, *bm = bias ? bias + m : NULL;
+                    /* the last rows of M in a tile of their size: M = 16 on 12-row tiles computed 24 */
+                    if (rows > GK_MR * 2 / 3)
+                        GK(tile)(g, wm, b, kb, y + m * N + p, rm, bm, rows, pc, first, last, act, GK_MR);
+                    else if (rows > GK_MR / 3)
+                        GK(tile)(g, wm, b, kb, y + m * N + p, rm, bm, rows, pc, first, last, act, GK_MR * 2 / 3);
+                    else
+                        GK(tile)(g, wm, b, kb, y + m * N + p, rm, bm, rows, pc, first, last, act, GK_MR / 3);
                 }
             }
         }
