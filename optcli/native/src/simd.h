@@ -344,6 +344,29 @@ ALWAYS_INLINE v8f vmax_nan(v8f a, v8f b) {
 #endif
 }
 
+#ifdef HAVE_SHUFFLE
+/* r[i][j] <-> r[j][i] for eight 8-float vectors: unpack pairs, then pairs of pairs, then halves
+ * (24 shuffles; what AVX does with unpcklps / shufps / vperm2f128). */
+ALWAYS_INLINE void transpose8(v8f r[8]) {
+    v8f a[8], b[8];
+    for (int i = 0; i < 8; i += 2) {
+        a[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        a[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int j = 0; j < 2; j++) {
+            b[i + j] = __builtin_shufflevector(a[i + j], a[i + j + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+            b[i + j + 2] = __builtin_shufflevector(a[i + j], a[i + j + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        }
+    /* b[0..3] hold columns (0, 4), (2, 6), (1, 5), (3, 7) of rows 0-3 in their halves; b[4..7] of rows 4-7 */
+    const int col[4] = {0, 2, 1, 3};
+    for (int k = 0; k < 4; k++) {
+        r[col[k]] = __builtin_shufflevector(b[k], b[k + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+        r[col[k] + 4] = __builtin_shufflevector(b[k], b[k + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+    }
+}
+#endif
+
 /* x86-64: an AVX2+FMA clone of each hot function next to the baseline one, picked by the loader
  * (ifunc) on the CPU it runs on; no -march=native, so a built package can move between machines. */
 #if defined(__x86_64__) && defined(__GLIBC__) && !defined(OPTCLI_NO_CLONES) && \
