@@ -13,6 +13,8 @@ neither ``split`` nor ``num_outputs`` is given it reads ``_n_outputs`` from the 
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import numpy as np
@@ -69,7 +71,7 @@ def reshape(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
 def flatten(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     x = np.asarray(inputs[0])
     axis = _axis(int(attrs.get("axis", 1)), x.ndim)
-    return [x.reshape(int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])))]
+    return [x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))]  # math.prod: np.prod costs ~2 us
 
 
 @kernel("Transpose")
