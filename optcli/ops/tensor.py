@@ -14,7 +14,6 @@ neither ``split`` nor ``num_outputs`` is given it reads ``_n_outputs`` from the 
 from __future__ import annotations
 
 import math
-
 from typing import Any
 
 import numpy as np
