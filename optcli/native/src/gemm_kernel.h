@@ -57,7 +57,20 @@ ALWAYS_INLINE void GK(store_row)(float *p, int cols, GK_V lo, GK_V hi) {
 
 /* The activation over a vector, 4 lanes at a time (see simd.h); act is a constant here. */
 ALWAYS_INLINE GK_V GK(act)(GK_V v, const int act, float alpha, float beta) {
-    if (act == ACT_NONE || act == ACT_RELU || act == ACT_CLIP) return v; /* those two: see GK(tile) */
+    if (act == ACT_NONE || act == ACT_RELU || act == ACT_CLIP) return v; /* those two: see GK(clamp) */
+#if GK_L >= 8 && defined(__x86_64__)
+    /* sigmoid, swish and GELU 8 lanes at a time on x86-64 (simd.h's act8): the 4-lane halves
+     * went through the stack and took twice as long */
+    if (act == ACT_SIGMOID || act == ACT_SWISH || act == ACT_GELU || act == ACT_GELU_TANH) {
+#if GK_L == 8
+        return act8(v, act);
+#elif defined(HAVE_SHUFFLE)
+        v8f lo = act8(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), act);
+        v8f hi = act8(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15), act);
+        return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#endif
+    }
+#endif
     v4f h[GK_L / 4];
     memcpy(h, &v, sizeof v);
     for (int i = 0; i < GK_L / 4; i++) h[i] = act4(h[i], act, alpha, beta);
