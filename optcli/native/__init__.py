@@ -41,6 +41,8 @@ _SIGNATURES = {
     "optcli_pool_workers": ([], ctypes.c_int),
     "optcli_pool_selftest": ([ctypes.c_int64, ctypes.c_int, _i64p], ctypes.c_int64),  # tests only
     "optcli_dwconv2d_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
+    "optcli_stem_conv2d_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int, ctypes.c_float, ctypes.c_float],
+                               ctypes.c_int),
     "optcli_pool2d_f32": ([_vp, _vp, _vp, ctypes.c_int, _vp, _vp], ctypes.c_int),
     "optcli_gemm_conv_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                               ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
@@ -171,17 +173,47 @@ def depthwise_conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, stri
     and a fused activation; zero padding at the start is ``pad_begin``, at the end whatever
     ``out`` implies.  Returns a new float32 array [N, M, *out]."""
     assert _lib is not None
+    return _window_conv(_lib.optcli_dwconv2d_f32, "depthwise conv", x, w, bias, strides, dilations, pad_begin, out,
+                        activation, alpha, beta)
+
+
+def _window_conv(fn, what: str, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: tuple[int, int],
+                 dilations: tuple[int, int], pad_begin: tuple[int, int], out: tuple[int, int],
+                 activation: str | None, alpha: float, beta: float) -> np.ndarray:
+    """The call shared by the convs that take the 15 geometry values (depthwise, stem)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     w = np.ascontiguousarray(w, dtype=np.float32)
     b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+    assert b is None or b.shape == (w.shape[0],)
     n, c, h, wd = x.shape
     m, _, kh, kw = w.shape
     y = np.empty((n, m, out[0], out[1]), dtype=np.float32)
     geom = np.array([n, c, h, wd, m, kh, kw, strides[0], strides[1], dilations[0], dilations[1],
                      pad_begin[0], pad_begin[1], out[0], out[1]], dtype=np.int64)
-    _check(_lib.optcli_dwconv2d_f32(x.ctypes.data, w.ctypes.data, _ptr(b), y.ctypes.data, geom.ctypes.data,
-                                    ACTIVATION_CODES[activation], alpha, beta), "depthwise conv")
+    _check(fn(x.ctypes.data, w.ctypes.data, _ptr(b), y.ctypes.data, geom.ctypes.data, ACTIVATION_CODES[activation],
+              alpha, beta), what)
     return y
+
+
+STEM_MAX_CHANNELS = 4  # input channels up to which a one-group conv runs in stem_conv2d (see stem_fits)
+
+
+def stem_fits(channels: int, kernel: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether ``stem_conv2d`` takes a one-group 2-D conv: few input channels (its work grows with
+    them, where the GEMM's packing cost per multiply-add shrinks), usual windows and strides."""
+    return 1 <= channels <= STEM_MAX_CHANNELS and math.prod(kernel) <= 1024 and max(strides, default=1) <= 16
+
+
+def stem_conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: tuple[int, int],
+                dilations: tuple[int, int], pad_begin: tuple[int, int], out: tuple[int, int],
+                activation: str | None = None, alpha: float = 0.0, beta: float = 0.0) -> np.ndarray:
+    """Dense (one group) conv of float32 NCHW ``x`` by ``w`` [M, C, KH, KW] with bias and a fused
+    activation, for few input channels (src/stem.c): zero padding at the start is ``pad_begin``, at
+    the end whatever ``out`` implies, applied by the kernel (no padded copy).  Returns a new float32
+    array [N, M, *out]."""
+    assert _lib is not None and x.ndim == 4 and w.ndim == 4 and w.shape[1] == x.shape[1]
+    return _window_conv(_lib.optcli_stem_conv2d_f32, "stem conv", x, w, bias, strides, dilations, pad_begin, out,
+                        activation, alpha, beta)
 
 
 POOL_OPS = {"max": 1, "avg": 2}

@@ -27,16 +27,6 @@ SHAPES = [(1, 1, 1), (1, 7, 16), (2, 3, 5), (5, 1, 17), (7, 13, 31), (13, 29, 49
           (1, 1280, 1000), (3, 50, 70), (4, 9, 129)]  # up to 4 rows: the thin path (no packing)
 
 
-@pytest.fixture(params=[4, 8, 16], ids=["4-lane", "8-lane", "16-lane"])
-def lanes(request, native_lib):
-    """Each vector width of the GEMM this CPU can run (16: x86-64 with AVX-512)."""
-    got = native_lib._lib.optcli_gemm_variant(request.param)
-    if got != request.param:
-        pytest.skip(f"no {request.param}-lane GEMM on this CPU")
-    yield got
-    native_lib._lib.optcli_gemm_variant(0)
-
-
 @pytest.fixture(params=[1, 2, 3], ids=lambda n: f"{n}-threads")
 def threads(request, native_lib):
     old = native_lib.set_num_threads(request.param)
@@ -171,8 +161,10 @@ def test_convs_match_onnxruntime(kernel, xs, ws, attrs, act, native_calls):
         full.update(activation=act, activation_alpha=a, activation_beta=be)
     got = kernel([x, w, b], dict(full))[0]
     implicit = kernel is conv_im2col and len(xs) == 4  # 2-D: the implicit GEMM, no column matrix
-    assert (native_calls["conv_gemm"], native_calls["gemm"]) == ((1, 0) if implicit else (0, 1 if kernel is conv_1x1
-                                                                                          else xs[0]))
+    stem = implicit and attrs.get("group", 1) == 1 and xs[1] <= native.STEM_MAX_CHANNELS  # few input channels
+    assert native_calls["stem"] == int(stem)
+    assert (native_calls["conv_gemm"], native_calls["gemm"]) == ((0, 0) if stem else (1, 0) if implicit else
+                                                                 (0, 1 if kernel is conv_1x1 else xs[0]))
     assert native_calls["epilogue"] == 0  # the GEMM's own epilogue, no second pass
     want = ort_conv(x, w, b, {k: v for k, v in full.items() if not k.startswith("activation")})
     assert_epilogue_close(got, want, act, f"{kernel.__name__} {xs} {act} vs onnxruntime")
@@ -228,7 +220,8 @@ def test_fully_connected_beyond_the_thin_path_stays_with_blas(xs, n, native_call
 def test_implicit_gemm_with_negative_pads_matches_numpy(native_calls):
     """Negative pads (valid ONNX, refused by onnxruntime) crop the input before the columns."""
     rng = np.random.default_rng(8)
-    x, w = rng.standard_normal((1, 4, 11, 12)).astype(np.float32), rng.standard_normal((9, 4, 3, 3)).astype(np.float32)
+    # 5 input channels: the GEMM's (4 or fewer go to the stem conv, see test_stem.py)
+    x, w = rng.standard_normal((1, 5, 11, 12)).astype(np.float32), rng.standard_normal((9, 5, 3, 3)).astype(np.float32)
     attrs = {"kernel_shape": [3, 3], "pads": [-1, 2, 0, -2], "strides": [1, 2]}
     got = conv_im2col([x, w, None], dict(attrs))[0]
     assert native_calls["conv_gemm"] == 1
