@@ -46,17 +46,21 @@ static inline int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 
 static inline int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 static inline int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
-/* The input values of padded rows [r0, r0 + rows) of one plane into its scratch plane s, phase by
- * phase; the padding around them is already zero. */
+/* Padded rows [r0, r0 + rows) of one plane into its scratch plane s, phase by phase: the input's
+ * values, and zeros around them (only there: zeroing the whole scratch cost as much as the copy). */
 ALWAYS_INLINE void fill_plane(const stem_t *a, const float *xin, float *s, int64_t r0, int64_t rows) {
     int64_t i0 = clamp64(a->pt - r0, 0, rows), i1 = clamp64(a->H + a->pt - r0, i0, rows);
-    const int64_t sw = a->sw;
+    const int64_t sw = a->sw, PW = a->PW;
+    if (i0 > 0) memset(s, 0, (size_t)(i0 * a->RS) * sizeof(float));
+    if (i1 < rows) memset(s + i1 * a->RS, 0, (size_t)((rows - i1) * a->RS) * sizeof(float));
     for (int64_t i = i0; i < i1; i++) {
         float *dst = s + i * a->RS;
         const float *src = xin + (r0 + i - a->pt) * a->W;
         for (int64_t p = 0; p < sw; p++) {
-            float *d = dst + p * a->PW;
+            float *d = dst + p * PW;
             int64_t j = a->span[2 * p], hi = a->span[2 * p + 1];
+            for (int64_t k = 0; k < j; k++) d[k] = 0.0f;
+            for (int64_t k = hi; k < PW; k++) d[k] = 0.0f;
             const float *sp = src + p - a->pl; /* scratch column j of phase p reads sp[j * sw] */
             if (sw == 1) {
                 if (hi > j) memcpy(d + j, sp + j, (size_t)(hi - j) * sizeof(float));
@@ -85,7 +89,6 @@ ALWAYS_INLINE float *stem_band(stem_t *a, int64_t it, band_t *bd) {
         a->failed = 1;
         return NULL;
     }
-    memset(s, 0, (size_t)(a->C * a->PS) * sizeof(float));
     for (int64_t c = 0; c < a->C; c++)
         fill_plane(a, a->x + (bd->n * a->C + c) * a->H * a->W, s + c * a->PS, r0, rows);
     return s;

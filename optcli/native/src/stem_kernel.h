@@ -10,24 +10,13 @@
  * loads and the loads never bound it (a tile of one channel, as in the depthwise kernel, would do
  * V multiply-adds for V + 1 loads).
  */
-#define SK_CH (SK_L < 8 ? SK_L : 8) /* floats per fixed-size copy (copy_short takes fewer than 8) */
+typedef __typeof__((SK_V){0} < (SK_V){0}) SK(vi); /* the lane masks of a comparison */
+#define SK_VI SK(vi)
+/* The tile loops unrolled whole: an accumulator indexed by a loop counter lives in memory. */
+#define SK_UNROLL _Pragma("GCC unroll 16")
 
 ALWAYS_INLINE SK_V SK(vld)(const float *p) { SK_V v; memcpy(&v, p, sizeof v); return v; }
 ALWAYS_INLINE void SK(vst)(float *p, SK_V v) { memcpy(p, &v, sizeof v); }
-
-/* The first n (1..SK_L) lanes of v to p. */
-ALWAYS_INLINE void SK(vst_part)(float *p, SK_V v, int64_t n) {
-    if (n >= SK_L) {
-        SK(vst)(p, v);
-        return;
-    }
-    float t[SK_L];
-    SK(vst)(t, v);
-    for (int i = 0; i < SK_L; i += SK_CH) {
-        if (n >= i + SK_CH) memcpy(p + i, t + i, SK_CH * sizeof(float));
-        else if (n > i) copy_short(p + i, t + i, (int)(n - i));
-    }
-}
 
 /* Output row y (channel m0's row; channel m0 + i is i planes further) at columns [ow0, ow0 + V * SK_L),
  * for the channels [m0, m0 + mcount) of the packed weights wk [taps][SK_MB]; s is the output row's
@@ -35,9 +24,10 @@ ALWAYS_INLINE void SK(vst_part)(float *p, SK_V v, int64_t n) {
 ALWAYS_INLINE void SK(tile)(const stem_t *a, const float *s, const float *wk, const float *bias, float *y,
                             int64_t ow0, int64_t mcount, const int V) {
     SK_V acc[SK_MB][SK_NV];
-    memset(acc, 0, sizeof acc); /* dead stores, removed: keeps GCC's vector lowering from warning */
+    SK_UNROLL
     for (int i = 0; i < SK_MB; i++) {
         SK_V b = SK_SPLAT(bias[i]);
+        SK_UNROLL
         for (int v = 0; v < V; v++) acc[i][v] = b;
     }
     const int64_t T = a->taps;
@@ -46,21 +36,45 @@ ALWAYS_INLINE void SK(tile)(const stem_t *a, const float *s, const float *wk, co
     for (int64_t t = 0; t < T; t++, wk += SK_MB) {
         const float *p = s + toff[t];
         SK_V in[SK_NV] = {0};
+        SK_UNROLL
         for (int v = 0; v < V; v++) in[v] = SK(vld)(p + v * SK_L);
+        SK_UNROLL
         for (int i = 0; i < SK_MB; i++) {
             float wv = wk[i];
             SK_V w = SK_SPLAT(wv); /* one broadcast: 0 + wv would be an add as well */
+            SK_UNROLL
             for (int v = 0; v < V; v++) acc[i][v] += w * in[v];
         }
     }
-    const int64_t plane = a->OH * a->OW;
-    for (int i = 0; i < SK_MB; i++) { /* a constant bound: the accumulators stay in registers */
-        if (i >= mcount) break;
-        for (int v = 0; v < V; v++) {
-            int64_t col = ow0 + v * SK_L, left = a->OW - col;
-            if (left > 0) SK(vst_part)(y + i * plane + col, acc[i][v], left);
-        }
+    if (a->act == ACT_RELU || a->act == ACT_CLIP) { /* in registers: a compare and a select or two */
+        SK_V lo = SK_SPLAT(a->act == ACT_RELU ? 0.0f : a->alpha), hi = SK_SPLAT(a->beta);
+        SK_UNROLL
+        for (int i = 0; i < SK_MB; i++)
+            SK_UNROLL
+            for (int v = 0; v < V; v++) {
+                SK_VI m = acc[i][v] < lo; /* a NaN stays NaN, as with np.maximum and np.clip */
+                acc[i][v] = (SK_V)((m & (SK_VI)lo) | (~m & (SK_VI)acc[i][v]));
+                if (a->act == ACT_CLIP) {
+                    m = acc[i][v] > hi;
+                    acc[i][v] = (SK_V)((m & (SK_VI)hi) | (~m & (SK_VI)acc[i][v]));
+                }
+            }
     }
+    const int64_t plane = a->OH * a->OW;
+    if (mcount >= SK_MB && ow0 + V * SK_L <= a->OW) { /* whole tiles: constant indices, so the */
+        SK_UNROLL
+        for (int i = 0; i < SK_MB; i++)               /* accumulators never go through memory */
+            SK_UNROLL
+            for (int v = 0; v < V; v++) SK(vst)(y + i * plane + ow0 + v * SK_L, acc[i][v]);
+        return;
+    }
+    float t[SK_MB][SK_NV * SK_L]; /* the last channels or columns: through a buffer */
+    SK_UNROLL
+    for (int i = 0; i < SK_MB; i++)
+        SK_UNROLL
+        for (int v = 0; v < V; v++) SK(vst)(t[i] + v * SK_L, acc[i][v]);
+    int64_t cols = a->OW - ow0 < V * SK_L ? a->OW - ow0 : V * SK_L;
+    for (int64_t i = 0; i < SK_MB && i < mcount; i++) memcpy(y + i * plane + ow0, t[i], (size_t)cols * sizeof(float));
 }
 
 /* One output row, all channels: channel blocks outside (their weights stay in L1 across the row),
@@ -93,12 +107,13 @@ SK_ATTR static void SK(item)(void *ctx, int64_t it) {
     if (!s) return;
     float *y = a->y + bd.n * a->M * a->OH * a->OW;
     for (int64_t oh = bd.oh0; oh < bd.oh1; oh++) SK(row)(a, s + (oh - bd.oh0) * a->sh * a->RS, y + oh * a->OW);
-    if (a->act != ACT_NONE) /* over the band's rows of each channel, still in cache */
+    if (a->act != ACT_NONE && a->act != ACT_RELU && a->act != ACT_CLIP) /* over the band's rows, still in cache */
         for (int64_t m = 0; m < a->M; m++)
             act_span(y + m * a->OH * a->OW + bd.oh0 * a->OW, (bd.oh1 - bd.oh0) * a->OW, a->act, a->alpha, a->beta);
 }
 
-#undef SK_CH
+#undef SK_VI
+#undef SK_UNROLL
 #undef SK_V
 #undef SK_L
 #undef SK_SPLAT
