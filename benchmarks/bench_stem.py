@@ -3,7 +3,8 @@ target: optcli's native stem conv (src/stem.c) against the implicit GEMM it repl
 (numpy zero-padding, then src/gemm.c) and against onnxruntime running the one Conv (+ Relu) node.
 
 The shapes are the first convs of MobileNetV2 / V3, EfficientNet-Lite0 and ResNet-18 at 224x224,
-and of the mediapipe face / hand / selfie models at their resolutions.  Timing as in
+of the mediapipe face / hand / selfie models at their resolutions, and a few 3x3 convs of up to
+64 channels, which the stem conv also takes (``native.stem_fits``).  Timing as in
 bench_gemm.py: blocks of calls, forth and back, each block warmed up, minimum of ``--runs``.
 Not a test: timings belong to a quiet machine.
 
@@ -33,6 +34,11 @@ LAYERS = [
     ("3x3/2 3->16 @256 selfie", (1, 3, 256, 256), (16, 3, 3, 3), {"strides": [2, 2], "pads": [0, 0, 1, 1]}),
     ("3x3 1->32 @28", (1, 1, 28, 28), (32, 1, 3, 3), {"pads": [1, 1, 1, 1]}),
     ("3x3 4->32 @112", (1, 4, 112, 112), (32, 4, 3, 3), {"pads": [1, 1, 1, 1]}),
+    # beyond the stems (native.stem_fits): ResNet-18's first stage, a YOLO-like neck, an FPN level
+    ("3x3 64->64 @56 RN18", (1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ("3x3/2 32->64 @160", (1, 32, 160, 160), (64, 32, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("3x3 16->16 @112", (1, 16, 112, 112), (16, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ("3x3 64->64 @14", (1, 64, 14, 14), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
 ]
 
 

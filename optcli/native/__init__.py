@@ -195,13 +195,22 @@ def _window_conv(fn, what: str, x: np.ndarray, w: np.ndarray, bias: np.ndarray |
     return y
 
 
-STEM_MAX_CHANNELS = 4  # input channels up to which a one-group conv runs in stem_conv2d (see stem_fits)
+STEM_MAX_CHANNELS = 4  # input channels up to which a one-group conv always runs in stem_conv2d
+STEM_MAX_TAPS = 576  # beyond the stems: C * KH * KW up to this (64 channels of 3x3) ...
+STEM_MIN_WIDTH = 14  # ... and output rows at least this wide
 
 
-def stem_fits(channels: int, kernel: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """Whether ``stem_conv2d`` takes a one-group 2-D conv: few input channels (its work grows with
-    them, where the GEMM's packing cost per multiply-add shrinks), usual windows and strides."""
-    return 1 <= channels <= STEM_MAX_CHANNELS and math.prod(kernel) <= 1024 and max(strides, default=1) <= 16
+def stem_fits(channels: int, kernel: tuple[int, ...], strides: tuple[int, ...], out: tuple[int, ...]) -> bool:
+    """Whether ``stem_conv2d`` takes a one-group 2-D conv: always with few input channels (the
+    stems: the GEMM's packing costs as much as its K = C*KH*KW multiply-adds), and measured faster
+    than the implicit GEMM also for up to 64 channels of a 3x3 window (ResNet's first stage, the
+    3x3 convs of detection necks) where the output rows fill its vectors; 1x1 windows are GEMMs.
+    With wider windows and narrow rows (7x7 maps of 512 channels: 3x slower) the GEMM stays."""
+    if not (math.prod(kernel) <= 1024 and max(strides, default=1) <= 16 and channels >= 1):
+        return False
+    taps = channels * math.prod(kernel)
+    return channels <= STEM_MAX_CHANNELS or (taps <= STEM_MAX_TAPS and math.prod(kernel) > 1
+                                              and out[-1] >= STEM_MIN_WIDTH)
 
 
 def stem_conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: tuple[int, int],

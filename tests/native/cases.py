@@ -65,7 +65,8 @@ def numpy_depthwise(x, w, b, attrs) -> np.ndarray:
 # Stem convs (one group, few input channels: src/stem.c), (id, x shape, w shape, attrs): one to four
 # input channels, output channels off every register tile (4 or 8 channels) and primes, a 1x1
 # output, rows shorter and longer than a vector (4, 8, 16 floats), every stride 1..3, dilation,
-# asymmetric, SAME and negative pads, batches, and the real stems at full size.
+# asymmetric, SAME and negative pads, batches, the real stems at full size, and wider convs it
+# also takes (native.stem_fits).
 STEM_CASES = [
     ("c1-1x1-out", (1, 1, 1, 1), (3, 1, 3, 3), {"pads": [1, 1, 1, 1]}),
     ("c3-1x1-kernel", (1, 3, 5, 7), (5, 3, 1, 1), {}),
@@ -85,4 +86,7 @@ STEM_CASES = [
     ("c3-224-rn18", (1, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
     ("c3-128-face", (2, 3, 128, 128), (24, 3, 5, 5), {"strides": [2, 2], "pads": [1, 1, 2, 2]}),
     ("c1-large", (1, 1, 300, 260), (5, 1, 3, 3), {"pads": [1, 1, 1, 1]}),
+    # beyond the stems, where it measured faster than the GEMM: 3x3 windows of up to 64 channels
+    ("c16-3x3", (1, 16, 20, 30), (24, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ("c64-3x3-s2", (2, 64, 29, 29), (40, 64, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
 ]

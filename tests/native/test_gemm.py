@@ -14,6 +14,7 @@ from optcli import native
 from optcli.ops.activation import apply_activation
 from optcli.ops.conv import conv_1x1, conv_im2col
 from optcli.ops.gemm import fully_connected
+from optcli.ops.spatial import window
 from tests.helpers import assert_close
 from tests.native.cases import ACT_PARAMS
 from tests.native.test_depthwise import ort_conv
@@ -150,7 +151,12 @@ CONVS = [  # (kernel, x shape, w shape, attrs)
 
 @pytest.mark.parametrize("kernel, xs, ws, attrs", CONVS, ids=[f"{c[0].__name__}-{c[1]}" for c in CONVS])
 @pytest.mark.parametrize("act", ACTS)
-def test_convs_match_onnxruntime(kernel, xs, ws, attrs, act, native_calls):
+@pytest.mark.parametrize("route", ["as-picked", "gemm"])
+def test_convs_match_onnxruntime(kernel, xs, ws, attrs, act, route, native_calls, monkeypatch):
+    """Each conv as conv_1x1 / conv_im2col pick its kernel, and (``gemm``) with the stem conv
+    turned off, so the implicit GEMM is also tested on the shapes the stem conv now takes."""
+    if route == "gemm":
+        monkeypatch.setattr(native, "stem_fits", lambda *a: False)
     rng = np.random.default_rng(len(xs) + ws[0])
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal(ws).astype(np.float32)
@@ -161,7 +167,8 @@ def test_convs_match_onnxruntime(kernel, xs, ws, attrs, act, native_calls):
         full.update(activation=act, activation_alpha=a, activation_beta=be)
     got = kernel([x, w, b], dict(full))[0]
     implicit = kernel is conv_im2col and len(xs) == 4  # 2-D: the implicit GEMM, no column matrix
-    stem = implicit and attrs.get("group", 1) == 1 and xs[1] <= native.STEM_MAX_CHANNELS  # few input channels
+    win = window(full, xs[2:], ws[2:])
+    stem = implicit and attrs.get("group", 1) == 1 and native.stem_fits(xs[1], win.kernel, win.strides, win.out)
     assert native_calls["stem"] == int(stem)
     assert (native_calls["conv_gemm"], native_calls["gemm"]) == ((0, 0) if stem else (1, 0) if implicit else
                                                                  (0, 1 if kernel is conv_1x1 else xs[0]))

@@ -30,7 +30,8 @@ typedef struct {
     int64_t N, C, H, W, M, KH, KW, sh, sw, dh, dw, pt, pl, OH, OW;
     int64_t PW, RS, PS;      /* floats per phase row, per scratch row (sw phases), per scratch plane */
     int64_t taps;            /* C * KH * KW */
-    int64_t band, nbands;    /* output rows per item, items per image */
+    int64_t band, nbands;    /* output rows per item, bands per image */
+    int64_t mg, mgroups;     /* output channels per item (whole register tiles), channel groups */
     const int64_t *toff;     /* per tap (c, kh, kw): offset into the scratch of the output row's first row */
     const int64_t *span;     /* per phase p: [lo, hi), the j whose column j * sw + p - pl is in [0, W) */
     int act;
@@ -39,7 +40,7 @@ typedef struct {
 } stem_t;
 
 typedef struct {
-    int64_t n, oh0, oh1;
+    int64_t n, oh0, oh1, m0, m1; /* an item's image, output rows and channels */
 } band_t;
 
 static inline int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
@@ -79,8 +80,10 @@ ALWAYS_INLINE void fill_plane(const stem_t *a, const float *xin, float *s, int64
  * padded input rows they read, every plane.  NULL (and a->failed set) when no memory could be had.
  * Inlined into each variant's item, so the copies run in its instruction set too. */
 ALWAYS_INLINE float *stem_band(stem_t *a, int64_t it, band_t *bd) {
-    int64_t b = it % a->nbands;
-    bd->n = it / a->nbands;
+    int64_t g = it % a->mgroups, b = it / a->mgroups % a->nbands; /* an image's groups, then its bands */
+    bd->n = it / a->mgroups / a->nbands;
+    bd->m0 = g * a->mg;
+    bd->m1 = bd->m0 + a->mg < a->M ? bd->m0 + a->mg : a->M;
     bd->oh0 = b * a->band;
     bd->oh1 = bd->oh0 + a->band < a->OH ? bd->oh0 + a->band : a->OH;
     int64_t r0 = bd->oh0 * a->sh, rows = (bd->oh1 - 1 - bd->oh0) * a->sh + (a->KH - 1) * a->dh + 1;
@@ -153,21 +156,29 @@ OPT_API int optcli_stem_conv2d_f32(const float *x, const float *w, const float *
     a.PW = (a.OW + L - 1) / L * L + (a.KW - 1) * a.dw / a.sw;
     a.RS = a.sw * a.PW;
     /* Bands: enough rows to amortise the halo, few enough for the scratch to stay in cache, and
-     * about 8 items per thread (a thread that is not scheduled leaves its share to the others). */
-    int64_t threads = optcli_get_num_threads();
+     * about 8 items per thread (a thread that is not scheduled leaves its share to the others);
+     * rows of one vector take tiles of NV rows, so their bands are no shorter. */
+    int64_t threads = optcli_get_num_threads(), NV = L == 4 ? 4 : 3;
     int64_t in_rows = SCRATCH_BYTES / (a.C * a.RS * (int64_t)sizeof(float));
     int64_t band = (in_rows - (a.KH - 1) * a.dh - 1) / a.sh + 1;
     if (band < 2) band = 2;
     int64_t want = (8 * threads + a.N - 1) / a.N, nb = (a.OH + band - 1) / band;
     if (nb < want) band = (a.OH + want - 1) / want;
+    if (a.OW <= L && band < NV) band = NV;
     if (band > a.OH) band = a.OH;
     a.band = band;
     a.nbands = (a.OH + band - 1) / band;
     a.PS = ((band - 1) * a.sh + (a.KH - 1) * a.dh + 1) * a.RS;
+    /* Still too few items (small maps): the output channels split too, in whole register tiles;
+     * each group fills its own scratch, a small cost beside its channels' multiply-adds. */
+    int64_t Mp = (a.M + MB - 1) / MB * MB, tiles = Mp / MB, groups = 1;
+    if (a.nbands < want) groups = (want + a.nbands - 1) / a.nbands;
+    if (groups > tiles) groups = tiles;
+    a.mg = (tiles + groups - 1) / groups * MB;
+    a.mgroups = (a.M + a.mg - 1) / a.mg;
 
     /* weights as [M / MB][taps][MB] (a tile's broadcasts, tap by tap, are consecutive), bias as [M]:
      * both zero past M, so the last channel block computes zeros it does not store */
-    int64_t Mp = (a.M + MB - 1) / MB * MB;
     int64_t *toff = malloc((size_t)(a.taps + 2 * a.sw) * sizeof(int64_t));
     float *wp = calloc((size_t)(Mp * a.taps + Mp), sizeof(float));
     if (!toff || !wp) {
@@ -194,7 +205,7 @@ OPT_API int optcli_stem_conv2d_f32(const float *x, const float *w, const float *
 
     /* a tiny conv runs on the caller alone: waking a worker would cost more */
     int64_t macs = a.N * a.M * a.OH * a.OW * a.taps;
-    opt_parallel(fn, &a, a.N * a.nbands, macs < (1 << 18) ? 1 : 0);
+    opt_parallel(fn, &a, a.N * a.nbands * a.mgroups, macs < (1 << 18) ? 1 : 0);
     free(toff), free(wp);
     return a.failed ? OPT_ENOMEM : 0;
 }

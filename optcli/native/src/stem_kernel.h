@@ -18,11 +18,21 @@ typedef __typeof__((SK_V){0} < (SK_V){0}) SK(vi); /* the lane masks of a compari
 ALWAYS_INLINE SK_V SK(vld)(const float *p) { SK_V v; memcpy(&v, p, sizeof v); return v; }
 ALWAYS_INLINE void SK(vst)(float *p, SK_V v) { memcpy(p, &v, sizeof v); }
 
-/* Output row y (channel m0's row; channel m0 + i is i planes further) at columns [ow0, ow0 + V * SK_L),
- * for the channels [m0, m0 + mcount) of the packed weights wk [taps][SK_MB]; s is the output row's
- * first scratch row. */
+/* The first n (1..SK_L - 1) lanes of v to p, by fixed-size copies: a memcpy of a variable size is a
+ * libc call, which cost as much as the multiply-adds of a short row. */
+ALWAYS_INLINE void SK(vst_part)(float *p, SK_V v, int n) {
+    float t[SK_L];
+    SK(vst)(t, v);
+    copy_part(p, t, n, SK_L);
+}
+
+/* V vectors of output for the channels [m0, m0 + mcount) of the packed weights wk [taps][SK_MB]: y is
+ * channel m0's output row (channel m0 + i is i planes further), s the row's first scratch row.  The
+ * vectors are the columns [ow0, ow0 + V * SK_L) of the row, or with `rows` the columns [0, SK_L) of V
+ * rows one after the other (rows of one vector or less: see SK(item)). */
 ALWAYS_INLINE void SK(tile)(const stem_t *a, const float *s, const float *wk, const float *bias, float *y,
-                            int64_t ow0, int64_t mcount, const int V) {
+                            int64_t ow0, int64_t mcount, const int V, const int rows) {
+    const int64_t xs = rows ? a->sh * a->RS : SK_L, ys = rows ? a->OW : SK_L; /* steps between the vectors */
     SK_V acc[SK_MB][SK_NV];
     SK_UNROLL
     for (int i = 0; i < SK_MB; i++) {
@@ -37,7 +47,7 @@ ALWAYS_INLINE void SK(tile)(const stem_t *a, const float *s, const float *wk, co
         const float *p = s + toff[t];
         SK_V in[SK_NV] = {0};
         SK_UNROLL
-        for (int v = 0; v < V; v++) in[v] = SK(vld)(p + v * SK_L);
+        for (int v = 0; v < V; v++) in[v] = SK(vld)(p + v * xs);
         SK_UNROLL
         for (int i = 0; i < SK_MB; i++) {
             float wv = wk[i];
@@ -61,42 +71,66 @@ ALWAYS_INLINE void SK(tile)(const stem_t *a, const float *s, const float *wk, co
             }
     }
     const int64_t plane = a->OH * a->OW;
-    if (mcount >= SK_MB && ow0 + V * SK_L <= a->OW) { /* whole tiles: constant indices, so the */
+    y += ow0;
+    if (mcount >= SK_MB && ow0 + (rows ? 1 : V) * SK_L <= a->OW) { /* whole tiles: constant indices, so */
         SK_UNROLL
-        for (int i = 0; i < SK_MB; i++)               /* accumulators never go through memory */
+        for (int i = 0; i < SK_MB; i++)                             /* the accumulators stay in registers */
             SK_UNROLL
-            for (int v = 0; v < V; v++) SK(vst)(y + i * plane + ow0 + v * SK_L, acc[i][v]);
+            for (int v = 0; v < V; v++) SK(vst)(y + i * plane + v * ys, acc[i][v]);
         return;
     }
-    float t[SK_MB][SK_NV * SK_L]; /* the last channels or columns: through a buffer */
     SK_UNROLL
-    for (int i = 0; i < SK_MB; i++)
+    for (int i = 0; i < SK_MB; i++) { /* the last channels or columns */
+        if (i >= mcount) break;
         SK_UNROLL
-        for (int v = 0; v < V; v++) SK(vst)(t[i] + v * SK_L, acc[i][v]);
-    int64_t cols = a->OW - ow0 < V * SK_L ? a->OW - ow0 : V * SK_L;
-    for (int64_t i = 0; i < SK_MB && i < mcount; i++) memcpy(y + i * plane + ow0, t[i], (size_t)cols * sizeof(float));
+        for (int v = 0; v < V; v++) {
+            int64_t left = a->OW - ow0 - (rows ? 0 : v * SK_L);
+            if (left >= SK_L) SK(vst)(y + i * plane + v * ys, acc[i][v]);
+            else if (left > 0) SK(vst_part)(y + i * plane + v * ys, acc[i][v], (int)left);
+        }
+    }
+}
+
+/* Tiles of n < SK_NV vectors (a row's last columns, a band's last rows). */
+ALWAYS_INLINE void SK(short_tile)(const stem_t *a, const float *s, const float *wk, const float *bias, float *y,
+                                  int64_t ow0, int64_t mcount, int64_t n, const int rows) {
+    switch (n) {
+    case 1: SK(tile)(a, s, wk, bias, y, ow0, mcount, 1, rows); break;
+#if SK_NV > 2
+    case 2: SK(tile)(a, s, wk, bias, y, ow0, mcount, 2, rows); break;
+#endif
+#if SK_NV > 3
+    case 3: SK(tile)(a, s, wk, bias, y, ow0, mcount, 3, rows); break;
+#endif
+    default: break;
+    }
 }
 
 /* One output row, all channels: channel blocks outside (their weights stay in L1 across the row),
  * column tiles inside (the scratch rows they read stay in L1 across the channel blocks). */
-ALWAYS_INLINE void SK(row)(const stem_t *a, const float *s, float *y) {
+ALWAYS_INLINE void SK(row)(const stem_t *a, const band_t *bd, const float *s, float *y) {
     const int64_t OWv = (a->OW + SK_L - 1) / SK_L * SK_L;
-    for (int64_t m0 = 0; m0 < a->M; m0 += SK_MB) {
+    for (int64_t m0 = bd->m0; m0 < bd->m1; m0 += SK_MB) {
         const float *wk = a->wp + m0 * a->taps, *bias = a->bp + m0;
         float *ym = y + m0 * a->OH * a->OW;
-        int64_t mcount = a->M - m0;
+        int64_t mcount = bd->m1 - m0;
         int64_t ow0 = 0;
-        for (; ow0 + SK_NV * SK_L <= OWv; ow0 += SK_NV * SK_L) SK(tile)(a, s, wk, bias, ym, ow0, mcount, SK_NV);
-        switch ((OWv - ow0) / SK_L) { /* the row's last vectors: fewer than SK_NV */
-        case 1: SK(tile)(a, s, wk, bias, ym, ow0, mcount, 1); break;
-#if SK_NV > 2
-        case 2: SK(tile)(a, s, wk, bias, ym, ow0, mcount, 2); break;
-#endif
-#if SK_NV > 3
-        case 3: SK(tile)(a, s, wk, bias, ym, ow0, mcount, 3); break;
-#endif
-        default: break;
-        }
+        for (; ow0 + SK_NV * SK_L <= OWv; ow0 += SK_NV * SK_L) SK(tile)(a, s, wk, bias, ym, ow0, mcount, SK_NV, 0);
+        SK(short_tile)(a, s, wk, bias, ym, ow0, mcount, (OWv - ow0) / SK_L, 0);
+    }
+}
+
+/* Rows of one vector or less (7x7 to 16x16 maps of 16 lanes): a tile of SK_NV rows instead of one
+ * row's vectors, else each tile would load a vector for every SK_MB weights it broadcasts. */
+ALWAYS_INLINE void SK(narrow_rows)(const stem_t *a, const band_t *bd, const float *s, float *y) {
+    const int64_t oh0 = bd->oh0, oh1 = bd->oh1;
+    for (int64_t m0 = bd->m0; m0 < bd->m1; m0 += SK_MB) {
+        const float *wk = a->wp + m0 * a->taps, *bias = a->bp + m0;
+        float *ym = y + m0 * a->OH * a->OW;
+        int64_t mcount = bd->m1 - m0, oh = oh0;
+        for (; oh + SK_NV <= oh1; oh += SK_NV)
+            SK(tile)(a, s + (oh - oh0) * a->sh * a->RS, wk, bias, ym + oh * a->OW, 0, mcount, SK_NV, 1);
+        SK(short_tile)(a, s + (oh - oh0) * a->sh * a->RS, wk, bias, ym + oh * a->OW, 0, mcount, oh1 - oh, 1);
     }
 }
 
@@ -106,9 +140,13 @@ SK_ATTR static void SK(item)(void *ctx, int64_t it) {
     float *s = stem_band(a, it, &bd);
     if (!s) return;
     float *y = a->y + bd.n * a->M * a->OH * a->OW;
-    for (int64_t oh = bd.oh0; oh < bd.oh1; oh++) SK(row)(a, s + (oh - bd.oh0) * a->sh * a->RS, y + oh * a->OW);
+    if (a->OW <= SK_L && bd.oh1 - bd.oh0 > 1)
+        SK(narrow_rows)(a, &bd, s, y);
+    else
+        for (int64_t oh = bd.oh0; oh < bd.oh1; oh++)
+            SK(row)(a, &bd, s + (oh - bd.oh0) * a->sh * a->RS, y + oh * a->OW);
     if (a->act != ACT_NONE && a->act != ACT_RELU && a->act != ACT_CLIP) /* over the band's rows, still in cache */
-        for (int64_t m = 0; m < a->M; m++)
+        for (int64_t m = bd.m0; m < bd.m1; m++)
             act_span(y + m * a->OH * a->OW + bd.oh0 * a->OW, (bd.oh1 - bd.oh0) * a->OW, a->act, a->alpha, a->beta);
 }
 
