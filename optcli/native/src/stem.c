@@ -180,15 +180,26 @@ OPT_API int optcli_stem_conv2d_f32(const float *x, const float *w, const float *
     /* weights as [M / MB][taps][MB] (a tile's broadcasts, tap by tap, are consecutive), bias as [M]:
      * both zero past M, so the last channel block computes zeros it does not store */
     int64_t *toff = malloc((size_t)(a.taps + 2 * a.sw) * sizeof(int64_t));
-    float *wp = calloc((size_t)(Mp * a.taps + Mp), sizeof(float));
+    float *wp = malloc((size_t)(Mp * a.taps + Mp) * sizeof(float));
     if (!toff || !wp) {
         free(toff), free(wp);
         return OPT_ENOMEM;
     }
-    for (int64_t m = 0; m < a.M; m++)
-        for (int64_t t = 0; t < a.taps; t++) wp[(m / MB * a.taps + t) * MB + m % MB] = w[m * a.taps + t];
+    for (int64_t m0 = 0; m0 < Mp; m0 += MB) { /* written in order, read from MB rows of W at once */
+        float *dst = wp + m0 * a.taps;
+        for (int64_t i = 0; i < MB; i++)
+            if (m0 + i >= a.M)
+                for (int64_t t = 0; t < a.taps; t++) dst[t * MB + i] = 0.0f;
+        if (m0 + MB <= a.M) {
+            for (int64_t t = 0; t < a.taps; t++)
+                for (int64_t i = 0; i < MB; i++) dst[t * MB + i] = w[(m0 + i) * a.taps + t];
+        } else {
+            for (int64_t t = 0; t < a.taps; t++)
+                for (int64_t i = 0; i < a.M - m0; i++) dst[t * MB + i] = w[(m0 + i) * a.taps + t];
+        }
+    }
     float *bp = wp + Mp * a.taps;
-    if (bias) memcpy(bp, bias, (size_t)a.M * sizeof(float));
+    for (int64_t m = 0; m < Mp; m++) bp[m] = bias && m < a.M ? bias[m] : 0.0f;
     a.wp = wp, a.bp = bp;
     int64_t *span = toff + a.taps;
     for (int64_t p = 0; p < a.sw; p++) {
