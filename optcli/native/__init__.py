@@ -41,6 +41,8 @@ _SIGNATURES = {
     "optcli_pool_workers": ([], ctypes.c_int),
     "optcli_pool_selftest": ([ctypes.c_int64, ctypes.c_int, _i64p], ctypes.c_int64),  # tests only
     "optcli_dwconv2d_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
+    "optcli_stem_conv2d_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int, ctypes.c_float, ctypes.c_float],
+                               ctypes.c_int),
     "optcli_pool2d_f32": ([_vp, _vp, _vp, ctypes.c_int, _vp, _vp], ctypes.c_int),
     "optcli_gemm_conv_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                               ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
@@ -203,16 +205,54 @@ def depthwise_conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, stri
     and a fused activation; zero padding at the start is ``pad_begin``, at the end whatever
     ``out`` implies.  Returns a new float32 array [N, M, *out]."""
     assert _lib is not None
+    return _window_conv(_lib.optcli_dwconv2d_f32, "depthwise conv", x, w, bias, strides, dilations, pad_begin, out,
+                        activation, alpha, beta)
+
+
+def _window_conv(fn, what: str, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: tuple[int, int],
+                 dilations: tuple[int, int], pad_begin: tuple[int, int], out: tuple[int, int],
+                 activation: str | None, alpha: float, beta: float) -> np.ndarray:
+    """The call shared by the convs that take the 15 geometry values (depthwise, stem)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     w = np.ascontiguousarray(w, dtype=np.float32)
     b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+    assert b is None or b.shape == (w.shape[0],)
     n, c, h, wd = x.shape
     m, _, kh, kw = w.shape
     y = np.empty((n, m, out[0], out[1]), dtype=np.float32)
     geom = _geom((n, c, h, wd, m, kh, kw, *strides, *dilations, *pad_begin, *out))
-    _check(_lib.optcli_dwconv2d_f32(x.ctypes.data, _ptr(w), _ptr(b), y.ctypes.data, geom,
-                                    ACTIVATION_CODES[activation], alpha, beta), "depthwise conv")
+    _check(fn(x.ctypes.data, _ptr(w), _ptr(b), y.ctypes.data, geom, ACTIVATION_CODES[activation], alpha, beta), what)
     return y
+
+
+STEM_MAX_CHANNELS = 4  # input channels up to which a one-group conv always runs in stem_conv2d
+STEM_MAX_TAPS = 576  # beyond the stems: C * KH * KW up to this (64 channels of 3x3) ...
+STEM_MIN_WIDTH = 14  # ... and output rows at least this wide
+
+
+def stem_fits(channels: int, kernel: tuple[int, ...], strides: tuple[int, ...], out: tuple[int, ...]) -> bool:
+    """Whether ``stem_conv2d`` takes a one-group 2-D conv: always with few input channels (the
+    stems: the GEMM's packing costs as much as its K = C*KH*KW multiply-adds), and measured faster
+    than the implicit GEMM also for up to 64 channels of a 3x3 window (ResNet's first stage, the
+    3x3 convs of detection necks) where the output rows fill its vectors; 1x1 windows are GEMMs.
+    With wider windows and narrow rows (7x7 maps of 512 channels: 3x slower) the GEMM stays."""
+    if not (math.prod(kernel) <= 1024 and max(strides, default=1) <= 16 and channels >= 1):
+        return False
+    taps = channels * math.prod(kernel)
+    return channels <= STEM_MAX_CHANNELS or (taps <= STEM_MAX_TAPS and math.prod(kernel) > 1
+                                              and out[-1] >= STEM_MIN_WIDTH)
+
+
+def stem_conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: tuple[int, int],
+                dilations: tuple[int, int], pad_begin: tuple[int, int], out: tuple[int, int],
+                activation: str | None = None, alpha: float = 0.0, beta: float = 0.0) -> np.ndarray:
+    """Dense (one group) conv of float32 NCHW ``x`` by ``w`` [M, C, KH, KW] with bias and a fused
+    activation, for few input channels (src/stem.c): zero padding at the start is ``pad_begin``, at
+    the end whatever ``out`` implies, applied by the kernel (no padded copy).  Returns a new float32
+    array [N, M, *out]."""
+    assert _lib is not None and x.ndim == 4 and w.ndim == 4 and w.shape[1] == x.shape[1]
+    return _window_conv(_lib.optcli_stem_conv2d_f32, "stem conv", x, w, bias, strides, dilations, pad_begin, out,
+                        activation, alpha, beta)
 
 
 POOL_OPS = {"max": 1, "avg": 2}

@@ -18,6 +18,11 @@ Where the native library is loaded (``optcli.native``: C, built at install), ``d
 runs its fp32 2-D and 1-D cases there, bias and activation included; ``1x1`` and single-group
 ``im2col`` run their fp32 GEMMs in its GEMM, bias and activation applied to each register tile
 before it is stored, and the other GEMM variants finish with its one-pass bias + activation.
+Single-group 2-D ``im2col`` convs with few input channels (the stems of vision nets, 3 -> 16..64
+channels) run in its stem conv instead, which pads the input itself and shares each input row
+among all output channels: there K = C*kh*kw is too small for the GEMM's packing to pay off.  It
+also takes the 3x3 convs of up to 64 channels with wide enough rows, where it measured faster
+(``native.stem_fits``).
 The kernel ids stay the same, so a plan runs the same way, with the same results within fp32
 rounding, where the library is absent.
 """
@@ -104,6 +109,15 @@ def conv_im2col(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[
     n, c = x.shape[:2]
     m, cg = w.shape[:2]
     group = int(attrs.get("group", 1))
+    if x.ndim == 4 and group == 1 and ct == np.float32 and x.size and w.size:
+        if native.available():
+            win = _window_of(attrs, x.shape, w.shape)
+            if native.stem_fits(c, win.kernel, win.strides, win.out):  # no padded copy, no im2col
+                y = native.stem_conv2d(x, w, _bias(inputs), win.strides, win.dilations, win.pad_begin, win.out,
+                                       *epilogue(attrs))
+                return [apply_output_quant(y.astype(x.dtype, copy=False), attrs)]
+        else:
+            native.note_unavailable()
     win = window(attrs, x.shape[2:], attrs.get("kernel_shape") or w.shape[2:])
     xp = pad_input(x.astype(ct, copy=False), win)
     ksize = int(np.prod(win.kernel))

@@ -60,3 +60,33 @@ def numpy_depthwise(x, w, b, attrs) -> np.ndarray:
     """The numpy kernel's answer, with the native library out of the way."""
     with mock.patch.object(native, "_lib", None):
         return conv_depthwise([x, w, b], dict(attrs))[0]
+
+
+# Stem convs (one group, few input channels: src/stem.c), (id, x shape, w shape, attrs): one to four
+# input channels, output channels off every register tile (4 or 8 channels) and primes, a 1x1
+# output, rows shorter and longer than a vector (4, 8, 16 floats), every stride 1..3, dilation,
+# asymmetric, SAME and negative pads, batches, the real stems at full size, and wider convs it
+# also takes (native.stem_fits).
+STEM_CASES = [
+    ("c1-1x1-out", (1, 1, 1, 1), (3, 1, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ("c3-1x1-kernel", (1, 3, 5, 7), (5, 3, 1, 1), {}),
+    ("c3-s2-odd", (1, 3, 17, 23), (13, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("c2-s3-prime", (2, 2, 29, 31), (7, 2, 5, 5), {"strides": [3, 3], "pads": [2, 1, 0, 2]}),
+    ("c4-7x7-s2", (1, 4, 37, 41), (17, 4, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
+    ("c1-dil2", (1, 1, 19, 21), (9, 1, 3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}),
+    ("c3-dil-s2", (1, 3, 20, 33), (6, 3, 3, 5), {"dilations": [3, 2], "strides": [2, 2], "pads": [3, 4, 1, 0]}),
+    ("c3-strides-12", (1, 3, 10, 50), (11, 3, 3, 3), {"strides": [1, 2], "pads": [0, 1, 2, 1]}),
+    ("c3-strides-31", (1, 3, 16, 9), (8, 3, 2, 3), {"strides": [3, 1]}),
+    ("c3-same-upper-s2", (1, 3, 15, 16), (10, 3, 3, 3), {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    ("c3-same-lower-5x5", (1, 3, 14, 13), (12, 3, 5, 5), {"strides": [2, 2], "auto_pad": "SAME_LOWER"}),
+    ("c2-valid-s3", (1, 2, 11, 13), (4, 2, 3, 3), {"strides": [3, 3], "auto_pad": "VALID"}),
+    ("c4-wide-pads", (1, 4, 4, 4), (19, 4, 3, 3), {"pads": [3, 2, 2, 3]}),
+    ("c3-neg-pads", (1, 3, 11, 12), (9, 3, 3, 3), {"pads": [-1, 2, 0, -2], "strides": [1, 2]}),
+    ("c3-224-mnv3", (1, 3, 224, 224), (16, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("c3-224-rn18", (1, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
+    ("c3-128-face", (2, 3, 128, 128), (24, 3, 5, 5), {"strides": [2, 2], "pads": [1, 1, 2, 2]}),
+    ("c1-large", (1, 1, 300, 260), (5, 1, 3, 3), {"pads": [1, 1, 1, 1]}),
+    # beyond the stems, where it measured faster than the GEMM: 3x3 windows of up to 64 channels
+    ("c16-3x3", (1, 16, 20, 30), (24, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ("c64-3x3-s2", (2, 64, 29, 29), (40, 64, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+]

@@ -30,10 +30,21 @@ def _counted(calls: dict[str, int], key: str, fn):
 
 @pytest.fixture
 def native_calls(native_lib, monkeypatch):
-    """Counts calls into the native depthwise, epilogue and GEMMs, to prove a test ran them."""
+    """Counts calls into the native depthwise, epilogue, GEMMs and stem conv, to prove a test ran them."""
     calls = {}
     for key, name in (("depthwise", "depthwise_conv2d"), ("epilogue", "bias_activation_"), ("gemm", "gemm_conv"),
-                      ("conv_gemm", "conv2d_gemm")):
+                      ("conv_gemm", "conv2d_gemm"), ("stem", "stem_conv2d")):
         calls[key] = 0
         monkeypatch.setattr(native, name, _counted(calls, key, getattr(native, name)))
     return calls
+
+
+@pytest.fixture(params=[4, 8, 16], ids=["4-lane", "8-lane", "16-lane"])
+def lanes(request, native_lib):
+    """Each vector width of the GEMM this CPU can run (16: x86-64 with AVX-512); the stem conv
+    follows the GEMM's."""
+    got = native_lib._lib.optcli_gemm_variant(request.param)
+    if got != request.param:
+        pytest.skip(f"no {request.param}-lane GEMM on this CPU")
+    yield got
+    native_lib._lib.optcli_gemm_variant(0)

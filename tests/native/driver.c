@@ -11,11 +11,13 @@
  *   then x, w (depthwise) or scale (affine, if any; layer norm) or 1/counts per row and column
  *   (average), bias; GEMM: w, x, residual (if any), bias.
  * Kind 6 (row mean): geometry = rows, n; array x.
- * Kind 8 (sum with an activation): geometry = n; arrays x, b.
+ * Kind 9 (sum with an activation): geometry = n; arrays x, b.
  * Kind 7 (implicit GEMM conv): geometry = the 13 values of optcli_conv2d_gemm_f32 and has residual;
  * arrays w, the padded input, residual (if any), bias.
+ * Kind 8 (stem conv): geometry = the 15 values of optcli_stem_conv2d_f32; arrays x, w [M, C, KH, KW], bias.
  * OUT receives the output as float32 (layer norm: y, then mean and 1 / std).  Exit status 0 when
- * every kernel returned 0.
+ * every kernel returned 0.  OPTCLI_LANES=4|8|16 in the environment forces that vector width (see
+ * optcli_gemm_variant), for runs on the host under a sanitizer.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -47,13 +49,13 @@ static int run_case(const char *in, const char *out) {
     float *y = NULL;
     int64_t ny;
     int rc;
-    if (h[0] == 0) {
-        int64_t nx = g[0] * g[1] * g[2] * g[3], nw = g[4] * g[5] * g[6];
+    if (h[0] == 0 || h[0] == 8) { /* depthwise: w [M, 1, KH, KW]; stem: w [M, C, KH, KW] */
+        int64_t nx = g[0] * g[1] * g[2] * g[3], nw = g[4] * (h[0] == 8 ? g[1] : 1) * g[5] * g[6];
         float *x = read_floats(f, nx), *w = read_floats(f, nw);
         float *b = has_bias ? read_floats(f, g[4]) : NULL;
         ny = g[0] * g[4] * g[13] * g[14];
         y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
-        rc = optcli_dwconv2d_f32(x, w, b, y, g, act, alpha, beta);
+        rc = (h[0] == 8 ? optcli_stem_conv2d_f32 : optcli_dwconv2d_f32)(x, w, b, y, g, act, alpha, beta);
         free(x), free(w), free(b);
     } else if (h[0] == 3) {
         float *w = read_floats(f, g[1] * g[2]), *x = read_floats(f, g[0] * g[2] * g[3]);
@@ -78,7 +80,7 @@ static int run_case(const char *in, const char *out) {
         rc = optcli_activation_f32(x, ny % 2 ? y : x, ny, act, alpha, beta); /* odd sizes out of place */
         if (ny % 2 == 0) memcpy(y, x, (size_t)ny * sizeof(float));
         free(x);
-    } else if (h[0] == 8) {
+    } else if (h[0] == 9) {
         ny = g[0];
         float *x = read_floats(f, ny), *b = read_floats(f, ny);
         y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
@@ -137,6 +139,8 @@ int main(int argc, char **argv) {
     }
     if (optcli_native_abi() != OPTCLI_NATIVE_ABI) return 5;
     optcli_set_num_threads(atoi(argv[1]));
+    const char *lanes = getenv("OPTCLI_LANES"); /* a vector width of the GEMM and stem conv to force (a host run) */
+    if (lanes && optcli_gemm_variant(atoi(lanes)) != atoi(lanes)) return 6;
     for (int i = 2; i + 1 < argc; i += 2) {
         int rc = run_case(argv[i], argv[i + 1]);
         if (rc) return rc;

@@ -21,7 +21,7 @@ from optcli.ops.normalization import layer_normalization
 from optcli.ops.pool import _axis_counts, average_pool, max_pool
 from optcli.ops.spatial import window
 from tests.helpers import assert_close
-from tests.native.cases import ACT_PARAMS, DEPTHWISE_CASES, make_case, numpy_depthwise
+from tests.native.cases import ACT_PARAMS, DEPTHWISE_CASES, STEM_CASES, make_case, numpy_depthwise
 
 SRC = Path(native.__file__).parent / "src"
 DRIVER = Path(__file__).parent / "driver.c"
@@ -162,7 +162,7 @@ def _elementwise_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
         with mock.patch.object(native, "_lib", None):
             want = add([x, b], fused)[0]
         src, dst = tmp / f"add{i}.in", tmp / f"add{i}.out"
-        head = [8, native.ACTIVATION_CODES[act], 0, n, *[0] * 14, _bits(0.0), _bits(6.0)]
+        head = [9, native.ACTIVATION_CODES[act], 0, n, *[0] * 14, _bits(0.0), _bits(6.0)]
         with open(src, "wb") as f:
             f.write(np.array(head, np.int64).tobytes() + x.tobytes() + b.tobytes())
         cases.append((src, dst, want, f"add + {act} over {n}"))
@@ -209,12 +209,31 @@ def _conv_gemm_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
     return cases
 
 
+def _stem_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
+    """The stem conv's 4-lane tiles (NEON registers) on odd shapes, each with an activation or none."""
+    cases = []
+    for i, (name, xs, ws, attrs) in enumerate(STEM_CASES):
+        if xs[1] * xs[2] * xs[3] * ws[0] > 2_000_000:  # quick under qemu
+            continue
+        act = [None, *ACTS][i % (len(ACTS) + 1)]
+        x, w, b, full = make_case(xs, ws, {**attrs, "group": 1}, seed=i, activation=act, bias=i % 4 != 1)
+        w /= np.sqrt(np.prod(ws[1:]))
+        win = window(full, xs[2:], ws[2:])
+        geom = [*xs, ws[0], *ws[2:], *win.strides, *win.dilations, *win.pad_begin, *win.out]
+        with mock.patch.object(native, "_lib", None):
+            want = conv_im2col([x, w, b], dict(full))[0]
+        src, dst = tmp / f"stem{i}.in", tmp / f"stem{i}.out"
+        _write_case(src, 8, act, geom, [x, w, b])
+        cases.append((src, dst, want, f"stem {name} {act}"))
+    return cases
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 def test_kernels_on_aarch64_match_numpy(aarch64_driver, tmp_path, threads):
     qemu, driver = aarch64_driver
     cases = (_depthwise_cases(tmp_path) + _epilogue_cases(tmp_path) + _pool_cases(tmp_path) + _gemm_cases(tmp_path)
-             + _elementwise_cases(tmp_path) + _conv_gemm_cases(tmp_path))
-    assert len(cases) >= 47
+             + _elementwise_cases(tmp_path) + _conv_gemm_cases(tmp_path) + _stem_cases(tmp_path))
+    assert len(cases) >= 60
     args = [str(p) for src, dst, _, _ in cases for p in (src, dst)]
     res = subprocess.run([qemu, str(driver), str(threads), *args], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, f"driver exited {res.returncode}: {res.stdout}{res.stderr}"

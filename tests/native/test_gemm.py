@@ -14,6 +14,7 @@ from optcli import native
 from optcli.ops.activation import apply_activation
 from optcli.ops.conv import conv_1x1, conv_im2col
 from optcli.ops.gemm import fully_connected
+from optcli.ops.spatial import window
 from tests.helpers import assert_close
 from tests.native.cases import ACT_PARAMS
 from tests.native.test_depthwise import ort_conv
@@ -25,16 +26,6 @@ ACTS = [None, *ACT_PARAMS]
 SHAPES = [(1, 1, 1), (1, 7, 16), (2, 3, 5), (5, 1, 17), (7, 13, 31), (13, 29, 49), (16, 32, 33), (9, 385, 47),
           (31, 97, 196), (96, 16, 1000), (160, 961, 49), (24, 5, 3136), (1, 200, 3),
           (1, 1280, 1000), (3, 50, 70), (4, 9, 129)]  # up to 4 rows: the thin path (no packing)
-
-
-@pytest.fixture(params=[4, 8, 16], ids=["4-lane", "8-lane", "16-lane"])
-def lanes(request, native_lib):
-    """Each vector width of the GEMM this CPU can run (16: x86-64 with AVX-512)."""
-    got = native_lib._lib.optcli_gemm_variant(request.param)
-    if got != request.param:
-        pytest.skip(f"no {request.param}-lane GEMM on this CPU")
-    yield got
-    native_lib._lib.optcli_gemm_variant(0)
 
 
 @pytest.fixture(params=[1, 2, 3], ids=lambda n: f"{n}-threads")
@@ -160,7 +151,12 @@ CONVS = [  # (kernel, x shape, w shape, attrs)
 
 @pytest.mark.parametrize("kernel, xs, ws, attrs", CONVS, ids=[f"{c[0].__name__}-{c[1]}" for c in CONVS])
 @pytest.mark.parametrize("act", ACTS)
-def test_convs_match_onnxruntime(kernel, xs, ws, attrs, act, native_calls):
+@pytest.mark.parametrize("route", ["as-picked", "gemm"])
+def test_convs_match_onnxruntime(kernel, xs, ws, attrs, act, route, native_calls, monkeypatch):
+    """Each conv as conv_1x1 / conv_im2col pick its kernel, and (``gemm``) with the stem conv
+    turned off, so the implicit GEMM is also tested on the shapes the stem conv now takes."""
+    if route == "gemm":
+        monkeypatch.setattr(native, "stem_fits", lambda *a: False)
     rng = np.random.default_rng(len(xs) + ws[0])
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal(ws).astype(np.float32)
@@ -171,8 +167,11 @@ def test_convs_match_onnxruntime(kernel, xs, ws, attrs, act, native_calls):
         full.update(activation=act, activation_alpha=a, activation_beta=be)
     got = kernel([x, w, b], dict(full))[0]
     implicit = kernel is conv_im2col and len(xs) == 4  # 2-D: the implicit GEMM, no column matrix
-    assert (native_calls["conv_gemm"], native_calls["gemm"]) == ((1, 0) if implicit else (0, 1 if kernel is conv_1x1
-                                                                                          else xs[0]))
+    win = window(full, xs[2:], ws[2:])
+    stem = implicit and attrs.get("group", 1) == 1 and native.stem_fits(xs[1], win.kernel, win.strides, win.out)
+    assert native_calls["stem"] == int(stem)
+    assert (native_calls["conv_gemm"], native_calls["gemm"]) == ((0, 0) if stem else (1, 0) if implicit else
+                                                                 (0, 1 if kernel is conv_1x1 else xs[0]))
     assert native_calls["epilogue"] == 0  # the GEMM's own epilogue, no second pass
     want = ort_conv(x, w, b, {k: v for k, v in full.items() if not k.startswith("activation")})
     assert_epilogue_close(got, want, act, f"{kernel.__name__} {xs} {act} vs onnxruntime")
@@ -228,7 +227,8 @@ def test_fully_connected_beyond_the_thin_path_stays_with_blas(xs, n, native_call
 def test_implicit_gemm_with_negative_pads_matches_numpy(native_calls):
     """Negative pads (valid ONNX, refused by onnxruntime) crop the input before the columns."""
     rng = np.random.default_rng(8)
-    x, w = rng.standard_normal((1, 4, 11, 12)).astype(np.float32), rng.standard_normal((9, 4, 3, 3)).astype(np.float32)
+    # 5 input channels: the GEMM's (4 or fewer go to the stem conv, see test_stem.py)
+    x, w = rng.standard_normal((1, 5, 11, 12)).astype(np.float32), rng.standard_normal((9, 5, 3, 3)).astype(np.float32)
     attrs = {"kernel_shape": [3, 3], "pads": [-1, 2, 0, -2], "strides": [1, 2]}
     got = conv_im2col([x, w, None], dict(attrs))[0]
     assert native_calls["conv_gemm"] == 1

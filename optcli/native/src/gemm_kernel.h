@@ -6,7 +6,6 @@
  * are undefined again at the end.  A register tile is GK_MR rows x 2 vectors of Y.
  */
 #define GK_NR (2 * GK_L)
-#define GK_CH (GK_L < 8 ? GK_L : 8) /* floats per fixed-size copy (copy_short takes fewer than 8) */
 
 ALWAYS_INLINE GK_V GK(vld)(const float *p) { GK_V v; memcpy(&v, p, sizeof v); return v; }
 ALWAYS_INLINE void GK(vst)(float *p, GK_V v) { memcpy(p, &v, sizeof v); }
@@ -14,20 +13,14 @@ ALWAYS_INLINE void GK(vst)(float *p, GK_V v) { memcpy(p, &v, sizeof v); }
 /* The first n (0..GK_L) floats at p into a vector, zero beyond; and the way back. */
 ALWAYS_INLINE GK_V GK(vld_part)(const float *p, int n) {
     float t[GK_L] = {0};
-    for (int i = 0; i < GK_L; i += GK_CH) {
-        if (n >= i + GK_CH) memcpy(t + i, p + i, GK_CH * sizeof(float));
-        else if (n > i) copy_short(t + i, p + i, n - i);
-    }
+    copy_part(t, p, n, GK_L);
     return GK(vld)(t);
 }
 
 ALWAYS_INLINE void GK(vst_part)(float *p, GK_V v, int n) {
     float t[GK_L];
     GK(vst)(t, v);
-    for (int i = 0; i < GK_L; i += GK_CH) {
-        if (n >= i + GK_CH) memcpy(p + i, t + i, GK_CH * sizeof(float));
-        else if (n > i) copy_short(p + i, t + i, n - i);
-    }
+    copy_part(p, t, n, GK_L);
 }
 
 ALWAYS_INLINE void GK(load_row)(const float *p, int cols, GK_V *lo, GK_V *hi) {
@@ -361,7 +354,6 @@ static const opt_item_fn GK(thin_items)[ACT_COUNT] = {
     GK(thin_tanh), GK(thin_hsigmoid), GK(thin_hswish), GK(thin_swish), GK(thin_gelu), GK(thin_gelu_tanh)};
 static const variant_t GK(variant) = {GK_MR, GK_NR, GK(items), GK(thin_items), GK(prepack)};
 #undef GK_NR
-#undef GK_CH
 #undef GK_TM
 #undef GK_V
 #undef GK_L

@@ -32,6 +32,13 @@ OPT_API int64_t optcli_pool_selftest(int64_t nitems, int sleep_us, int64_t *stat
 OPT_API int optcli_dwconv2d_f32(const float *x, const float *w, const float *bias, float *y,
                                 const int64_t *geom, int act, float alpha, float beta);
 
+/* Dense 2-D convolution (one group) for few input channels, the stems of vision nets (stem.c),
+ * NCHW in and out, with bias and a fused activation; no padded copy of x needed.  geom as for
+ * optcli_dwconv2d_f32 (pads may be negative: they crop); w is [M, C, KH, KW], bias [M] or NULL.
+ * Its time grows with C * M and it reads each input row once per band: meant for C <= 4 or so. */
+OPT_API int optcli_stem_conv2d_f32(const float *x, const float *w, const float *bias, float *y,
+                                   const int64_t *geom, int act, float alpha, float beta);
+
 /* Max (op 1) or average (op 2) pooling, NCHW: geom as above with M = C; for average pooling,
  * rrow[OH] and rcol[OW] are 1 / (the window's count) along each axis, whose product divides. */
 OPT_API int optcli_pool2d_f32(const float *x, float *y, const int64_t *geom, int op, const float *rrow,

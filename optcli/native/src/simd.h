@@ -214,6 +214,16 @@ ALWAYS_INLINE void copy_short(float *dst, const float *src, int n) {
     if (n & 1) dst[i] = src[i];
 }
 
+/* Copy n < lanes floats (lanes 4, 8 or 16: a vector's) with fixed-size moves, 8 at a time then
+ * copy_short: the partial vectors at the end of a row. */
+ALWAYS_INLINE void copy_part(float *dst, const float *src, int n, const int lanes) {
+    const int ch = lanes < 8 ? lanes : 8;
+    for (int i = 0; i < lanes; i += ch) {
+        if (n >= i + ch) memcpy(dst + i, src + i, (size_t)ch * sizeof(float));
+        else if (n > i) copy_short(dst + i, src + i, n - i);
+    }
+}
+
 /* Store the first n (1..VL) lanes of v. */
 ALWAYS_INLINE void vstore_part(float *p, v8f v, int n) {
     if (n >= VL) {
