@@ -88,13 +88,22 @@ def fully_connected(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
     x, w, bias = inputs[0], inputs[1], _opt(inputs, 2)
     ct = compute_dtype(x.dtype)
     rows = prod(x.shape[:-1])
-    if native.available() and ct == np.float32 and w.ndim == 2 and rows <= 4 and x.shape[-1] and w.shape[1] >= 16 \
-            and (bias is None or bias.shape in ((w.shape[1],), (1, w.shape[1]))):
-        # A classifier's head in the native GEMM's thin path: a BLAS call here would leave BLAS's
-        # threads spinning into the next run, stealing the cores from the native pool
-        res = None if bias is None else np.broadcast_to(bias.astype(ct, copy=False).reshape(-1), (1, rows, w.shape[1]))
-        y = native.gemm_conv(x.astype(ct, copy=False).reshape(rows, x.shape[-1]), w.astype(ct, copy=False)[None], None,
-                             *epilogue(attrs), residual=res)
+    if native.available() and ct == np.float32 and w.ndim == 2 and 1 <= rows < 16 and x.shape[-1] \
+            and w.shape[1] and (bias is None or bias.shape in ((w.shape[1],), (1, w.shape[1]))):
+        # A classifier's head in the native GEMM: a BLAS call here would leave BLAS's threads
+        # spinning into the next run, stealing the cores from the native pool
+        b = None if bias is None else bias.astype(ct, copy=False).reshape(-1)
+        xr = x.astype(ct, copy=False).reshape(rows, x.shape[-1])
+        # W.T [N, K], made once per weight (a constant: fuse_matmul_add makes the op only for one)
+        wt = native.derived(w, "fc.T", lambda w: np.ascontiguousarray(w.T, dtype=np.float32))
+        if wt is not None:
+            # Y.T = W.T @ X.T: each output a dot product of two contiguous rows, in the narrow
+            # path (rows of W.T split across the threads); memory-bound on W, which this reads
+            # front to back where [K, N] has each thread stride through every row of W
+            y = native.gemm_conv(wt, xr.T[None], b, *epilogue(attrs))[0].T
+        else:  # the thin path (Y's rows in L1 while W streams through once)
+            res = None if b is None else np.broadcast_to(b, (1, rows, w.shape[1]))
+            y = native.gemm_conv(xr, w.astype(ct, copy=False)[None], None, *epilogue(attrs), residual=res)
         return [apply_output_quant(y.reshape(x.shape[:-1] + (w.shape[1],)).astype(x.dtype, copy=False), attrs)]
     y = _matmul(x.astype(ct, copy=False), w.astype(ct, copy=False))
     y = np.asarray(y)

@@ -1,7 +1,7 @@
 """The native GEMM of the GEMM convs (src/gemm.c) against numpy on odd shapes, every fused
 activation, bias and residual, on each vector width the CPU runs and on 1, 2 and 3 threads; the
 1x1 and im2col conv kernels that call it, end to end against onnxruntime; and the fully connected
-heads that take its thin path."""
+heads that take its thin and narrow paths."""
 
 from __future__ import annotations
 
@@ -25,7 +25,11 @@ ACTS = [None, *ACT_PARAMS]
 # and the MobileNet family's own shapes.
 SHAPES = [(1, 1, 1), (1, 7, 16), (2, 3, 5), (5, 1, 17), (7, 13, 31), (13, 29, 49), (16, 32, 33), (9, 385, 47),
           (31, 97, 196), (96, 16, 1000), (160, 961, 49), (24, 5, 3136), (1, 200, 3),
-          (1, 1280, 1000), (3, 50, 70), (4, 9, 129)]  # up to 4 rows: the thin path (no packing)
+          (1, 1280, 1000), (3, 50, 70), (4, 9, 129),  # up to 4 rows: the thin path (no packing)
+          # under 16 columns: the narrow path (dot products along K), N = 1..15, K = 1, K off every
+          # vector width, rows off its 8-row tiles, a squeeze-excitation block, a conv head
+          (1, 200, 3), (1, 1, 7), (9, 1, 15), (17, 33, 2), (8, 16, 14), (3, 5, 9), (37, 1000, 13), (2, 17, 11),
+          (72, 24, 1), (1024, 576, 1), (1000, 1024, 4), (1, 4, 5), (23, 129, 6), (64, 64, 8), (15, 7, 12)]
 
 
 @pytest.fixture(params=[1, 2, 3], ids=lambda n: f"{n}-threads")
@@ -71,17 +75,6 @@ def operands(m, k, n, batch=1, seed=0):
     return w, x, rng.standard_normal(m).astype(np.float32)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_matches_numpy(shape, lanes, threads):
-    m, k, n = shape
-    for i, act in enumerate(ACTS):
-        w, x, bias = operands(m, k, n, batch=1 + i % 2, seed=i)
-        bias = bias if i % 3 else None
-        a, b = ACT_PARAMS.get(act, (0.0, 0.0))
-        got = native.gemm_conv(w, x, bias, act, a, b)
-        assert_epilogue_close(got, product(w, x, bias), act, f"{shape} {act} bias={bias is not None}")
-
-
 @pytest.mark.parametrize("shape", [(7, 13, 31), (160, 961, 49), (24, 5, 3136)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("act", ["relu", "swish", None])
 def test_residual_added_once_before_the_activation(shape, act, lanes, threads):
@@ -92,20 +85,80 @@ def test_residual_added_once_before_the_activation(shape, act, lanes, threads):
     assert_epilogue_close(got, product(w, x, bias, res), act, f"{shape} {act} + residual")
 
 
+# (M, K, N) for the transposed product of small planes: M a multiple of 16 (every vector width takes
+# it; M = 8 and 24 only on 4 and 8 lanes), N = 16..256 (primes, 7x7, 14x14), K = 1 and off the widths,
+# M an odd number of vectors (a last panel one vector wide), rows of Y.T off the 6/8/12-row tiles.
+T_SHAPES = [(16, 7, 16), (32, 1, 17), (48, 961, 49), (320, 97, 49), (16, 5, 196), (160, 576, 49), (64, 3, 256),
+            (8, 9, 20), (24, 33, 37), (96, 24, 196), (1280, 20, 23), (112, 160, 49)]
+
+
+@pytest.mark.parametrize("shape, transposed", [(s, False) for s in SHAPES] + [(s, True) for s in T_SHAPES],
+                         ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else ("transposed" if s else "plain"))
+def test_matches_numpy(shape, transposed, lanes, threads):
+    """Every activation, with and without bias; the transposed product (on W.T's panels) with a
+    residual as well."""
+    m, k, n = shape
+    for i, act in enumerate(ACTS):
+        w, x, bias = operands(m, k, n, batch=1 + i % 2, seed=i)
+        bias = bias if i % 3 else None
+        res, panels = None, None
+        if transposed:
+            res = np.random.default_rng(i).standard_normal(x.shape[:1] + (m, n)).astype(np.float32) if i % 4 == 1 else None
+            panels = native.pack_panels(w)
+            assert (panels is None) == (m % lanes != 0)
+        a, b = ACT_PARAMS.get(act, (0.0, 0.0))
+        got = native.gemm_conv(w, x, bias, act, a, b, residual=res, panels=panels)
+        assert_epilogue_close(got, product(w, x, bias, res), act, f"{shape} {act} bias={bias is not None}")
+
+
+def test_transposed_product_ignores_panels_of_another_width(native_lib):
+    """Panels packed for one vector width, the GEMM switched to another: the plain product."""
+    w, x, bias = operands(64, 40, 49)
+    panels = native.pack_panels(w)
+    old = native_lib._lib.optcli_gemm_variant(-1)
+    try:
+        other = 4 if old != 4 else 8
+        assert native_lib._lib.optcli_gemm_variant(other) == other
+        got = native.gemm_conv(w, x, bias, "relu", panels=panels)
+    finally:
+        native_lib._lib.optcli_gemm_variant(0)
+    assert_epilogue_close(got, product(w, x, bias), "relu", "panels of another width")
+
+
+def test_small_plane_convs_pack_their_weight_once(native_calls):
+    """The 1x1 convs on 7x7 and 14x14: the first call notes the weight, the second packs its panels
+    and runs transposed, later calls find them; against onnxruntime each time."""
+    rng = np.random.default_rng(6)
+    for xs, ws in [((1, 160, 7, 7), (320, 160, 1, 1)), ((2, 24, 14, 14), (48, 24, 1, 1))]:
+        x = rng.standard_normal(xs).astype(np.float32)
+        w = (rng.standard_normal(ws) / np.sqrt(ws[1])).astype(np.float32)
+        b = rng.standard_normal(ws[0]).astype(np.float32)
+        want = np.maximum(ort_conv(x, w, b, {"kernel_shape": [1, 1]}), 0)
+        for _ in range(3):
+            assert_close(conv_1x1([x, w, b], {"kernel_shape": [1, 1], "activation": "relu"})[0], want)
+        nr, wt = native._DERIVED[(id(w), "conv.panels")][1]
+        assert wt.size == w.size and nr == 2 * native._lib.optcli_gemm_variant(-1)
+
+
 def test_same_result_on_any_thread_count(native_lib):
     """Items split differently, each output is computed the same way: bit-identical results."""
     w, x, bias = operands(160, 961, 49, batch=3)
     w2, x2, bias2 = operands(96, 16, 12544)
+    w3, x3, bias3 = operands(1000, 1024, 3, batch=2)  # the narrow path: bands of rows by thread count
+    w4, x4, bias4 = operands(320, 960, 49, batch=2)  # the transposed product
+    panels = native.pack_panels(w4)
     old = native.get_num_threads()
     try:
         results = []
         for t in (1, 2, 3, 5):
             native.set_num_threads(t)
-            results.append((native.gemm_conv(w, x, bias, "hard_swish"), native.gemm_conv(w2, x2, bias2, "clip", 0, 6)))
+            results.append((native.gemm_conv(w, x, bias, "hard_swish"), native.gemm_conv(w2, x2, bias2, "clip", 0, 6),
+                            native.gemm_conv(w3, x3, bias3, "swish"),
+                            native.gemm_conv(w4, x4, bias4, "gelu", panels=panels)))
     finally:
         native.set_num_threads(old)
-    for a, c in results[1:]:
-        assert np.array_equal(a, results[0][0]) and np.array_equal(c, results[0][1])
+    for got in results[1:]:
+        assert all(np.array_equal(a, c) for a, c in zip(got, results[0]))
 
 
 def test_nan_and_inf_propagate_like_numpy(lanes):
@@ -186,37 +239,68 @@ def test_fp16_storage_runs_natively_in_fp32(native_calls):
         assert_close(got, conv_1x1([x, w, None], {"activation": "relu"})[0], "fp16")
 
 
-@pytest.mark.parametrize("kernel, xs, ws, attrs", [
-    (conv_1x1, (1, 72, 1, 1), (24, 72, 1, 1), {}),  # squeeze-excitation: a matrix-vector product
-], ids=["1x1-on-1x1"])
-def test_narrow_convs_stay_with_blas(kernel, xs, ws, attrs, native_calls):
+@pytest.mark.parametrize("xs, ws", [
+    ((1, 72, 1, 1), (24, 72, 1, 1)),  # squeeze-excitation: a matrix-vector product
+    ((1, 576, 1, 1), (1024, 576, 1, 1)),  # MobileNetV3's conv head
+    ((2, 13, 3, 5), (7, 13, 1, 1)),  # 15 positions
+    ((1, 1, 2, 1), (5, 1, 1, 1)),  # K = 1
+    ((3, 31, 1), (29, 31, 1)),  # 1-D, one position
+], ids=["se", "head", "15-positions", "K=1", "1-D"])
+@pytest.mark.parametrize("act", ["relu", "hard_sigmoid", None])
+def test_narrow_convs_run_natively(xs, ws, act, native_calls):
+    """Fewer than 16 positions: the native narrow path (BLAS would leave its threads spinning)."""
     rng = np.random.default_rng(5)
-    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
-    got = kernel([x, w, None], {"kernel_shape": list(ws[2:]), **attrs})[0]
-    assert native_calls["gemm"] == 0
-    assert_close(got, ort_conv(x, w, None, {"kernel_shape": list(ws[2:]), **attrs}))
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal(ws) / np.sqrt(ws[1])).astype(np.float32)  # O(1) outputs, as a trained net's
+    b = rng.standard_normal(ws[0]).astype(np.float32)
+    attrs = {"kernel_shape": list(ws[2:])}
+    fused = {} if act is None else {"activation": act, **dict(zip(("activation_alpha", "activation_beta"),
+                                                                  ACT_PARAMS[act]))}
+    got = conv_1x1([x, w, b], {**attrs, **fused})[0]
+    assert native_calls["gemm"] == 1
+    want = ort_conv(x, w, b, attrs)
+    assert_close(got, want if act is None else apply_activation(want.copy(), act, *ACT_PARAMS[act]))
+    with mock.patch.object(native, "_lib", None):  # the numpy fallback agrees
+        assert_close(got, conv_1x1([x, w, b], {**attrs, **fused})[0])
 
 
 # ------------------------------------------------------------------------ FullyConnected
 @pytest.mark.parametrize("xs, n, bias_shape", [((1, 1280), 1000, (1000,)), ((1, 3, 17), 40, (1, 40)),
-                                               ((4, 64), 16, None), ((1, 7), 129, (129,))])
+                                               ((4, 64), 16, None), ((1, 7), 129, (129,)), ((15, 33), 1, (1,)),
+                                               ((1, 1), 5, (5,)), ((2, 1, 1024), 1000, (1000,)), ((1, 64), 8, None)])
 @pytest.mark.parametrize("act", ["relu", "hard_swish", None])
 def test_fully_connected_heads_run_natively(xs, n, bias_shape, act, native_calls):
-    """A classifier's head (up to 4 rows): the native GEMM's thin path, bias and activation fused."""
+    """A classifier's head (up to 15 rows): the native GEMM, bias and activation fused; the thin
+    path on a weight's first call, then the narrow path on the weight transposed once and kept."""
     rng = np.random.default_rng(n)
     x = rng.standard_normal(xs).astype(np.float32)
     w = (rng.standard_normal((xs[-1], n)) / np.sqrt(xs[-1])).astype(np.float32)
     b = None if bias_shape is None else rng.standard_normal(bias_shape).astype(np.float32)
     attrs = {} if act is None else {"activation": act, **dict(zip(("activation_alpha", "activation_beta"),
                                                                   ACT_PARAMS[act]))}
-    got = fully_connected([x, w, b], dict(attrs))[0]
-    assert native_calls["gemm"] == 1 and got.shape == xs[:-1] + (n,)
     pre = (x.astype(np.float64) @ w.astype(np.float64) + (0 if b is None else b)).astype(np.float32)
-    assert_epilogue_close(got, pre, act, f"FC {xs} x {n} {act}")
+    for call in ("first", "transposed"):
+        got = fully_connected([x, w, b], dict(attrs))[0]
+        assert got.shape == xs[:-1] + (n,)
+        assert_epilogue_close(got, pre, act, f"FC {xs} x {n} {act} ({call} call)")
+    assert native_calls["gemm"] == 2
+    assert native._DERIVED[(id(w), "fc.T")][1] is not None
 
 
-@pytest.mark.parametrize("xs, n", [((5, 64), 32), ((1, 64), 8)], ids=["5-rows", "8-columns"])
-def test_fully_connected_beyond_the_thin_path_stays_with_blas(xs, n, native_calls):
+def test_fully_connected_transposes_a_weight_only_while_it_lives(native_lib):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 32)).astype(np.float32)
+    for _ in range(3):  # a weight made afresh per call (dequantized per run) is never transposed
+        w = rng.standard_normal((32, 20)).astype(np.float32)
+        assert_close(fully_connected([x, w, None], {})[0], x @ w)
+        key = (id(w), "fc.T")
+        assert native._DERIVED[key][1] is native._UNMADE
+        del w
+        assert key not in native._DERIVED
+
+
+@pytest.mark.parametrize("xs, n", [((16, 64), 32), ((3, 8, 10), 5)], ids=["16-rows", "24-rows"])
+def test_fully_connected_beyond_the_narrow_path_stays_with_blas(xs, n, native_calls):
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal((xs[-1], n)).astype(np.float32)
     got = fully_connected([x, w, None], {})[0]

@@ -15,8 +15,15 @@
  * which the caches serve as well as a packed copy, so there is no per-call packing cost and no
  * cache of packed weights to keep coherent.  Partial sums of all but the last K block go through
  * Y (still in L2).  The work item itself is in gemm_kernel.h, once per vector width.
+ *
+ * Two shapes take other work items: under NARROW_COLS columns (squeeze-excitation convs and conv
+ * heads on [1, C, 1, 1], classifier heads on their weight transposed) every output is a dot
+ * product along K (GK(narrow)), since no 16- or 32-column tile fits; and small planes (16 to
+ * TRANSPOSED_COLS columns: the 1x1 convs on 7x7 and 14x14), given W.T's panels packed once by the
+ * caller, run as Y.T = X.T @ W.T vectorised along M (GK(transposed)), where 49 columns filled 64.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "optcli_native.h"
@@ -25,6 +32,8 @@
 #define PANEL_FLOATS 6144      /* a packed panel of X, K block x NR floats: 24 KiB, half an L1 */
 #define L2_FLOATS (64 * 1024)  /* 256 KiB: the packed X block, or a row block of W, in L2 */
 #define THIN_ROWS 4            /* GK_TM: products of this few rows take the thin work item */
+#define NARROW_COLS 16         /* products of fewer columns take the narrow work item (dot products) */
+#define TRANSPOSED_COLS 256    /* products of NARROW_COLS..this many columns may be taken transposed */
 
 /* A 2-D convolution's geometry, for the implicit GEMM: X is never formed, its columns are
  * packed straight from the zero-padded input (C x HP x WP per image): row k = (c, kh, kw) of X at
@@ -35,6 +44,7 @@ typedef struct {
 
 typedef struct {
     const float *w, *x, *bias, *res;
+    const float *wt;           /* W.T [K, M], for the transposed item (NULL: not given) */
     float *y;
     const conv_t *conv;        /* NULL: X is a matrix [K, N] per image */
     float *packed;             /* X packed once for all row bands (NULL: each item packs its own) */
@@ -48,6 +58,11 @@ typedef struct {
     int act;
     float alpha, beta;
     _Atomic int failed;
+    /* the narrow path: its bands, the calling thread (it takes bands from the front, the
+     * workers from the back), and the bands counted, taken from the front and from the back */
+    int64_t bands;
+    pthread_t caller;
+    _Atomic int64_t claims, front, back;
 } gemm_t;
 
 /* Variants of the work item, by vector width: 4 floats (one NEON register: GCC builds wider
@@ -62,12 +77,16 @@ typedef struct {
     const opt_item_fn *items; /* the work item, per activation code */
     const opt_item_fn *thin;  /* the same for thin products (GK_TM rows or fewer) */
     opt_item_fn prepack;      /* packs X for all row bands at once */
+    opt_item_fn narrow;       /* products of fewer than NARROW_COLS columns, X transposed */
+    opt_item_fn transposed;   /* small planes, Y.T = X.T @ W.T (see optcli_gemm_conv_t_f32) */
+    void (*pack_wt)(const float *w, float *wt, int64_t m, int64_t k); /* W into W.T's panels */
 } variant_t;
 
 #define GK_V v4f
 #define GK_L 4
 #define GK_SPLAT(a) {a, a, a, a}
 #define GK_MR 8 /* 8 x 2 vectors: 16 accumulators, 8 broadcasts and 2 loads of NEON's 32 registers */
+#define GK_NC 2 /* narrow: 8 rows x 2 columns, 16 accumulators */
 #define GK_ATTR
 #define GK(name) gk4_##name
 #include "gemm_kernel.h"
@@ -76,6 +95,7 @@ typedef struct {
 #define GK_L 8
 #define GK_SPLAT(a) {a, a, a, a, a, a, a, a}
 #define GK_MR 6 /* 6 x 2 vectors: 12 accumulators of AVX2's 16 registers */
+#define GK_NC 1 /* narrow: 8 rows x 1 column, 8 accumulators (two columns would spill) */
 #define GK_ATTR HOT_CLONES
 #define GK(name) gk8_##name
 #include "gemm_kernel.h"
@@ -87,6 +107,7 @@ typedef struct {
 #define GK_L 16
 #define GK_SPLAT(a) {a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a}
 #define GK_MR 12 /* 12 x 2 vectors: 24 accumulators of 32 registers */
+#define GK_NC 2  /* narrow: 8 rows x 2 columns, 16 accumulators */
 #define GK_ATTR __attribute__((target("arch=x86-64-v4")))
 #define GK(name) gk16_##name
 #include "gemm_kernel.h"
@@ -154,6 +175,50 @@ static int run(gemm_t *g, int64_t batch) {
      * over).  A column band is never wider than the L2 holds packed. */
     int threads = optcli_get_num_threads();
     int64_t macs = batch * M * K * N, want = batch >= 4 * threads ? 1 : (4 * threads + batch - 1) / batch;
+    if (N < NARROW_COLS && !g->conv) { /* dot products along K: see GK(narrow) */
+        /* X transposed, each column contiguous (one column is already): N x K floats per image,
+         * small beside W's M x K */
+        float *xt = NULL;
+        if (N > 1) {
+            xt = malloc((size_t)(batch * N * K) * sizeof(float));
+            if (!xt) return OPT_ENOMEM;
+            for (int64_t b = 0; b < batch; b++)
+                for (int64_t k = 0; k < K; k++)
+                    for (int64_t n = 0; n < N; n++) xt[(b * N + n) * K + k] = g->x[b * g->xstride + k * N + n];
+            g->x = xt;
+            g->xstride = N * K;
+        }
+        /* W is read once, in bands of whole 8-row tiles, about 8 per thread: a worker that
+         * wakes late (or is not scheduled) still finds bands left to take.  The calling thread
+         * takes them from the first row on and the workers from the last one back, so each
+         * thread reads about the same rows call after call (where they meet depends on when a
+         * worker wakes) and finds them in its own L2 when W fits the caches together. */
+        int64_t bands = batch >= 8 * threads ? 1 : (8 * threads + batch - 1) / batch;
+        g->mb = round_up((M + bands - 1) / bands, 8);
+        g->nm = (M + g->mb - 1) / g->mb;
+        g->bands = batch * g->nm;
+        g->caller = pthread_self();
+        /* memory-bound: a second thread pays from far fewer multiply-adds than a tiled product */
+        int64_t helpers = macs < (1 << 15) ? 1 : threads;
+        opt_parallel(v.narrow, g, helpers < g->bands ? helpers : g->bands, 0);
+        free(xt);
+        return 0;
+    }
+    if (g->wt && !g->conv && M % (nr / 2) == 0) { /* see GK(transposed) */
+        /* Items: bands of whole panels of W.T (nr columns of M) by bands of columns (whole
+         * tiles of mr), about 4 per thread: M first (X is shared, in L2), N as well where M has
+         * too few panels (a 32-channel output is one panel) */
+        g->mb = round_up((M + want - 1) / want, nr);
+        g->nm = (M + g->mb - 1) / g->mb;
+        g->nb = N;
+        if (g->nm < want) {
+            int64_t split = (want + g->nm - 1) / g->nm;
+            g->nb = round_up((N + split - 1) / split, mr);
+        }
+        g->nn = (N + g->nb - 1) / g->nb;
+        opt_parallel(v.transposed, g, batch * g->nm * g->nn, macs < (1 << 20) ? 1 : 0);
+        return 0;
+    }
     if (M <= THIN_ROWS && !g->conv) { /* bands of columns only, no packing: see GK(thin_block) */
         /* one band per thread: the wider a band, the longer the runs each row of X is read in */
         int64_t per = 4 * (nr / 2), bands = batch >= threads ? 1 : (threads + batch - 1) / batch;
@@ -196,6 +261,36 @@ OPT_API int optcli_gemm_conv_f32(const float *w, const float *x, const float *bi
     if (batch == 0 || M == 0 || N == 0) return 0;
     gemm_t g = {.w = w, .x = x, .bias = bias, .res = res, .y = y, .xstride = K * N, .M = M, .K = K, .N = N,
                 .act = act, .alpha = alpha, .beta = beta};
+    return run(&g, batch);
+}
+
+/* W [M, K] into the panels of W.T that the transposed product reads (see GK(transposed)): panels
+ * of nr columns of M (the GEMM's tile width now in use, returned), each [K, nr] row-major, the
+ * last one [K, nr / 2] when M is an odd number of vectors; M * K floats in all.  Returns 0 (and
+ * writes nothing) where M is not a multiple of the vector width: those products are not taken
+ * transposed. */
+OPT_API int optcli_gemm_pack_wt_f32(const float *w, float *wt, int64_t M, int64_t K) {
+    pthread_once(&g_variant_once, pick_variant);
+    const variant_t *v = g_variant;
+    if (M < 1 || K < 1 || M % (v->nr / 2)) return 0;
+    v->pack_wt(w, wt, M, K);
+    return v->nr;
+}
+
+/* The product of optcli_gemm_conv_f32 with W also given as wt, its panels from
+ * optcli_gemm_pack_wt_f32 (nr: the width that returned): products of 16 to TRANSPOSED_COLS
+ * columns (1x1 convs on 7x7 and 14x14 planes) are taken as Y.T = X.T @ W.T, vectorised along M,
+ * where 49 columns would fill 64-column tiles; other shapes, or panels packed for another tile
+ * width, as optcli_gemm_conv_f32 does (w is read then). */
+OPT_API int optcli_gemm_conv_t_f32(const float *w, const float *wt, int64_t nr, const float *x, const float *bias,
+                                   const float *res, float *y, int64_t batch, int64_t M, int64_t K, int64_t N, int act,
+                                   float alpha, float beta) {
+    if (batch < 0 || M < 0 || K < 1 || N < 0 || act < 0 || act >= ACT_COUNT) return OPT_EINVAL;
+    if (batch == 0 || M == 0 || N == 0) return 0;
+    pthread_once(&g_variant_once, pick_variant);
+    int take = wt && nr == g_variant->nr && M % (nr / 2) == 0 && N >= NARROW_COLS && N <= TRANSPOSED_COLS;
+    gemm_t g = {.w = w, .x = x, .bias = bias, .res = res, .y = y, .xstride = K * N, .M = M, .K = K, .N = N,
+                .act = act, .alpha = alpha, .beta = beta, .wt = take ? wt : NULL};
     return run(&g, batch);
 }
 
