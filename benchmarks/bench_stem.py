@@ -13,14 +13,20 @@ Not a test: timings belong to a quiet machine.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from unittest import mock
 
 import numpy as np
 import threadpoolctl
 
-from benchmarks.bench_gemm import best_of, layer_data, ort_layer, setup
-from optcli import native
-from optcli.ops import conv
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from anywhere: benchmarks/ is a package of the repo root
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_gemm import best_of, layer_data, ort_layer, setup  # noqa: E402
+from optcli import native  # noqa: E402
+from optcli.ops import conv  # noqa: E402
 
 S2P1 = {"strides": [2, 2], "pads": [1, 1, 1, 1]}
 # (label, x shape, w shape, attrs)
