@@ -135,14 +135,16 @@ def conv_im2col(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[
     return _finish(y.reshape((n, m) + win.out), _bias(inputs), attrs, x.dtype)
 
 
-def _native_gemm(ct: np.dtype, columns: int) -> bool:
+def _native_gemm(ct: np.dtype, columns: int, narrow: bool = False) -> bool:
     """Whether a GEMM conv runs in the native GEMM: fp32 with 16 or more output positions per
-    image (its register tiles are 8 to 32 columns wide; a narrower product, such as the 1x1 convs
-    of squeeze-excitation blocks, is a matrix-vector product that BLAS does better)."""
+    image (its register tiles are 8 to 32 columns wide), or, with ``narrow`` (a plain [K, N]
+    product: the 1x1 convs), any number: fewer than 16 columns take the native dot-product path
+    (squeeze-excitation blocks, conv heads on [1, C, 1, 1]), where BLAS would leave its threads
+    spinning into the next layers, stealing the cores from the native pool."""
     if not native.available():
         native.note_unavailable()
         return False
-    return ct == np.float32 and columns >= 16
+    return ct == np.float32 and (columns >= 16 or narrow)
 
 
 @kernel("Conv", variant="1x1", applies=applies_1x1, priority=20)
@@ -156,7 +158,7 @@ def conv_1x1(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.
     m = w.shape[0]
     xr = x.astype(ct, copy=False).reshape(n, c, prod(x.shape[2:]))  # not -1: ambiguous for N = 0
     wr = w.astype(ct, copy=False).reshape(m, c)
-    if c and _native_gemm(ct, xr.shape[2]):  # bias and activation in the GEMM's own pass over y
+    if c and _native_gemm(ct, xr.shape[2], narrow=True):  # bias and activation in the GEMM's own pass over y
         y = native.gemm_conv(wr, xr, _bias(inputs), *epilogue(attrs))
         return [apply_output_quant(y.reshape((n, m) + x.shape[2:]).astype(x.dtype, copy=False), attrs)]
     y = np.matmul(wr, xr[0])[None] if n == 1 else np.matmul(wr, xr)

@@ -12,6 +12,7 @@ followed by the fused activation epilogue.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -82,19 +83,53 @@ def gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndar
     return [apply_output_quant(y.astype(inputs[0].dtype, copy=False), attrs)]
 
 
+_TRANSPOSED: dict[int, tuple[Any, np.ndarray | None]] = {}  # id(W) -> (weakref to W, W.T as fp32 [N, K] or None)
+
+
+def _transposed(w: np.ndarray) -> np.ndarray | None:
+    """``W.T`` [N, K], C-contiguous float32, made once per weight array and kept while it lives.
+
+    FullyConnected's weight is a constant (fuse_matmul_add makes the op only for one), so its
+    transpose is made once and found again by the array's identity (a weak reference checks that
+    the array is still the one the entry was made for; the entry goes when the array does).  On
+    the first call only the array is noted and None returned: an array made afresh for each call
+    (a weight dequantized per run) never comes back, and transposing it every time would cost more
+    than the product."""
+    entry = _TRANSPOSED.get(id(w))
+    if entry is not None and entry[0]() is w:
+        if entry[1] is None:
+            _TRANSPOSED[id(w)] = entry = (entry[0], np.ascontiguousarray(w.T, dtype=np.float32))
+        return entry[1]
+    key, kept = id(w), _TRANSPOSED
+    try:
+        ref = weakref.ref(w, lambda _r: kept.pop(key, None))
+    except TypeError:  # not weakly referenceable (a subclass with __slots__): no cache
+        return None
+    kept[key] = (ref, None)
+    return None
+
+
 @kernel("FullyConnected", domain=OPTCLI_DOMAIN)
 def fully_connected(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """``X @ W + B`` over the last axis of X (W is [K, N]), then the fused activation epilogue."""
     x, w, bias = inputs[0], inputs[1], _opt(inputs, 2)
     ct = compute_dtype(x.dtype)
     rows = prod(x.shape[:-1])
-    if native.available() and ct == np.float32 and w.ndim == 2 and rows <= 4 and x.shape[-1] and w.shape[1] >= 16 \
-            and (bias is None or bias.shape in ((w.shape[1],), (1, w.shape[1]))):
-        # A classifier's head in the native GEMM's thin path: a BLAS call here would leave BLAS's
-        # threads spinning into the next run, stealing the cores from the native pool
-        res = None if bias is None else np.broadcast_to(bias.astype(ct, copy=False).reshape(-1), (1, rows, w.shape[1]))
-        y = native.gemm_conv(x.astype(ct, copy=False).reshape(rows, x.shape[-1]), w.astype(ct, copy=False)[None], None,
-                             *epilogue(attrs), residual=res)
+    if native.available() and ct == np.float32 and w.ndim == 2 and 1 <= rows < 16 and x.shape[-1] \
+            and w.shape[1] and (bias is None or bias.shape in ((w.shape[1],), (1, w.shape[1]))):
+        # A classifier's head in the native GEMM: a BLAS call here would leave BLAS's threads
+        # spinning into the next run, stealing the cores from the native pool
+        b = None if bias is None else bias.astype(ct, copy=False).reshape(-1)
+        xr = x.astype(ct, copy=False).reshape(rows, x.shape[-1])
+        wt = _transposed(w)
+        if wt is not None:
+            # Y.T = W.T @ X.T: each output a dot product of two contiguous rows, in the narrow
+            # path (rows of W.T split across the threads); memory-bound on W, which this reads
+            # front to back where [K, N] has each thread stride through every row of W
+            y = native.gemm_conv(wt, xr.T[None], b, *epilogue(attrs))[0].T
+        else:  # the thin path (Y's rows in L1 while W streams through once)
+            res = None if b is None else np.broadcast_to(b, (1, rows, w.shape[1]))
+            y = native.gemm_conv(xr, w.astype(ct, copy=False)[None], None, *epilogue(attrs), residual=res)
         return [apply_output_quant(y.reshape(x.shape[:-1] + (w.shape[1],)).astype(x.dtype, copy=False), attrs)]
     y = _matmul(x.astype(ct, copy=False), w.astype(ct, copy=False))
     y = np.asarray(y)

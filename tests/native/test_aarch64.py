@@ -124,11 +124,15 @@ def _pool_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
 
 
 def _gemm_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
-    """The GEMM's 4-lane tiles (NEON registers) on odd shapes, K over one block (768)."""
+    """The GEMM's 4-lane tiles (NEON registers) on odd shapes, K over one block (768); under 16
+    columns its narrow path (dot products along K, 8 rows x 2 columns), N = 1..15, K = 1 and K off
+    the 4 lanes, rows off the 8-row tiles."""
     rng = np.random.default_rng(11)
     cases = []
     for i, (batch, m, k, n) in enumerate([(1, 1, 1, 1), (2, 7, 13, 31), (1, 13, 800, 49), (1, 24, 5, 197),
-                                          (1, 6, 16, 16), (3, 17, 3, 5), (2, 3, 40, 100)]):
+                                          (1, 6, 16, 16), (3, 17, 3, 5), (2, 3, 40, 100), (1, 9, 1, 15),
+                                          (2, 37, 130, 3), (1, 1024, 64, 1), (1, 19, 33, 2), (1, 8, 7, 14),
+                                          (1, 100, 1001, 1)]):
         act = [None, *ACTS][i * 2 % (len(ACTS) + 1)]
         w = (rng.standard_normal((m, k)) / np.sqrt(k)).astype(np.float32)
         x = rng.standard_normal((batch, k, n)).astype(np.float32)

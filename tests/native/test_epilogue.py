@@ -10,9 +10,10 @@ import pytest
 
 from optcli import native
 from optcli.ops.activation import apply_activation
-from optcli.ops.conv import conv_1x1, conv_im2col, conv_transpose
+from optcli.ops.conv import conv_im2col, conv_transpose
 from tests.helpers import assert_close
 from tests.native.cases import ACT_PARAMS
+from tests.native.test_depthwise import ort_conv
 
 RNG = np.random.default_rng(3)
 
@@ -69,10 +70,10 @@ def test_channel_affine_out_of_place(activation, native_lib):
 
 
 def test_small_outputs_finish_in_numpy(native_calls):
-    """Below ~32K elements a call into the library costs more than numpy's two passes (a 1x1 conv
-    with under 16 positions is a BLAS matrix-vector product, finished by _finish)."""
-    x = RNG.standard_normal((1, 16, 3, 5)).astype(np.float32)
-    w = RNG.standard_normal((24, 16, 1, 1)).astype(np.float32)
-    got = conv_1x1([x, w, None], {"activation": "relu"})[0]
-    assert native_calls["epilogue"] == 0 and native_calls["gemm"] == 0
-    assert_close(got, np.maximum(np.einsum("mc,nchw->nmhw", w[:, :, 0, 0], x), 0))
+    """Below ~32K elements a call into the library costs more than numpy's two passes (a 3x3 conv
+    with under 16 positions is a BLAS product, finished by _finish)."""
+    x = RNG.standard_normal((1, 16, 5, 5)).astype(np.float32)
+    w = RNG.standard_normal((24, 16, 3, 3)).astype(np.float32)
+    got = conv_im2col([x, w, None], {"activation": "relu", "kernel_shape": [3, 3]})[0]
+    assert native_calls["epilogue"] == 0 and native_calls["gemm"] == 0 and native_calls["conv_gemm"] == 0
+    assert_close(got, np.maximum(ort_conv(x, w, None, {"kernel_shape": [3, 3]}), 0))

@@ -1,7 +1,7 @@
 """The native GEMM of the GEMM convs (src/gemm.c) against numpy on odd shapes, every fused
 activation, bias and residual, on each vector width the CPU runs and on 1, 2 and 3 threads; the
 1x1 and im2col conv kernels that call it, end to end against onnxruntime; and the fully connected
-heads that take its thin path."""
+heads that take its thin and narrow paths."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from optcli import native
+from optcli.ops import gemm as gemm_ops
 from optcli.ops.activation import apply_activation
 from optcli.ops.conv import conv_1x1, conv_im2col
 from optcli.ops.gemm import fully_connected
@@ -24,7 +25,11 @@ ACTS = [None, *ACT_PARAMS]
 # and the MobileNet family's own shapes.
 SHAPES = [(1, 1, 1), (1, 7, 16), (2, 3, 5), (5, 1, 17), (7, 13, 31), (13, 29, 49), (16, 32, 33), (9, 385, 47),
           (31, 97, 196), (96, 16, 1000), (160, 961, 49), (24, 5, 3136), (1, 200, 3),
-          (1, 1280, 1000), (3, 50, 70), (4, 9, 129)]  # up to 4 rows: the thin path (no packing)
+          (1, 1280, 1000), (3, 50, 70), (4, 9, 129),  # up to 4 rows: the thin path (no packing)
+          # under 16 columns: the narrow path (dot products along K), N = 1..15, K = 1, K off every
+          # vector width, rows off its 8-row tiles, a squeeze-excitation block, a conv head
+          (1, 200, 3), (1, 1, 7), (9, 1, 15), (17, 33, 2), (8, 16, 14), (3, 5, 9), (37, 1000, 13), (2, 17, 11),
+          (72, 24, 1), (1024, 576, 1), (1000, 1024, 4), (1, 4, 5), (23, 129, 6), (64, 64, 8), (15, 7, 12)]
 
 
 @pytest.fixture(params=[4, 8, 16], ids=["4-lane", "8-lane", "16-lane"])
@@ -105,16 +110,18 @@ def test_same_result_on_any_thread_count(native_lib):
     """Items split differently, each output is computed the same way: bit-identical results."""
     w, x, bias = operands(160, 961, 49, batch=3)
     w2, x2, bias2 = operands(96, 16, 12544)
+    w3, x3, bias3 = operands(1000, 1024, 3, batch=2)  # the narrow path: bands of rows by thread count
     old = native.get_num_threads()
     try:
         results = []
         for t in (1, 2, 3, 5):
             native.set_num_threads(t)
-            results.append((native.gemm_conv(w, x, bias, "hard_swish"), native.gemm_conv(w2, x2, bias2, "clip", 0, 6)))
+            results.append((native.gemm_conv(w, x, bias, "hard_swish"), native.gemm_conv(w2, x2, bias2, "clip", 0, 6),
+                            native.gemm_conv(w3, x3, bias3, "swish")))
     finally:
         native.set_num_threads(old)
-    for a, c in results[1:]:
-        assert np.array_equal(a, results[0][0]) and np.array_equal(c, results[0][1])
+    for got in results[1:]:
+        assert all(np.array_equal(a, c) for a, c in zip(got, results[0]))
 
 
 def test_nan_and_inf_propagate_like_numpy(lanes):
@@ -187,37 +194,68 @@ def test_fp16_storage_runs_natively_in_fp32(native_calls):
         assert_close(got, conv_1x1([x, w, None], {"activation": "relu"})[0], "fp16")
 
 
-@pytest.mark.parametrize("kernel, xs, ws, attrs", [
-    (conv_1x1, (1, 72, 1, 1), (24, 72, 1, 1), {}),  # squeeze-excitation: a matrix-vector product
-], ids=["1x1-on-1x1"])
-def test_narrow_convs_stay_with_blas(kernel, xs, ws, attrs, native_calls):
+@pytest.mark.parametrize("xs, ws", [
+    ((1, 72, 1, 1), (24, 72, 1, 1)),  # squeeze-excitation: a matrix-vector product
+    ((1, 576, 1, 1), (1024, 576, 1, 1)),  # MobileNetV3's conv head
+    ((2, 13, 3, 5), (7, 13, 1, 1)),  # 15 positions
+    ((1, 1, 2, 1), (5, 1, 1, 1)),  # K = 1
+    ((3, 31, 1), (29, 31, 1)),  # 1-D, one position
+], ids=["se", "head", "15-positions", "K=1", "1-D"])
+@pytest.mark.parametrize("act", ["relu", "hard_sigmoid", None])
+def test_narrow_convs_run_natively(xs, ws, act, native_calls):
+    """Fewer than 16 positions: the native narrow path (BLAS would leave its threads spinning)."""
     rng = np.random.default_rng(5)
-    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
-    got = kernel([x, w, None], {"kernel_shape": list(ws[2:]), **attrs})[0]
-    assert native_calls["gemm"] == 0
-    assert_close(got, ort_conv(x, w, None, {"kernel_shape": list(ws[2:]), **attrs}))
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal(ws) / np.sqrt(ws[1])).astype(np.float32)  # O(1) outputs, as a trained net's
+    b = rng.standard_normal(ws[0]).astype(np.float32)
+    attrs = {"kernel_shape": list(ws[2:])}
+    fused = {} if act is None else {"activation": act, **dict(zip(("activation_alpha", "activation_beta"),
+                                                                  ACT_PARAMS[act]))}
+    got = conv_1x1([x, w, b], {**attrs, **fused})[0]
+    assert native_calls["gemm"] == 1
+    want = ort_conv(x, w, b, attrs)
+    assert_close(got, want if act is None else apply_activation(want.copy(), act, *ACT_PARAMS[act]))
+    with mock.patch.object(native, "_lib", None):  # the numpy fallback agrees
+        assert_close(got, conv_1x1([x, w, b], {**attrs, **fused})[0])
 
 
 # ------------------------------------------------------------------------ FullyConnected
 @pytest.mark.parametrize("xs, n, bias_shape", [((1, 1280), 1000, (1000,)), ((1, 3, 17), 40, (1, 40)),
-                                               ((4, 64), 16, None), ((1, 7), 129, (129,))])
+                                               ((4, 64), 16, None), ((1, 7), 129, (129,)), ((15, 33), 1, (1,)),
+                                               ((1, 1), 5, (5,)), ((2, 1, 1024), 1000, (1000,)), ((1, 64), 8, None)])
 @pytest.mark.parametrize("act", ["relu", "hard_swish", None])
 def test_fully_connected_heads_run_natively(xs, n, bias_shape, act, native_calls):
-    """A classifier's head (up to 4 rows): the native GEMM's thin path, bias and activation fused."""
+    """A classifier's head (up to 15 rows): the native GEMM, bias and activation fused; the thin
+    path on a weight's first call, then the narrow path on the weight transposed once and kept."""
     rng = np.random.default_rng(n)
     x = rng.standard_normal(xs).astype(np.float32)
     w = (rng.standard_normal((xs[-1], n)) / np.sqrt(xs[-1])).astype(np.float32)
     b = None if bias_shape is None else rng.standard_normal(bias_shape).astype(np.float32)
     attrs = {} if act is None else {"activation": act, **dict(zip(("activation_alpha", "activation_beta"),
                                                                   ACT_PARAMS[act]))}
-    got = fully_connected([x, w, b], dict(attrs))[0]
-    assert native_calls["gemm"] == 1 and got.shape == xs[:-1] + (n,)
     pre = (x.astype(np.float64) @ w.astype(np.float64) + (0 if b is None else b)).astype(np.float32)
-    assert_epilogue_close(got, pre, act, f"FC {xs} x {n} {act}")
+    for call in ("first", "transposed"):
+        got = fully_connected([x, w, b], dict(attrs))[0]
+        assert got.shape == xs[:-1] + (n,)
+        assert_epilogue_close(got, pre, act, f"FC {xs} x {n} {act} ({call} call)")
+    assert native_calls["gemm"] == 2
+    assert gemm_ops._TRANSPOSED[id(w)][1] is not None
 
 
-@pytest.mark.parametrize("xs, n", [((5, 64), 32), ((1, 64), 8)], ids=["5-rows", "8-columns"])
-def test_fully_connected_beyond_the_thin_path_stays_with_blas(xs, n, native_calls):
+def test_fully_connected_transposes_a_weight_only_while_it_lives(native_lib):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 32)).astype(np.float32)
+    for _ in range(3):  # a weight made afresh per call (dequantized per run) is never transposed
+        w = rng.standard_normal((32, 20)).astype(np.float32)
+        assert_close(fully_connected([x, w, None], {})[0], x @ w)
+        key = id(w)
+        assert gemm_ops._TRANSPOSED[key][1] is None
+        del w
+        assert key not in gemm_ops._TRANSPOSED
+
+
+@pytest.mark.parametrize("xs, n", [((16, 64), 32), ((3, 8, 10), 5)], ids=["16-rows", "24-rows"])
+def test_fully_connected_beyond_the_narrow_path_stays_with_blas(xs, n, native_calls):
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal((xs[-1], n)).astype(np.float32)
     got = fully_connected([x, w, None], {})[0]

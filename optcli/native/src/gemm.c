@@ -17,6 +17,7 @@
  * Y (still in L2).  The work item itself is in gemm_kernel.h, once per vector width.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "optcli_native.h"
@@ -25,6 +26,7 @@
 #define PANEL_FLOATS 6144      /* a packed panel of X, K block x NR floats: 24 KiB, half an L1 */
 #define L2_FLOATS (64 * 1024)  /* 256 KiB: the packed X block, or a row block of W, in L2 */
 #define THIN_ROWS 4            /* GK_TM: products of this few rows take the thin work item */
+#define NARROW_COLS 16         /* products of fewer columns take the narrow work item (dot products) */
 
 /* A 2-D convolution's geometry, for the implicit GEMM: X is never formed, its columns are
  * packed straight from the zero-padded input (C x HP x WP per image): row k = (c, kh, kw) of X at
@@ -48,6 +50,11 @@ typedef struct {
     int act;
     float alpha, beta;
     _Atomic int failed;
+    /* the narrow path: its bands, the calling thread (it takes bands from the front, the
+     * workers from the back), and the bands counted, taken from the front and from the back */
+    int64_t bands;
+    pthread_t caller;
+    _Atomic int64_t claims, front, back;
 } gemm_t;
 
 /* Variants of the work item, by vector width: 4 floats (one NEON register: GCC builds wider
@@ -62,12 +69,14 @@ typedef struct {
     const opt_item_fn *items; /* the work item, per activation code */
     const opt_item_fn *thin;  /* the same for thin products (GK_TM rows or fewer) */
     opt_item_fn prepack;      /* packs X for all row bands at once */
+    opt_item_fn narrow;       /* products of fewer than NARROW_COLS columns, X transposed */
 } variant_t;
 
 #define GK_V v4f
 #define GK_L 4
 #define GK_SPLAT(a) {a, a, a, a}
 #define GK_MR 8 /* 8 x 2 vectors: 16 accumulators, 8 broadcasts and 2 loads of NEON's 32 registers */
+#define GK_NC 2 /* narrow: 8 rows x 2 columns, 16 accumulators */
 #define GK_ATTR
 #define GK(name) gk4_##name
 #include "gemm_kernel.h"
@@ -76,6 +85,7 @@ typedef struct {
 #define GK_L 8
 #define GK_SPLAT(a) {a, a, a, a, a, a, a, a}
 #define GK_MR 6 /* 6 x 2 vectors: 12 accumulators of AVX2's 16 registers */
+#define GK_NC 1 /* narrow: 8 rows x 1 column, 8 accumulators (two columns would spill) */
 #define GK_ATTR HOT_CLONES
 #define GK(name) gk8_##name
 #include "gemm_kernel.h"
@@ -87,6 +97,7 @@ typedef struct {
 #define GK_L 16
 #define GK_SPLAT(a) {a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a}
 #define GK_MR 12 /* 12 x 2 vectors: 24 accumulators of 32 registers */
+#define GK_NC 2  /* narrow: 8 rows x 2 columns, 16 accumulators */
 #define GK_ATTR __attribute__((target("arch=x86-64-v4")))
 #define GK(name) gk16_##name
 #include "gemm_kernel.h"
@@ -154,6 +165,35 @@ static int run(gemm_t *g, int64_t batch) {
      * over).  A column band is never wider than the L2 holds packed. */
     int threads = optcli_get_num_threads();
     int64_t macs = batch * M * K * N, want = batch >= 4 * threads ? 1 : (4 * threads + batch - 1) / batch;
+    if (N < NARROW_COLS && !g->conv) { /* dot products along K: see GK(narrow) */
+        /* X transposed, each column contiguous (one column is already): N x K floats per image,
+         * small beside W's M x K */
+        float *xt = NULL;
+        if (N > 1) {
+            xt = malloc((size_t)(batch * N * K) * sizeof(float));
+            if (!xt) return OPT_ENOMEM;
+            for (int64_t b = 0; b < batch; b++)
+                for (int64_t k = 0; k < K; k++)
+                    for (int64_t n = 0; n < N; n++) xt[(b * N + n) * K + k] = g->x[b * g->xstride + k * N + n];
+            g->x = xt;
+            g->xstride = N * K;
+        }
+        /* W is read once, in bands of whole 8-row tiles, about 8 per thread: a worker that
+         * wakes late (or is not scheduled) still finds bands left to take.  The calling thread
+         * takes them from the first row on and the workers from the last one back, so each
+         * thread reads about the same rows call after call (where they meet depends on when a
+         * worker wakes) and finds them in its own L2 when W fits the caches together. */
+        int64_t bands = batch >= 8 * threads ? 1 : (8 * threads + batch - 1) / batch;
+        g->mb = round_up((M + bands - 1) / bands, 8);
+        g->nm = (M + g->mb - 1) / g->mb;
+        g->bands = batch * g->nm;
+        g->caller = pthread_self();
+        /* memory-bound: a second thread pays from far fewer multiply-adds than a tiled product */
+        int64_t helpers = macs < (1 << 15) ? 1 : threads;
+        opt_parallel(v.narrow, g, helpers < g->bands ? helpers : g->bands, 0);
+        free(xt);
+        return 0;
+    }
     if (M <= THIN_ROWS && !g->conv) { /* bands of columns only, no packing: see GK(thin_block) */
         /* one band per thread: the wider a band, the longer the runs each row of X is read in */
         int64_t per = 4 * (nr / 2), bands = batch >= threads ? 1 : (threads + batch - 1) / batch;

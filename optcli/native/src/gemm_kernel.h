@@ -266,6 +266,96 @@ ALWAYS_INLINE void GK(thin_item)(gemm_t *g, int64_t it, const int act) {
         GK(thin_block)(g, x, y, r, c, n1 - c < GK_TB ? n1 : c + GK_TB, act);
 }
 
+/* Narrow products (fewer than NARROW_COLS columns: a squeeze-excitation block or a conv head on a
+ * [1, C, 1, 1] input, a fully connected layer with its weight transposed): no register tile of
+ * GK_NR columns fits them, and W (M x K) is the only large operand, read once.  So each output is
+ * a dot product along K, vectorised along K: X comes transposed (xt [N, K], each column
+ * contiguous), GK_NRR rows of W at a time against GK_NC columns of X (GK_NRR x GK_NC independent
+ * accumulators: enough to hide the FMA latency where each W vector is used GK_NC times at most).
+ * Past M the last row is read again and not stored; past K both operands load zeros. */
+#define GK_NRR 8
+/* The sum of a vector's lanes, halving it down to 4 lanes (a lane-by-lane scalar loop costs more
+ * than a short row's whole dot product). */
+ALWAYS_INLINE float GK(hsum)(GK_V v) {
+    v4f q[GK_L / 4];
+    memcpy(q, &v, sizeof v);
+    for (int w = GK_L / 4; w > 1; w /= 2)
+        for (int i = 0; i < w / 2; i++) q[i] += q[i + w / 2];
+    return (q[0][0] + q[0][2]) + (q[0][1] + q[0][3]);
+}
+ALWAYS_INLINE void GK(narrow_tile)(const float *w, int64_t K, const float *xt, int rows, float out[GK_NRR][GK_NC],
+                                   const int nc) {
+    const float *ar[GK_NRR];
+    for (int i = 0; i < GK_NRR; i++) ar[i] = w + (i < rows ? i : rows - 1) * K;
+    GK_V acc[GK_NRR][GK_NC], zero = {0};
+    for (int i = 0; i < GK_NRR; i++)
+        for (int j = 0; j < nc; j++) acc[i][j] = zero;
+    int64_t k = 0;
+    for (; k + GK_L <= K; k += GK_L) {
+        GK_V xv[GK_NC];
+        for (int j = 0; j < nc; j++) xv[j] = GK(vld)(xt + j * K + k);
+        for (int i = 0; i < GK_NRR; i++) {
+            GK_V wv = GK(vld)(ar[i] + k);
+            for (int j = 0; j < nc; j++) acc[i][j] += wv * xv[j];
+        }
+    }
+    if (k < K) {
+        int left = (int)(K - k);
+        GK_V xv[GK_NC];
+        for (int j = 0; j < nc; j++) xv[j] = GK(vld_part)(xt + j * K + k, left);
+        for (int i = 0; i < GK_NRR; i++) {
+            GK_V wv = GK(vld_part)(ar[i] + k, left);
+            for (int j = 0; j < nc; j++) acc[i][j] += wv * xv[j];
+        }
+    }
+    for (int i = 0; i < GK_NRR; i++)
+        for (int j = 0; j < nc; j++) out[i][j] = GK(hsum)(acc[i][j]);
+}
+
+/* Band it: image it / nm, rows [m0, m0 + mb) of it; y rows of that band are contiguous, so the
+ * activation runs once over them at the end (in L1). */
+ALWAYS_INLINE void GK(narrow_band)(const gemm_t *g, int64_t it) {
+    const int64_t M = g->M, K = g->K, N = g->N;
+    int64_t img = it / g->nm, m0 = it % g->nm * g->mb, m1 = M - m0 < g->mb ? M : m0 + g->mb;
+    const float *xt = g->x + img * g->xstride;
+    float *y = g->y + img * M * N;
+    const float *r = g->res ? g->res + img * M * N : NULL;
+    float out[GK_NRR][GK_NC];
+    for (int64_t m = m0; m < m1; m += GK_NRR) {
+        int rows = m1 - m < GK_NRR ? (int)(m1 - m) : GK_NRR;
+        for (int64_t n = 0; n < N; n += GK_NC) {
+            int nc = N - n < GK_NC ? (int)(N - n) : GK_NC;
+            if (nc == GK_NC) { /* a constant column count: the accumulators stay in registers */
+                GK(narrow_tile)(g->w + m * K, K, xt + n * K, rows, out, GK_NC);
+            } else {
+                GK(narrow_tile)(g->w + m * K, K, xt + n * K, rows, out, 1);
+                for (int j = 1; j < nc; j++) {
+                    float one[GK_NRR][GK_NC];
+                    GK(narrow_tile)(g->w + m * K, K, xt + (n + j) * K, rows, one, 1);
+                    for (int i = 0; i < rows; i++) out[i][j] = one[i][0];
+                }
+            }
+            for (int i = 0; i < rows; i++)
+                for (int j = 0; j < nc; j++) {
+                    int64_t at = (m + i) * N + n + j;
+                    y[at] = out[i][j] + (g->bias ? g->bias[m + i] : 0.0f) + (r ? r[at] : 0.0f);
+                }
+        }
+    }
+    act_span(y + m0 * N, (m1 - m0) * N, g->act, g->alpha, g->beta);
+}
+
+/* One pool item per thread taking part: the calling thread takes bands from the first on, the
+ * workers from the last one back, until every band is taken (see run()).  A band is counted
+ * before it is taken, so the two ends never take the same one. */
+GK_ATTR static void GK(narrow)(void *c, int64_t it) {
+    gemm_t *g = c;
+    (void)it;
+    const int front = pthread_equal(pthread_self(), g->caller);
+    while (atomic_fetch_add(&g->claims, 1) < g->bands)
+        GK(narrow_band)(g, front ? atomic_fetch_add(&g->front, 1) : g->bands - 1 - atomic_fetch_add(&g->back, 1));
+}
+
 /* Item it of the packing job that serves every row band (run()): K block it % blocks of image
  * it / blocks, all N columns, at the place GK(item) looks for it. */
 GK_ATTR static void GK(prepack)(void *c, int64_t it) {
@@ -314,10 +404,12 @@ static const opt_item_fn GK(items)[ACT_COUNT] = {GK(none), GK(relu), GK(clip), G
 static const opt_item_fn GK(thin_items)[ACT_COUNT] = {
     GK(thin_none), GK(thin_relu), GK(thin_clip), GK(thin_leaky), GK(thin_sigmoid),
     GK(thin_tanh), GK(thin_hsigmoid), GK(thin_hswish), GK(thin_swish), GK(thin_gelu), GK(thin_gelu_tanh)};
-static const variant_t GK(variant) = {GK_MR, GK_NR, GK(items), GK(thin_items), GK(prepack)};
+static const variant_t GK(variant) = {GK_MR, GK_NR, GK(items), GK(thin_items), GK(prepack), GK(narrow)};
 #undef GK_NR
 #undef GK_CH
 #undef GK_TM
+#undef GK_NRR
+#undef GK_NC
 #undef GK_V
 #undef GK_L
 #undef GK_SPLAT
