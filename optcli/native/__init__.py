@@ -19,7 +19,10 @@ import math
 import os
 import platform
 import threading
+import weakref
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -44,6 +47,10 @@ _SIGNATURES = {
     "optcli_pool2d_f32": ([_vp, _vp, _vp, ctypes.c_int, _vp, _vp], ctypes.c_int),
     "optcli_gemm_conv_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                               ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
+    "optcli_gemm_pack_wt_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int64], ctypes.c_int),
+    "optcli_gemm_conv_t_f32": ([_vp, _vp, ctypes.c_int64, _vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64,
+                                ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_float],
+                               ctypes.c_int),
     "optcli_gemm_variant": ([ctypes.c_int], ctypes.c_int),  # tests only
     "optcli_conv2d_gemm_f32": ([_vp, _vp, _vp, _vp, _vp, _vp, ctypes.c_int, ctypes.c_float, ctypes.c_float],
                                ctypes.c_int),
@@ -235,11 +242,12 @@ def bias_activation_(y: np.ndarray, bias: np.ndarray | None, activation: str | N
 
 def gemm_conv(w: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None, activation: str | None = None,
               alpha: float = 0.0, beta: float = 0.0, residual: np.ndarray | None = None,
-              out: np.ndarray | None = None) -> np.ndarray:
+              out: np.ndarray | None = None, panels: tuple[int, np.ndarray] | None = None) -> np.ndarray:
     """``act(w @ x[b] + bias[:, None] + residual[b])`` for each image ``b`` of float32 ``x`` [B, K, N],
     with ``w`` [M, K]: the product and its epilogue in one pass over the output (src/gemm.c), where
     BLAS needs a second pass for bias and activation.  ``bias`` and ``residual`` [B, M, N] may be
-    None; ``out`` (C-contiguous float32 [B, M, N], not overlapping the inputs) is written if given."""
+    None; ``out`` (C-contiguous float32 [B, M, N], not overlapping the inputs) is written if given;
+    ``panels`` (``pack_panels(w)``) lets products of 16 to 256 columns run transposed."""
     assert _lib is not None and w.ndim == 2 and x.ndim == 3 and w.shape[1] == x.shape[1] >= 1
     w = np.ascontiguousarray(w, dtype=np.float32)
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -251,9 +259,55 @@ def gemm_conv(w: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None, acti
     assert bias is None or bias.shape == (m,)
     r = None if residual is None else np.ascontiguousarray(residual, dtype=np.float32)
     assert r is None or r.shape == out.shape
+    if panels is not None:  # W.T's panels (pack_panels): small planes taken transposed
+        nr, wt = panels
+        assert wt.dtype == np.float32 and wt.flags.c_contiguous and wt.size == m * k
+        _check(_lib.optcli_gemm_conv_t_f32(w.ctypes.data, wt.ctypes.data, nr, x.ctypes.data, _ptr(bias), _ptr(r),
+                                           out.ctypes.data, b, m, k, n, ACTIVATION_CODES[activation], alpha, beta),
+               "GEMM conv")
+        return out
     _check(_lib.optcli_gemm_conv_f32(w.ctypes.data, x.ctypes.data, _ptr(bias), _ptr(r), out.ctypes.data, b, m, k, n,
                                      ACTIVATION_CODES[activation], alpha, beta), "GEMM conv")
     return out
+
+
+def pack_panels(w: np.ndarray) -> tuple[int, np.ndarray] | None:
+    """``w`` [M, K] packed into the panels of W.T that ``gemm_conv(panels=...)`` reads on small planes
+    (src/gemm.c, optcli_gemm_pack_wt_f32): (the panel width, the M * K floats), or None where M is
+    not a multiple of the GEMM's vector width."""
+    assert _lib is not None and w.ndim == 2
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    wt = np.empty(w.size, dtype=np.float32)
+    nr = _lib.optcli_gemm_pack_wt_f32(w.ctypes.data, wt.ctypes.data, *w.shape)
+    return (nr, wt) if nr else None
+
+
+_UNMADE = object()  # a _DERIVED entry seen once, nothing made yet
+_DERIVED: dict[tuple[int, str], tuple[Any, Any]] = {}  # (id(array), tag) -> (weakref to it, what was made)
+
+
+def derived(array: np.ndarray, tag: str, make: Callable[[np.ndarray], Any]) -> Any:
+    """``make(array)``, made once per array and kept while it lives (a constant weight's transpose
+    or packed panels), or None.
+
+    Kernels get a model's constant weights as the same array objects run after run, so what is
+    made from one is found again by the array's identity (a weak reference checks that the array
+    is still the one the entry was made for; the entry goes when the array does).  Nothing is
+    made on an array's first sighting (None is returned): an array made afresh for each call (a
+    weight dequantized per run) never comes back, and making the derivative every time would
+    cost more than it saves.  The array must not be changed in place while it is kept."""
+    key = (id(array), tag)
+    entry = _DERIVED.get(key)
+    if entry is not None and entry[0]() is array:
+        if entry[1] is _UNMADE:
+            _DERIVED[key] = entry = (entry[0], make(array))
+        return entry[1]
+    try:
+        ref = weakref.ref(array, lambda _r, key=key, kept=_DERIVED: kept.pop(key, None))
+    except TypeError:  # not weakly referenceable: nothing kept
+        return None
+    _DERIVED[key] = (ref, _UNMADE)
+    return None
 
 
 def conv2d_gemm(xp: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: tuple[int, int],

@@ -159,7 +159,10 @@ def conv_1x1(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.
     xr = x.astype(ct, copy=False).reshape(n, c, prod(x.shape[2:]))  # not -1: ambiguous for N = 0
     wr = w.astype(ct, copy=False).reshape(m, c)
     if c and _native_gemm(ct, xr.shape[2], narrow=True):  # bias and activation in the GEMM's own pass over y
-        y = native.gemm_conv(wr, xr, _bias(inputs), *epilogue(attrs))
+        # small planes (7x7, 14x14) run transposed on W.T's panels, packed once per weight
+        panels = native.derived(w, "conv.panels", lambda _: native.pack_panels(wr)) \
+            if 16 <= xr.shape[2] <= 256 else None
+        y = native.gemm_conv(wr, xr, _bias(inputs), *epilogue(attrs), panels=panels)
         return [apply_output_quant(y.reshape((n, m) + x.shape[2:]).astype(x.dtype, copy=False), attrs)]
     y = np.matmul(wr, xr[0])[None] if n == 1 else np.matmul(wr, xr)
     return _finish(y.reshape((n, m) + x.shape[2:]), _bias(inputs), attrs, x.dtype)

@@ -12,7 +12,6 @@ followed by the fused activation epilogue.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import numpy as np
@@ -83,32 +82,6 @@ def gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndar
     return [apply_output_quant(y.astype(inputs[0].dtype, copy=False), attrs)]
 
 
-_TRANSPOSED: dict[int, tuple[Any, np.ndarray | None]] = {}  # id(W) -> (weakref to W, W.T as fp32 [N, K] or None)
-
-
-def _transposed(w: np.ndarray) -> np.ndarray | None:
-    """``W.T`` [N, K], C-contiguous float32, made once per weight array and kept while it lives.
-
-    FullyConnected's weight is a constant (fuse_matmul_add makes the op only for one), so its
-    transpose is made once and found again by the array's identity (a weak reference checks that
-    the array is still the one the entry was made for; the entry goes when the array does).  On
-    the first call only the array is noted and None returned: an array made afresh for each call
-    (a weight dequantized per run) never comes back, and transposing it every time would cost more
-    than the product."""
-    entry = _TRANSPOSED.get(id(w))
-    if entry is not None and entry[0]() is w:
-        if entry[1] is None:
-            _TRANSPOSED[id(w)] = entry = (entry[0], np.ascontiguousarray(w.T, dtype=np.float32))
-        return entry[1]
-    key, kept = id(w), _TRANSPOSED
-    try:
-        ref = weakref.ref(w, lambda _r: kept.pop(key, None))
-    except TypeError:  # not weakly referenceable (a subclass with __slots__): no cache
-        return None
-    kept[key] = (ref, None)
-    return None
-
-
 @kernel("FullyConnected", domain=OPTCLI_DOMAIN)
 def fully_connected(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """``X @ W + B`` over the last axis of X (W is [K, N]), then the fused activation epilogue."""
@@ -121,7 +94,8 @@ def fully_connected(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
         # spinning into the next run, stealing the cores from the native pool
         b = None if bias is None else bias.astype(ct, copy=False).reshape(-1)
         xr = x.astype(ct, copy=False).reshape(rows, x.shape[-1])
-        wt = _transposed(w)
+        # W.T [N, K], made once per weight (a constant: fuse_matmul_add makes the op only for one)
+        wt = native.derived(w, "fc.T", lambda w: np.ascontiguousarray(w.T, dtype=np.float32))
         if wt is not None:
             # Y.T = W.T @ X.T: each output a dot product of two contiguous rows, in the narrow
             # path (rows of W.T split across the threads); memory-bound on W, which this reads

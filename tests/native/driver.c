@@ -6,7 +6,8 @@
  *   header[0] = kind (0: depthwise conv, 1: channel affine, 2: pooling, 3: GEMM conv, 4: activation,
  *   5: layer norm), [1] = act (pooling: 1 max, 2 average), [2] = has bias (shift),
  *   [3..17] = geometry (depthwise and pooling: the 15 values of optcli_dwconv2d_f32; affine: n, c, hw,
- *   has scale; GEMM: batch, m, k, n, has residual; activation: n; layer norm: outer, c, inner),
+ *   has scale; GEMM: batch, m, k, n, has residual, transposed (W.T's panels packed, then the
+ *   transposed product of small planes); activation: n; layer norm: outer, c, inner),
  *   [18..19] = alpha (layer norm: eps), beta as float32 bit patterns;
  *   then x, w (depthwise) or scale (affine, if any; layer norm) or 1/counts per row and column
  *   (average), bias; GEMM: w, x, residual (if any), bias.
@@ -60,7 +61,14 @@ static int run_case(const char *in, const char *out) {
         float *r = g[4] ? read_floats(f, ny) : NULL;
         float *b = has_bias ? read_floats(f, g[1]) : NULL;
         y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
-        rc = optcli_gemm_conv_f32(w, x, b, r, y, g[0], g[1], g[2], g[3], act, alpha, beta);
+        if (g[5]) { /* the transposed product of small planes, on W.T's panels packed here */
+            float *wt = malloc((size_t)(g[1] * g[2]) * sizeof(float));
+            int nr = optcli_gemm_pack_wt_f32(w, wt, g[1], g[2]);
+            rc = nr ? optcli_gemm_conv_t_f32(w, wt, nr, x, b, r, y, g[0], g[1], g[2], g[3], act, alpha, beta) : 4;
+            free(wt);
+        } else {
+            rc = optcli_gemm_conv_f32(w, x, b, r, y, g[0], g[1], g[2], g[3], act, alpha, beta);
+        }
         free(w), free(x), free(r), free(b);
     } else if (h[0] == 2) {
         int64_t nx = g[0] * g[1] * g[2] * g[3];

@@ -126,13 +126,15 @@ def _pool_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
 def _gemm_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
     """The GEMM's 4-lane tiles (NEON registers) on odd shapes, K over one block (768); under 16
     columns its narrow path (dot products along K, 8 rows x 2 columns), N = 1..15, K = 1 and K off
-    the 4 lanes, rows off the 8-row tiles."""
+    the 4 lanes, rows off the 8-row tiles; 16 to 256 columns taken transposed on packed panels."""
     rng = np.random.default_rng(11)
     cases = []
-    for i, (batch, m, k, n) in enumerate([(1, 1, 1, 1), (2, 7, 13, 31), (1, 13, 800, 49), (1, 24, 5, 197),
-                                          (1, 6, 16, 16), (3, 17, 3, 5), (2, 3, 40, 100), (1, 9, 1, 15),
-                                          (2, 37, 130, 3), (1, 1024, 64, 1), (1, 19, 33, 2), (1, 8, 7, 14),
-                                          (1, 100, 1001, 1)]):
+    plain = [(1, 1, 1, 1), (2, 7, 13, 31), (1, 13, 800, 49), (1, 24, 5, 197), (1, 6, 16, 16), (3, 17, 3, 5),
+             (2, 3, 40, 100), (1, 9, 1, 15), (2, 37, 130, 3), (1, 1024, 64, 1), (1, 19, 33, 2), (1, 8, 7, 14),
+             (1, 100, 1001, 1)]
+    # the transposed product of small planes (M a multiple of 4; 8-column panels, a last one of 4)
+    transposed = [(1, 4, 1, 16), (2, 12, 37, 49), (1, 40, 97, 196), (1, 8, 5, 23), (1, 320, 16, 256)]
+    for i, (batch, m, k, n) in enumerate(plain + transposed):
         act = [None, *ACTS][i * 2 % (len(ACTS) + 1)]
         w = (rng.standard_normal((m, k)) / np.sqrt(k)).astype(np.float32)
         x = rng.standard_normal((batch, k, n)).astype(np.float32)
@@ -142,8 +144,10 @@ def _gemm_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
         pre = pre + (0 if b is None else b[:, None]) + (0 if r is None else r)
         want = apply_activation(pre.astype(np.float32), act, *ACT_PARAMS.get(act, (0.0, 0.0)))
         src, dst = tmp / f"gemm{i}.in", tmp / f"gemm{i}.out"
-        _write_case(src, 3, act, [batch, m, k, n, int(r is not None)], [w, x, r, b])
-        cases.append((src, dst, want, f"gemm {batch}x{m}x{k}x{n} {act} residual={r is not None}"))
+        transposed = i >= len(plain)
+        _write_case(src, 3, act, [batch, m, k, n, int(r is not None), int(transposed)], [w, x, r, b])
+        cases.append((src, dst, want, f"gemm {batch}x{m}x{k}x{n} {act} residual={r is not None} "
+                                      f"transposed={transposed}"))
     return cases
 
 

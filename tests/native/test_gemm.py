@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from optcli import native
-from optcli.ops import gemm as gemm_ops
 from optcli.ops.activation import apply_activation
 from optcli.ops.conv import conv_1x1, conv_im2col
 from optcli.ops.gemm import fully_connected
@@ -85,17 +84,6 @@ def operands(m, k, n, batch=1, seed=0):
     return w, x, rng.standard_normal(m).astype(np.float32)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_matches_numpy(shape, lanes, threads):
-    m, k, n = shape
-    for i, act in enumerate(ACTS):
-        w, x, bias = operands(m, k, n, batch=1 + i % 2, seed=i)
-        bias = bias if i % 3 else None
-        a, b = ACT_PARAMS.get(act, (0.0, 0.0))
-        got = native.gemm_conv(w, x, bias, act, a, b)
-        assert_epilogue_close(got, product(w, x, bias), act, f"{shape} {act} bias={bias is not None}")
-
-
 @pytest.mark.parametrize("shape", [(7, 13, 31), (160, 961, 49), (24, 5, 3136)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("act", ["relu", "swish", None])
 def test_residual_added_once_before_the_activation(shape, act, lanes, threads):
@@ -106,18 +94,77 @@ def test_residual_added_once_before_the_activation(shape, act, lanes, threads):
     assert_epilogue_close(got, product(w, x, bias, res), act, f"{shape} {act} + residual")
 
 
+# (M, K, N) for the transposed product of small planes: M a multiple of 16 (every vector width takes
+# it; M = 8 and 24 only on 4 and 8 lanes), N = 16..256 (primes, 7x7, 14x14), K = 1 and off the widths,
+# M an odd number of vectors (a last panel one vector wide), rows of Y.T off the 6/8/12-row tiles.
+T_SHAPES = [(16, 7, 16), (32, 1, 17), (48, 961, 49), (320, 97, 49), (16, 5, 196), (160, 576, 49), (64, 3, 256),
+            (8, 9, 20), (24, 33, 37), (96, 24, 196), (1280, 20, 23), (112, 160, 49)]
+
+
+@pytest.mark.parametrize("shape, transposed", [(s, False) for s in SHAPES] + [(s, True) for s in T_SHAPES],
+                         ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else ["plain", "transposed"][s])
+def test_matches_numpy(shape, transposed, lanes, threads):
+    """Every activation, with and without bias; the transposed product (on W.T's panels) with a
+    residual as well."""
+    m, k, n = shape
+    for i, act in enumerate(ACTS):
+        w, x, bias = operands(m, k, n, batch=1 + i % 2, seed=i)
+        bias = bias if i % 3 else None
+        res, panels = None, None
+        if transposed:
+            if i % 4 == 1:
+                res = np.random.default_rng(i).standard_normal(x.shape[:1] + (m, n)).astype(np.float32)
+            panels = native.pack_panels(w)
+            assert (panels is None) == (m % lanes != 0)
+        a, b = ACT_PARAMS.get(act, (0.0, 0.0))
+        got = native.gemm_conv(w, x, bias, act, a, b, residual=res, panels=panels)
+        assert_epilogue_close(got, product(w, x, bias, res), act, f"{shape} {act} bias={bias is not None}")
+
+
+def test_transposed_product_ignores_panels_of_another_width(native_lib):
+    """Panels packed for one vector width, the GEMM switched to another: the plain product."""
+    w, x, bias = operands(64, 40, 49)
+    panels = native.pack_panels(w)
+    old = native_lib._lib.optcli_gemm_variant(-1)
+    try:
+        other = 4 if old != 4 else 8
+        assert native_lib._lib.optcli_gemm_variant(other) == other
+        got = native.gemm_conv(w, x, bias, "relu", panels=panels)
+    finally:
+        native_lib._lib.optcli_gemm_variant(0)
+    assert_epilogue_close(got, product(w, x, bias), "relu", "panels of another width")
+
+
+def test_small_plane_convs_pack_their_weight_once(native_calls):
+    """The 1x1 convs on 7x7 and 14x14: the first call notes the weight, the second packs its panels
+    and runs transposed, later calls find them; against onnxruntime each time."""
+    rng = np.random.default_rng(6)
+    for xs, ws in [((1, 160, 7, 7), (320, 160, 1, 1)), ((2, 24, 14, 14), (48, 24, 1, 1))]:
+        x = rng.standard_normal(xs).astype(np.float32)
+        w = (rng.standard_normal(ws) / np.sqrt(ws[1])).astype(np.float32)
+        b = rng.standard_normal(ws[0]).astype(np.float32)
+        want = np.maximum(ort_conv(x, w, b, {"kernel_shape": [1, 1]}), 0)
+        for _ in range(3):
+            assert_close(conv_1x1([x, w, b], {"kernel_shape": [1, 1], "activation": "relu"})[0], want)
+        nr, wt = native._DERIVED[(id(w), "conv.panels")][1]
+        assert wt.size == w.size and nr == 2 * native._lib.optcli_gemm_variant(-1)
+
+
 def test_same_result_on_any_thread_count(native_lib):
     """Items split differently, each output is computed the same way: bit-identical results."""
     w, x, bias = operands(160, 961, 49, batch=3)
     w2, x2, bias2 = operands(96, 16, 12544)
     w3, x3, bias3 = operands(1000, 1024, 3, batch=2)  # the narrow path: bands of rows by thread count
+    w4, x4, bias4 = operands(320, 960, 49, batch=2)  # the transposed product
+    panels = native.pack_panels(w4)
     old = native.get_num_threads()
     try:
         results = []
         for t in (1, 2, 3, 5):
             native.set_num_threads(t)
             results.append((native.gemm_conv(w, x, bias, "hard_swish"), native.gemm_conv(w2, x2, bias2, "clip", 0, 6),
-                            native.gemm_conv(w3, x3, bias3, "swish")))
+                            native.gemm_conv(w3, x3, bias3, "swish"),
+                            native.gemm_conv(w4, x4, bias4, "gelu", panels=panels)))
     finally:
         native.set_num_threads(old)
     for got in results[1:]:
@@ -239,7 +286,7 @@ def test_fully_connected_heads_run_natively(xs, n, bias_shape, act, native_calls
         assert got.shape == xs[:-1] + (n,)
         assert_epilogue_close(got, pre, act, f"FC {xs} x {n} {act} ({call} call)")
     assert native_calls["gemm"] == 2
-    assert gemm_ops._TRANSPOSED[id(w)][1] is not None
+    assert native._DERIVED[(id(w), "fc.T")][1] is not None
 
 
 def test_fully_connected_transposes_a_weight_only_while_it_lives(native_lib):
@@ -248,10 +295,10 @@ def test_fully_connected_transposes_a_weight_only_while_it_lives(native_lib):
     for _ in range(3):  # a weight made afresh per call (dequantized per run) is never transposed
         w = rng.standard_normal((32, 20)).astype(np.float32)
         assert_close(fully_connected([x, w, None], {})[0], x @ w)
-        key = id(w)
-        assert gemm_ops._TRANSPOSED[key][1] is None
+        key = (id(w), "fc.T")
+        assert native._DERIVED[key][1] is native._UNMADE
         del w
-        assert key not in gemm_ops._TRANSPOSED
+        assert key not in native._DERIVED
 
 
 @pytest.mark.parametrize("xs, n", [((16, 64), 32), ((3, 8, 10), 5)], ids=["16-rows", "24-rows"])

@@ -15,6 +15,12 @@
  * which the caches serve as well as a packed copy, so there is no per-call packing cost and no
  * cache of packed weights to keep coherent.  Partial sums of all but the last K block go through
  * Y (still in L2).  The work item itself is in gemm_kernel.h, once per vector width.
+ *
+ * Two shapes take other work items: under NARROW_COLS columns (squeeze-excitation convs and conv
+ * heads on [1, C, 1, 1], classifier heads on their weight transposed) every output is a dot
+ * product along K (GK(narrow)), since no 16- or 32-column tile fits; and small planes (16 to
+ * TRANSPOSED_COLS columns: the 1x1 convs on 7x7 and 14x14), given W.T's panels packed once by the
+ * caller, run as Y.T = X.T @ W.T vectorised along M (GK(transposed)), where 49 columns filled 64.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -27,6 +33,7 @@
 #define L2_FLOATS (64 * 1024)  /* 256 KiB: the packed X block, or a row block of W, in L2 */
 #define THIN_ROWS 4            /* GK_TM: products of this few rows take the thin work item */
 #define NARROW_COLS 16         /* products of fewer columns take the narrow work item (dot products) */
+#define TRANSPOSED_COLS 256    /* products of NARROW_COLS..this many columns may be taken transposed */
 
 /* A 2-D convolution's geometry, for the implicit GEMM: X is never formed, its columns are
  * packed straight from the zero-padded input (C x HP x WP per image): row k = (c, kh, kw) of X at
@@ -37,6 +44,7 @@ typedef struct {
 
 typedef struct {
     const float *w, *x, *bias, *res;
+    const float *wt;           /* W.T [K, M], for the transposed item (NULL: not given) */
     float *y;
     const conv_t *conv;        /* NULL: X is a matrix [K, N] per image */
     float *packed;             /* X packed once for all row bands (NULL: each item packs its own) */
@@ -70,6 +78,8 @@ typedef struct {
     const opt_item_fn *thin;  /* the same for thin products (GK_TM rows or fewer) */
     opt_item_fn prepack;      /* packs X for all row bands at once */
     opt_item_fn narrow;       /* products of fewer than NARROW_COLS columns, X transposed */
+    opt_item_fn transposed;   /* small planes, Y.T = X.T @ W.T (see optcli_gemm_conv_t_f32) */
+    void (*pack_wt)(const float *w, float *wt, int64_t m, int64_t k); /* W into W.T's panels */
 } variant_t;
 
 #define GK_V v4f
@@ -194,6 +204,14 @@ static int run(gemm_t *g, int64_t batch) {
         free(xt);
         return 0;
     }
+    if (g->wt && !g->conv && M % (nr / 2) == 0) { /* see GK(transposed) */
+        /* bands of whole panels of W.T (nr columns of M), about 4 per thread; X is shared, in L2 */
+        int64_t bands = batch >= 4 * threads ? 1 : (4 * threads + batch - 1) / batch;
+        g->mb = round_up((M + bands - 1) / bands, nr);
+        g->nm = (M + g->mb - 1) / g->mb;
+        opt_parallel(v.transposed, g, batch * g->nm, macs < (1 << 20) ? 1 : 0);
+        return 0;
+    }
     if (M <= THIN_ROWS && !g->conv) { /* bands of columns only, no packing: see GK(thin_block) */
         /* one band per thread: the wider a band, the longer the runs each row of X is read in */
         int64_t per = 4 * (nr / 2), bands = batch >= threads ? 1 : (threads + batch - 1) / batch;
@@ -236,6 +254,36 @@ OPT_API int optcli_gemm_conv_f32(const float *w, const float *x, const float *bi
     if (batch == 0 || M == 0 || N == 0) return 0;
     gemm_t g = {.w = w, .x = x, .bias = bias, .res = res, .y = y, .xstride = K * N, .M = M, .K = K, .N = N,
                 .act = act, .alpha = alpha, .beta = beta};
+    return run(&g, batch);
+}
+
+/* W [M, K] into the panels of W.T that the transposed product reads (see GK(transposed)): panels
+ * of nr columns of M (the GEMM's tile width now in use, returned), each [K, nr] row-major, the
+ * last one [K, nr / 2] when M is an odd number of vectors; M * K floats in all.  Returns 0 (and
+ * writes nothing) where M is not a multiple of the vector width: those products are not taken
+ * transposed. */
+OPT_API int optcli_gemm_pack_wt_f32(const float *w, float *wt, int64_t M, int64_t K) {
+    pthread_once(&g_variant_once, pick_variant);
+    const variant_t *v = g_variant;
+    if (M < 1 || K < 1 || M % (v->nr / 2)) return 0;
+    v->pack_wt(w, wt, M, K);
+    return v->nr;
+}
+
+/* The product of optcli_gemm_conv_f32 with W also given as wt, its panels from
+ * optcli_gemm_pack_wt_f32 (nr: the width that returned): products of 16 to TRANSPOSED_COLS
+ * columns (1x1 convs on 7x7 and 14x14 planes) are taken as Y.T = X.T @ W.T, vectorised along M,
+ * where 49 columns would fill 64-column tiles; other shapes, or panels packed for another tile
+ * width, as optcli_gemm_conv_f32 does (w is read then). */
+OPT_API int optcli_gemm_conv_t_f32(const float *w, const float *wt, int64_t nr, const float *x, const float *bias,
+                                   const float *res, float *y, int64_t batch, int64_t M, int64_t K, int64_t N, int act,
+                                   float alpha, float beta) {
+    if (batch < 0 || M < 0 || K < 1 || N < 0 || act < 0 || act >= ACT_COUNT) return OPT_EINVAL;
+    if (batch == 0 || M == 0 || N == 0) return 0;
+    pthread_once(&g_variant_once, pick_variant);
+    int take = wt && nr == g_variant->nr && M % (nr / 2) == 0 && N >= NARROW_COLS && N <= TRANSPOSED_COLS;
+    gemm_t g = {.w = w, .x = x, .bias = bias, .res = res, .y = y, .xstride = K * N, .M = M, .K = K, .N = N,
+                .act = act, .alpha = alpha, .beta = beta, .wt = take ? wt : NULL};
     return run(&g, batch);
 }
 

@@ -356,6 +356,96 @@ GK_ATTR static void GK(narrow)(void *c, int64_t it) {
         GK(narrow_band)(g, front ? atomic_fetch_add(&g->front, 1) : g->bands - 1 - atomic_fetch_add(&g->back, 1));
 }
 
+/* Small planes (the 1x1 convs on 7x7 and 14x14: 49 and 196 columns, many rows): Y's columns
+ * fill GK_NR-wide tiles badly (49 of 64), so the product is taken transposed, Y.T = X.T @ W.T,
+ * vectorised along M: a tile is nr rows of Y.T (columns n.. of Y, nr = GK_MR, fewer and exact
+ * at the end) x nv vectors of M (M is a multiple of GK_L), the broadcasts nr consecutive floats of
+ * one row of X, the vectors rows of W.T ([K, M], made once per weight by the caller), all of K
+ * in registers (W.T's rows of a band come from L2, each read once per row tile).  Bias, residual
+ * and activation on the tile, which is then stored transposed. */
+ALWAYS_INLINE void GK(ttile)(const gemm_t *g, const float *x, const float *wt, float *y, const float *r, int64_t n0,
+                             int64_t m0, const int nr, const int nv) {
+    const int64_t K = g->K, M = g->M, N = g->N;
+    GK_V acc[GK_MR][2], zero = {0};
+    for (int i = 0; i < nr; i++) acc[i][0] = acc[i][1] = zero;
+    /* W.T in panels of 2 * GK_L columns of M, each [K, 2 * GK_L] contiguous (the last one, of
+     * GK_L columns when M is an odd number of vectors, [K, GK_L]): read in order */
+    const float *a = x + n0, *b = wt + m0 * K;
+    const int64_t ldb = nv * GK_L;
+    (void)M;
+    for (int64_t k = 0; k < K; k++, a += N, b += ldb) {
+        GK_V b0 = GK(vld)(b), b1 = nv > 1 ? GK(vld)(b + GK_L) : zero;
+        for (int i = 0; i < nr; i++) {
+            float av = a[i];
+            GK_V sv = GK_SPLAT(av);
+            acc[i][0] += sv * b0;
+            if (nv > 1) acc[i][1] += sv * b1;
+        }
+    }
+    GK_V bias0 = zero, bias1 = zero;
+    if (g->bias) {
+        bias0 = GK(vld)(g->bias + m0);
+        if (nv > 1) bias1 = GK(vld)(g->bias + m0 + GK_L);
+    }
+    /* the tile through a buffer: the activation once over it, then each of its columns (one
+     * row of Y, nr consecutive floats) stored as a run */
+    float t[GK_MR * 2 * GK_L];
+    const int w = nv * GK_L;
+    for (int i = 0; i < nr; i++) {
+        GK(vst)(t + i * w, acc[i][0] + bias0);
+        if (nv > 1) GK(vst)(t + i * w + GK_L, acc[i][1] + bias1);
+    }
+    if (r)
+        for (int j = 0; j < w; j++)
+            for (int i = 0; i < nr; i++) t[i * w + j] += r[(m0 + j) * N + n0 + i];
+    act_span(t, nr * w, g->act, g->alpha, g->beta);
+    for (int j = 0; j < w; j++) {
+        float *yj = y + (m0 + j) * N + n0;
+        for (int i = 0; i < nr; i++) yj[i] = t[i * w + j];
+    }
+}
+
+/* W [M, K] into W.T's panels as GK(ttile) reads them (M a multiple of GK_L). */
+GK_ATTR static void GK(pack_wt)(const float *w, float *wt, int64_t M, int64_t K) {
+    for (int64_t m0 = 0; m0 < M; m0 += 2 * GK_L) {
+        int64_t w_ = M - m0 < 2 * GK_L ? M - m0 : 2 * GK_L;
+        float *dst = wt + m0 * K;
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t j = 0; j < w_; j++) dst[k * w_ + j] = w[(m0 + j) * K + k];
+    }
+}
+
+/* Item it: image it / nm, a band of mb of M's (whole panels but the last), all of N. */
+GK_ATTR static void GK(transposed)(void *c, int64_t it) {
+    const gemm_t *g = c;
+    const int64_t M = g->M, N = g->N;
+    int64_t img = it / g->nm, m0 = it % g->nm * g->mb, m1 = M - m0 < g->mb ? M : m0 + g->mb;
+    const float *x = g->x + img * g->xstride;
+    float *y = g->y + img * M * N;
+    const float *r = g->res ? g->res + img * M * N : NULL;
+    for (int64_t m = m0; m < m1; m += 2 * GK_L) {
+        const int two = m1 - m >= 2 * GK_L;
+        int64_t n = 0;
+        for (; n + GK_MR <= N; n += GK_MR) {
+            if (two) GK(ttile)(g, x, g->wt, y, r, n, m, GK_MR, 2);
+            else GK(ttile)(g, x, g->wt, y, r, n, m, GK_MR, 1);
+        }
+        switch (N - n) { /* the last rows, exactly: constant counts keep the accumulators in registers */
+#define GK_TREST(R) \
+    case R: if (two) GK(ttile)(g, x, g->wt, y, r, n, m, R, 2); else GK(ttile)(g, x, g->wt, y, r, n, m, R, 1); break;
+            GK_TREST(1) GK_TREST(2) GK_TREST(3) GK_TREST(4) GK_TREST(5)
+#if GK_MR > 6
+            GK_TREST(6) GK_TREST(7)
+#endif
+#if GK_MR > 8
+            GK_TREST(8) GK_TREST(9) GK_TREST(10) GK_TREST(11)
+#endif
+#undef GK_TREST
+        default: break;
+        }
+    }
+}
+
 /* Item it of the packing job that serves every row band (run()): K block it % blocks of image
  * it / blocks, all N columns, at the place GK(item) looks for it. */
 GK_ATTR static void GK(prepack)(void *c, int64_t it) {
@@ -404,7 +494,8 @@ static const opt_item_fn GK(items)[ACT_COUNT] = {GK(none), GK(relu), GK(clip), G
 static const opt_item_fn GK(thin_items)[ACT_COUNT] = {
     GK(thin_none), GK(thin_relu), GK(thin_clip), GK(thin_leaky), GK(thin_sigmoid),
     GK(thin_tanh), GK(thin_hsigmoid), GK(thin_hswish), GK(thin_swish), GK(thin_gelu), GK(thin_gelu_tanh)};
-static const variant_t GK(variant) = {GK_MR, GK_NR, GK(items), GK(thin_items), GK(prepack), GK(narrow)};
+static const variant_t GK(variant) = {GK_MR, GK_NR, GK(items), GK(thin_items), GK(prepack), GK(narrow),
+                                      GK(transposed), GK(pack_wt)};
 #undef GK_NR
 #undef GK_CH
 #undef GK_TM

@@ -47,6 +47,16 @@ OPT_API int optcli_channel_affine_f32(const float *x, float *y, const float *sca
  * bias and res may be NULL; res must not overlap y (y holds partial sums while K is walked). */
 OPT_API int optcli_gemm_conv_f32(const float *w, const float *x, const float *bias, const float *res, float *y,
                                  int64_t batch, int64_t m, int64_t k, int64_t n, int act, float alpha, float beta);
+/* Small planes (1x1 convs on 7x7 and 14x14): W packed once by the caller into panels of W.T
+ * (m * k floats; returns the panel width, 0 where m is not a multiple of the vector width and
+ * nothing was written), then the product of optcli_gemm_conv_f32 with those panels: 16..256
+ * columns run as Y.T = X.T @ W.T, vectorised along m (49 columns fill 64-column tiles badly);
+ * other shapes, or panels of another width (the tests switch the vector width), as
+ * optcli_gemm_conv_f32. */
+OPT_API int optcli_gemm_pack_wt_f32(const float *w, float *wt, int64_t m, int64_t k);
+OPT_API int optcli_gemm_conv_t_f32(const float *w, const float *wt, int64_t nr, const float *x, const float *bias,
+                                   const float *res, float *y, int64_t batch, int64_t m, int64_t k, int64_t n, int act,
+                                   float alpha, float beta);
 /* A 2-D convolution (one group) as an implicit GEMM: the same product and epilogue with X the
  * im2col matrix of the zero-padded input xp [batch, C, HP, WP], gathered while packing, never
  * formed.  geom: batch, M, C, HP, WP, KH, KW, stride_h, stride_w, dil_h, dil_w, OH, OW; w is
