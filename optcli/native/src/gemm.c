@@ -205,11 +205,18 @@ static int run(gemm_t *g, int64_t batch) {
         return 0;
     }
     if (g->wt && !g->conv && M % (nr / 2) == 0) { /* see GK(transposed) */
-        /* bands of whole panels of W.T (nr columns of M), about 4 per thread; X is shared, in L2 */
-        int64_t bands = batch >= 4 * threads ? 1 : (4 * threads + batch - 1) / batch;
-        g->mb = round_up((M + bands - 1) / bands, nr);
+        /* Items: bands of whole panels of W.T (nr columns of M) by bands of columns (whole
+         * tiles of mr), about 4 per thread: M first (X is shared, in L2), N as well where M has
+         * too few panels (a 32-channel output is one panel) */
+        g->mb = round_up((M + want - 1) / want, nr);
         g->nm = (M + g->mb - 1) / g->mb;
-        opt_parallel(v.transposed, g, batch * g->nm, macs < (1 << 20) ? 1 : 0);
+        g->nb = N;
+        if (g->nm < want) {
+            int64_t split = (want + g->nm - 1) / g->nm;
+            g->nb = round_up((N + split - 1) / split, mr);
+        }
+        g->nn = (N + g->nb - 1) / g->nb;
+        opt_parallel(v.transposed, g, batch * g->nm * g->nn, macs < (1 << 20) ? 1 : 0);
         return 0;
     }
     if (M <= THIN_ROWS && !g->conv) { /* bands of columns only, no packing: see GK(thin_block) */

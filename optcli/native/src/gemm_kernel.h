@@ -415,22 +415,24 @@ GK_ATTR static void GK(pack_wt)(const float *w, float *wt, int64_t M, int64_t K)
     }
 }
 
-/* Item it: image it / nm, a band of mb of M's (whole panels but the last), all of N. */
+/* Item it: image it / (nm * nn), a band of mb of M (whole panels but the last) and one of nb of N. */
 GK_ATTR static void GK(transposed)(void *c, int64_t it) {
     const gemm_t *g = c;
     const int64_t M = g->M, N = g->N;
-    int64_t img = it / g->nm, m0 = it % g->nm * g->mb, m1 = M - m0 < g->mb ? M : m0 + g->mb;
+    int64_t img = it / (g->nm * g->nn), rest = it % (g->nm * g->nn);
+    int64_t m0 = rest % g->nm * g->mb, m1 = M - m0 < g->mb ? M : m0 + g->mb;
+    int64_t n0 = rest / g->nm * g->nb, n1 = N - n0 < g->nb ? N : n0 + g->nb;
     const float *x = g->x + img * g->xstride;
     float *y = g->y + img * M * N;
     const float *r = g->res ? g->res + img * M * N : NULL;
     for (int64_t m = m0; m < m1; m += 2 * GK_L) {
         const int two = m1 - m >= 2 * GK_L;
-        int64_t n = 0;
-        for (; n + GK_MR <= N; n += GK_MR) {
+        int64_t n = n0;
+        for (; n + GK_MR <= n1; n += GK_MR) {
             if (two) GK(ttile)(g, x, g->wt, y, r, n, m, GK_MR, 2);
             else GK(ttile)(g, x, g->wt, y, r, n, m, GK_MR, 1);
         }
-        switch (N - n) { /* the last rows, exactly: constant counts keep the accumulators in registers */
+        switch (n1 - n) { /* the last rows, exactly: constant counts keep the accumulators in registers */
 #define GK_TREST(R) \
     case R: if (two) GK(ttile)(g, x, g->wt, y, r, n, m, R, 2); else GK(ttile)(g, x, g->wt, y, r, n, m, R, 1); break;
             GK_TREST(1) GK_TREST(2) GK_TREST(3) GK_TREST(4) GK_TREST(5)
