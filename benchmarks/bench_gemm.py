@@ -108,7 +108,6 @@ def best_of(calls: list, runs: int) -> np.ndarray:
     return np.array(best) * 1e6
 
 
-
 def setup(doc: str) -> argparse.Namespace:
     """The benchmarks' command line (--threads, --runs), with the native pool sized to it."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
@@ -119,7 +118,6 @@ def setup(doc: str) -> argparse.Namespace:
         raise SystemExit(native.status())
     native.set_num_threads(args.threads)
     return args
-
 
 
 def layer_data(rng: np.random.Generator, xs: tuple, ws: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -10,7 +10,7 @@ import pytest
 
 from optcli import native
 from optcli.ops.activation import apply_activation
-from optcli.ops.conv import conv_1x1, conv_im2col, conv_transpose
+from optcli.ops.conv import conv_im2col, conv_transpose
 from tests.helpers import assert_close
 from tests.native.cases import ACT_PARAMS
 from tests.native.test_depthwise import ort_conv

@@ -93,7 +93,7 @@ T_SHAPES = [(16, 7, 16), (32, 1, 17), (48, 961, 49), (320, 97, 49), (16, 5, 196)
 
 
 @pytest.mark.parametrize("shape, transposed", [(s, False) for s in SHAPES] + [(s, True) for s in T_SHAPES],
-                         ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else ("transposed" if s else "plain"))
+                         ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else ["plain", "transposed"][s])
 def test_matches_numpy(shape, transposed, lanes, threads):
     """Every activation, with and without bias; the transposed product (on W.T's panels) with a
     residual as well."""
@@ -103,7 +103,8 @@ def test_matches_numpy(shape, transposed, lanes, threads):
         bias = bias if i % 3 else None
         res, panels = None, None
         if transposed:
-            res = np.random.default_rng(i).standard_normal(x.shape[:1] + (m, n)).astype(np.float32) if i % 4 == 1 else None
+            if i % 4 == 1:
+                res = np.random.default_rng(i).standard_normal(x.shape[:1] + (m, n)).astype(np.float32)
             panels = native.pack_panels(w)
             assert (panels is None) == (m % lanes != 0)
         a, b = ACT_PARAMS.get(act, (0.0, 0.0))
