@@ -342,6 +342,58 @@ def gemm_conv(w: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None, acti
     return out
 
 
+def prepared_gemm_conv(w: np.ndarray, bias: np.ndarray | None, activation: str | None, alpha: float, beta: float,
+                       panels: tuple[int, np.ndarray] | None, images: int, columns: int, shape: tuple[int, ...]):
+    """``gemm_conv`` for one plan step, worked out once: a function of ``x`` ([images, K, columns],
+    C-contiguous float32) that returns the product in a new array of ``shape``.  The weights, bias
+    and panels are the step's own (kept alive by the function); per call only the two data
+    addresses are asked, where ``gemm_conv`` checks and converts every argument again (~4 us of
+    a 1x1 conv that takes 20-40 us on a MobileNet's late layers)."""
+    assert _lib is not None and w.ndim == 2 and w.dtype == np.float32 and w.flags.c_contiguous
+    assert bias is None or (bias.dtype == np.float32 and bias.shape == (w.shape[0],) and bias.flags.c_contiguous)
+    m, k = w.shape
+    code, b_addr = ACTIVATION_CODES[activation], _ptr(bias)
+    if panels is not None:
+        fn, head = _lib.optcli_gemm_conv_t_f32, (_ptr(w), _ptr(panels[1]), panels[0])
+    else:
+        fn, head = _lib.optcli_gemm_conv_f32, (_ptr(w),)
+    empty, f32 = np.empty, np.float32
+
+    def call(x: np.ndarray) -> np.ndarray:
+        y = empty(shape, f32)
+        rc = fn(*head, x.ctypes.data, b_addr, None, y.ctypes.data, images, m, k, columns, code, alpha, beta)
+        if rc:
+            _check(rc, "GEMM conv")
+        return y
+
+    call.keep = (w, bias, panels)  # what the addresses point into
+    return call
+
+
+def prepared_depthwise_conv2d(xshape: tuple[int, int, int, int], w: np.ndarray, bias: np.ndarray | None,
+                              strides: tuple[int, int], dilations: tuple[int, int], pad_begin: tuple[int, int],
+                              out: tuple[int, int], activation: str | None, alpha: float, beta: float):
+    """``depthwise_conv2d`` for one plan step and input shape, worked out once (see
+    ``prepared_gemm_conv``): a function of a C-contiguous float32 ``x`` of ``xshape``."""
+    assert _lib is not None and w.ndim == 4 and w.dtype == np.float32 and w.flags.c_contiguous
+    assert bias is None or (bias.dtype == np.float32 and bias.shape == (w.shape[0],) and bias.flags.c_contiguous)
+    n, c, h, wd = xshape
+    m, _, kh, kw = w.shape
+    geom = _geom((n, c, h, wd, m, kh, kw, *strides, *dilations, *pad_begin, *out))
+    fn, code, w_addr, b_addr = _lib.optcli_dwconv2d_f32, ACTIVATION_CODES[activation], _ptr(w), _ptr(bias)
+    shape, empty, f32 = (n, m, out[0], out[1]), np.empty, np.float32
+
+    def call(x: np.ndarray) -> np.ndarray:
+        y = empty(shape, f32)
+        rc = fn(x.ctypes.data, w_addr, b_addr, y.ctypes.data, geom, code, alpha, beta)
+        if rc:
+            _check(rc, "depthwise conv")
+        return y
+
+    call.keep = (w, bias, _GEOMS.get((n, c, h, wd, m, kh, kw, *strides, *dilations, *pad_begin, *out)))
+    return call
+
+
 def pack_panels(w: np.ndarray) -> tuple[int, np.ndarray] | None:
     """``w`` [M, K] packed into the panels of W.T that ``gemm_conv(panels=...)`` reads on small planes
     (src/gemm.c, optcli_gemm_pack_wt_f32): (the panel width, the M * K floats), or None where M is

@@ -35,7 +35,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from optcli import native
-from optcli.ops.activation import activate, apply_output_quant, epilogue
+from optcli.ops.activation import activate, apply_output_quant, epilogue, output_quant
 from optcli.ops.registry import StepAttrs, kernel
 from optcli.ops.shapes_registry import Shape, ShapeArgs, ShapeDerivationError, check_length, fixed, shape_fn
 from optcli.ops.spatial import compute_dtype, conv_transpose_geometry, pad_input, prod, window, window_dims
@@ -149,6 +149,40 @@ def conv_im2col(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[
     return _finish(y.reshape((n, m) + win.out), _bias(inputs), attrs, x.dtype)
 
 
+# Bound steps whose native call is worked out once (native.prepared_*): id(attrs) -> (attrs, w, bias,
+# x.shape, call).  Taken only while the step sees the same attrs, weights, bias and input shape, and an
+# input the call can read as it is (C-contiguous float32).
+_PREPARED: dict[int, tuple] = {}
+
+
+def _prepared(attrs: dict[str, Any], x: Any, w: Any, bias: Any) -> Any:
+    """The step's prepared native call, if it applies to this input; else None."""
+    if type(attrs) is not StepAttrs:
+        return None
+    hit = _PREPARED.get(id(attrs))
+    if hit is None or hit[0] is not attrs or hit[1] is not w or hit[2] is not bias or hit[3] != x.shape:
+        return None
+    if type(x) is not np.ndarray or x.dtype != np.float32 or not x.flags.c_contiguous:
+        return None
+    return hit[4]
+
+
+def _preparable(attrs: dict[str, Any], x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> bool:
+    """Whether a prepared call can stand for this step: fixed attrs, float32 weights and bias as the
+    library reads them, no fused FakeQuant after the activation."""
+    return (type(attrs) is StepAttrs and x.dtype == np.float32 and w.dtype == np.float32
+            and w.flags.c_contiguous and (bias is None or (bias.dtype == np.float32 and bias.flags.c_contiguous))
+            and output_quant(attrs) is None and native.available())
+
+
+def _prepare(attrs: dict[str, Any], x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, call: Any,
+             xshape: tuple[int, ...]) -> None:
+    call.xshape = xshape  # the shape the call reads x as (a view of the same memory)
+    if len(_PREPARED) >= 4096:
+        _PREPARED.clear()
+    _PREPARED[id(attrs)] = (attrs, w, bias, x.shape, call)
+
+
 _WEIGHT_VIEWS: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (id(w), shape) -> (w, view)
 
 
@@ -182,6 +216,9 @@ def _native_gemm(ct: np.dtype, columns: int, narrow: bool = False) -> bool:
 def conv_1x1(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """Pointwise convolution (1x1 kernel, stride 1, no padding, one group): a single GEMM."""
     x, w = inputs[0], inputs[1]
+    fast = _prepared(attrs, x, w, _bias(inputs))
+    if fast is not None:
+        return [fast(x.reshape(fast.xshape))]
     if x.ndim < 3 or not _is_pointwise(attrs, w.shape):
         return conv_im2col(inputs, attrs)
     ct = compute_dtype(x.dtype)
@@ -193,7 +230,11 @@ def conv_1x1(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.
         # small planes (7x7, 14x14) run transposed on W.T's panels, packed once per weight
         panels = native.derived(w, "conv.panels", lambda _: native.pack_panels(wr)) \
             if 16 <= xr.shape[2] <= 256 else None
-        y = native.gemm_conv(wr, xr, _bias(inputs), *epilogue(attrs), panels=panels)
+        bias = _bias(inputs)
+        y = native.gemm_conv(wr, xr, bias, *epilogue(attrs), panels=panels)
+        if _preparable(attrs, x, w, bias):
+            call = native.prepared_gemm_conv(wr, bias, *epilogue(attrs), panels, n, xr.shape[2], (n, m) + x.shape[2:])
+            _prepare(attrs, x, w, bias, call, xr.shape)
         return [apply_output_quant(y.reshape((n, m) + x.shape[2:]).astype(x.dtype, copy=False), attrs)]
     y = np.matmul(wr, xr[0])[None] if n == 1 else np.matmul(wr, xr)
     return _finish(y.reshape((n, m) + x.shape[2:]), _bias(inputs), attrs, x.dtype)
@@ -233,6 +274,9 @@ def conv_depthwise(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
     contiguous memory, done a cache-sized block of channels at a time.
     """
     x, w = inputs[0], inputs[1]
+    fast = _prepared(attrs, x, w, _bias(inputs))
+    if fast is not None:
+        return [fast(x)]
     group = int(attrs.get("group", 1))
     if x.ndim < 3 or not _is_depthwise(attrs, w.shape) or x.shape[1] != group:
         return conv_im2col(inputs, attrs)
@@ -323,6 +367,9 @@ def _native_depthwise(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, att
     strides, dil = one + win.strides, one + win.dilations
     begin, out = (0,) * lift + win.pad_begin, one + win.out
     y = native.depthwise_conv2d(x, w, bias, strides, dil, begin, out, *epilogue(attrs))
+    if not lift and _preparable(attrs, x, w, bias):
+        call = native.prepared_depthwise_conv2d(x.shape, w, bias, strides, dil, begin, out, *epilogue(attrs))
+        _prepare(attrs, x, w, bias, call, x.shape)
     if lift:
         y = y.reshape(y.shape[:2] + win.out)
     return [apply_output_quant(y.astype(x.dtype, copy=False), attrs)]

@@ -49,3 +49,47 @@ def test_address_cache_only_keeps_read_only_arrays():
     assert native._ptr(x) == x.ctypes.data
     assert id(w) in native._CONST_ADDRS and id(x) not in native._CONST_ADDRS
     assert native._ptr(None) is None
+
+
+@pytest.mark.skipif(not native.available(), reason="the native library is not built here")
+@pytest.mark.parametrize("kind", ["1x1", "depthwise", "1x1-small-plane"])
+def test_prepared_native_call_matches_and_steps_aside(kind):
+    """A bound step's second run takes its prepared native call (conv._PREPARED), with the same
+    result; a new input shape, a strided input or other weights go the full way again."""
+    from optcli.ops import conv
+
+    rng = np.random.default_rng(3)
+    if kind == "depthwise":
+        x = rng.standard_normal((1, 24, 9, 11)).astype(np.float32)
+        w = rng.standard_normal((24, 1, 3, 3)).astype(np.float32)
+        attrs = kernel_attrs({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "group": 24, "activation": "relu"}, 1, {})
+        fn, other_x = conv.conv_depthwise, rng.standard_normal((1, 24, 5, 7)).astype(np.float32)
+    else:
+        side = 7 if kind == "1x1-small-plane" else 20
+        x = rng.standard_normal((1, 32, side, side)).astype(np.float32)
+        w = rng.standard_normal((48, 32, 1, 1)).astype(np.float32)
+        attrs = kernel_attrs({"kernel_shape": [1, 1], "activation": "clip", "activation_alpha": 0.0,
+                              "activation_beta": 6.0}, 1, {})
+        fn, other_x = conv.conv_1x1, rng.standard_normal((1, 32, 3, 5)).astype(np.float32)
+    b = rng.standard_normal(w.shape[0]).astype(np.float32)
+    w.flags.writeable = b.flags.writeable = False  # as a plan's weights
+    first = fn([x, w, b], attrs)[0]
+    assert conv._PREPARED[id(attrs)][0] is attrs, "the first run did not prepare the step"
+    calls = []
+    prepared = conv._PREPARED[id(attrs)][4]
+
+    def counted(arr):
+        calls.append(arr.shape)
+        return prepared(arr)
+
+    counted.xshape = getattr(prepared, "xshape", None)
+    conv._PREPARED[id(attrs)] = conv._PREPARED[id(attrs)][:4] + (counted,)
+    np.testing.assert_array_equal(fn([x, w, b], attrs)[0], first)
+    assert len(calls) == 1
+    with np.errstate(all="ignore"):
+        plain = dict(attrs)
+        for args in ([np.asfortranarray(x), w, b], [x, w.copy(), b], [x, w, None], [other_x, w, b]):
+            got = fn(args, attrs)[0]
+            want = fn(args, plain)[0]  # a plain dict: never prepared
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert len(calls) == 1, "the prepared call ran for an input it was not made for"
