@@ -193,7 +193,9 @@ CONVS = [  # (kernel, x shape, w shape, attrs)
     (conv_im2col, (1, 5, 17, 30), (13, 5, 3, 5), {"strides": [3, 2], "dilations": [2, 1], "pads": [2, 0, 1, 3]}),
     (conv_im2col, (3, 64, 14, 14), (40, 64, 3, 3), {"pads": [1, 1, 1, 1]}),  # K over one block
     (conv_im2col, (1, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
-    (conv_im2col, (1, 16, 23, 9), (24, 16, 1, 1), {"strides": [2, 2]}),  # strided 1x1: not a plain GEMM
+    (conv_im2col, (1, 16, 23, 9), (24, 16, 1, 1), {"strides": [2, 2]}),  # strided 1x1: the subsampled input's GEMM
+    (conv_im2col, (2, 40, 14, 15), (64, 40, 1, 1), {"strides": [2, 3]}),  # two images, unequal strides, 7x5 out
+    (conv_im2col, (1, 8, 9, 9), (16, 8, 1, 1), {"strides": [2, 2], "pads": [1, 1, 0, 0]}),  # padded: implicit
     (conv_im2col, (2, 6, 40), (7, 6, 3), {"pads": [1, 1], "strides": [2]}),  # 1-D: explicit columns
     # grouped: each group a GEMM of its own rows of W, the groups of all images spread over the pool
     (conv_im2col, (1, 8, 12, 12), (8, 2, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}),
@@ -223,8 +225,11 @@ def test_convs_match_onnxruntime(kernel, xs, ws, attrs, act, route, native_calls
     implicit = kernel is conv_im2col and len(xs) == 4  # 2-D: the implicit GEMM, no column matrix
     win = window(full, xs[2:], ws[2:])
     stem = implicit and attrs.get("group", 1) == 1 and native.stem_fits(xs[1], win.kernel, win.strides, win.out)
+    # a strided 1x1 conv is the plain GEMM of the subsampled input (conv._strided_pointwise)
+    strided_1x1 = implicit and tuple(ws[2:]) == (1, 1) and attrs.get("group", 1) == 1 and not any(attrs.get("pads", ()))
     assert native_calls["stem"] == int(stem)
-    assert (native_calls["conv_gemm"], native_calls["gemm"]) == ((0, 0) if stem else (1, 0) if implicit else
+    assert (native_calls["conv_gemm"], native_calls["gemm"]) == ((0, 0) if stem else (0, 1) if strided_1x1 else
+                                                                 (1, 0) if implicit else
                                                                  (0, 1 if kernel is conv_1x1 else xs[0]))
     assert native_calls["epilogue"] == 0  # the GEMM's own epilogue, no second pass
     want = ort_conv(x, w, b, {k: v for k, v in full.items() if not k.startswith("activation")})
