@@ -160,7 +160,7 @@ _PREPARED: dict[int, tuple] = {}
 
 def _prepared(attrs: dict[str, Any], x: Any, w: Any, bias: Any) -> Any:
     """The step's prepared native call, if it applies to this input; else None."""
-    if type(attrs) is not StepAttrs:
+    if type(attrs) is not StepAttrs or not native.available():  # the library set aside (OPTCLI_NATIVE=0, tests)
         return None
     hit = _PREPARED.get(id(attrs))
     if hit is None or hit[0] is not attrs or hit[1] is not w or hit[2] is not bias or hit[3] != x.shape:

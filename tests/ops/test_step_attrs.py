@@ -93,3 +93,9 @@ def test_prepared_native_call_matches_and_steps_aside(kind):
             want = fn(args, plain)[0]  # a plain dict: never prepared
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     assert len(calls) == 1, "the prepared call ran for an input it was not made for"
+    from unittest import mock
+
+    conv._PREPARED[id(attrs)] = (attrs, w, b, x.shape, counted)
+    with mock.patch.object(native, "_lib", None):  # the library set aside (OPTCLI_NATIVE=0): numpy runs
+        np.testing.assert_allclose(fn([x, w, b], attrs)[0], first, rtol=1e-5, atol=1e-5)
+    assert len(calls) == 1, "the prepared native call ran with the library set aside"
