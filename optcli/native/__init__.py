@@ -164,7 +164,7 @@ def _check(rc: int, what: str) -> None:
         raise NativeError(f"native {what} failed with code {rc}" + (" (out of memory)" if rc == -2 else ""))
 
 
-_CONST_ADDRS: dict[int, tuple[np.ndarray, int]] = {}  # id -> (read-only array, its data address)
+_CONST_ADDRS: dict[int, tuple[weakref.ref, int]] = {}  # id -> (weak reference to a read-only array, its address)
 _GEOMS: dict[tuple[int, ...], tuple[np.ndarray, int]] = {}  # geometry values -> (int64 array, address)
 _CACHE_MAX = 4096
 
@@ -172,19 +172,27 @@ _CACHE_MAX = 4096
 def _ptr(a: np.ndarray | None) -> int | None:
     """The data address of ``a`` (None for None).  Read-only arrays (a plan's weights, mapped from
     the .nb file) are looked up by identity: numpy takes ~0.8 us to answer, a few times per call of
-    kernels that take ~10 us on a model's small layers.  The cache holds each array it names, so
-    an id is never reused while it is there, and an array's data never moves."""
+    kernels that take ~10 us on a model's small layers.  An entry holds its array weakly (a dropped
+    predictor's weights are freed) and leaves with it, so an id is never reused while cached; an
+    array's data never moves."""
     if a is None:
         return None
-    hit = _CONST_ADDRS.get(id(a))
-    if hit is not None and hit[0] is a:
+    key = id(a)
+    hit = _CONST_ADDRS.get(key)
+    if hit is not None and hit[0]() is a:
         return hit[1]
     addr = a.ctypes.data
     if not a.flags.writeable:
         if len(_CONST_ADDRS) >= _CACHE_MAX:
             _CONST_ADDRS.clear()
-        _CONST_ADDRS[id(a)] = (a, addr)
+        _CONST_ADDRS[key] = (weakref.ref(a, lambda _, k=key: _forget_addr(k)), addr)
     return addr
+
+
+def _forget_addr(key: int) -> None:
+    hit = _CONST_ADDRS.get(key)
+    if hit is not None and hit[0]() is None:
+        del _CONST_ADDRS[key]
 
 
 def _geom(values: tuple[int, ...]) -> int:

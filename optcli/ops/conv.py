@@ -152,22 +152,21 @@ def conv_im2col(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[
     return _finish(y.reshape((n, m) + win.out), _bias(inputs), attrs, x.dtype)
 
 
-# Bound steps whose native call is worked out once (native.prepared_*): id(attrs) -> (attrs, w, bias,
-# x.shape, call).  Taken only while the step sees the same attrs, weights, bias and input shape, and an
-# input the call can read as it is (C-contiguous float32).
-_PREPARED: dict[int, tuple] = {}
+# Bound steps keep their native call worked out once (native.prepared_*) in their attrs' memo
+# (StepAttrs): (weights, bias, x.shape, call), taken only while the step sees the same weights, bias
+# and input shape, and an input the call can read as it is (C-contiguous float32).
 
 
 def _prepared(attrs: dict[str, Any], x: Any, w: Any, bias: Any) -> Any:
     """The step's prepared native call, if it applies to this input; else None."""
     if type(attrs) is not StepAttrs or not native.available():  # the library set aside (OPTCLI_NATIVE=0, tests)
         return None
-    hit = _PREPARED.get(id(attrs))
-    if hit is None or hit[0] is not attrs or hit[1] is not w or hit[2] is not bias or hit[3] != x.shape:
+    hit = attrs.memo.get("prepared")
+    if hit is None or hit[0] is not w or hit[1] is not bias or hit[2] != x.shape:
         return None
     if type(x) is not np.ndarray or x.dtype != np.float32 or not x.flags.c_contiguous:
         return None
-    return hit[4]
+    return hit[3]
 
 
 def _preparable(attrs: dict[str, Any], x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> bool:
@@ -178,15 +177,10 @@ def _preparable(attrs: dict[str, Any], x: np.ndarray, w: np.ndarray, bias: np.nd
             and output_quant(attrs) is None and native.available())
 
 
-def _prepare(attrs: dict[str, Any], x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, call: Any,
+def _prepare(attrs: StepAttrs, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, call: Any,
              xshape: tuple[int, ...]) -> None:
     call.xshape = xshape  # the shape the call reads x as (a view of the same memory)
-    if len(_PREPARED) >= 4096:
-        _PREPARED.clear()
-    _PREPARED[id(attrs)] = (attrs, w, bias, x.shape, call)
-
-
-_UNIT_STRIDES: dict[int, tuple[dict, StepAttrs]] = {}  # id(attrs) -> (attrs, the same with unit strides)
+    attrs.memo["prepared"] = (w, bias, x.shape, call)
 
 
 def _strided_pointwise(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray] | None:
@@ -203,35 +197,14 @@ def _strided_pointwise(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -
     if int(attrs.get("group", 1)) != 1 or any(int(p) for p in attrs.get("pads") or ()) \
             or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID") or x.dtype != np.float32:
         return None
-    hit = _UNIT_STRIDES.get(id(attrs)) if type(attrs) is StepAttrs else None
-    if hit is None or hit[0] is not attrs:
-        unit = {**attrs, "strides": [1, 1]}
-        unit = StepAttrs(unit) if type(attrs) is StepAttrs else unit
-        if type(attrs) is StepAttrs:
-            if len(_UNIT_STRIDES) >= 4096:
-                _UNIT_STRIDES.clear()
-            _UNIT_STRIDES[id(attrs)] = (attrs, unit)
+    if type(attrs) is StepAttrs:  # the same unit-stride attrs every run: the 1x1 path prepares its call on them
+        unit = attrs.memo.get("unit strides")
+        if unit is None:
+            unit = attrs.memo["unit strides"] = StepAttrs({**attrs, "strides": [1, 1]})
     else:
-        unit = hit[1]
+        unit = {**attrs, "strides": [1, 1]}
     sub = np.ascontiguousarray(x[:, :, ::int(strides[0]), ::int(strides[1])])
     return conv_1x1([sub, w, *inputs[2:]], unit)
-
-
-_WEIGHT_VIEWS: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (id(w), shape) -> (w, view)
-
-
-def _weight_view(w: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """``w.reshape(shape)``; for a plan's weights (read-only) the same view object on every run, so
-    that the native library finds its address in its cache instead of asking numpy again."""
-    if w.flags.writeable:
-        return w.reshape(shape)
-    key = (id(w), shape)
-    hit = _WEIGHT_VIEWS.get(key)
-    if hit is None or hit[0] is not w:
-        if len(_WEIGHT_VIEWS) >= 4096:
-            _WEIGHT_VIEWS.clear()
-        hit = _WEIGHT_VIEWS[key] = (w, w.reshape(shape))
-    return hit[1]
 
 
 def _native_gemm(ct: np.dtype, columns: int, narrow: bool = False) -> bool:
@@ -259,7 +232,7 @@ def conv_1x1(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.
     n, c = x.shape[:2]
     m = w.shape[0]
     xr = x.astype(ct, copy=False).reshape(n, c, prod(x.shape[2:]))  # not -1: ambiguous for N = 0
-    wr = _weight_view(w.astype(ct, copy=False), (m, c))
+    wr = w.astype(ct, copy=False).reshape(m, c)
     if c and _native_gemm(ct, xr.shape[2], narrow=True):  # bias and activation in the GEMM's own pass over y
         # small planes (7x7, 14x14) run transposed on W.T's panels, packed once per weight
         panels = native.derived(w, "conv.panels", lambda _: native.pack_panels(wr)) \
@@ -363,20 +336,16 @@ _GEOMETRY_ATTRS = ("kernel_shape", "strides", "dilations", "pads", "auto_pad")
 _WINDOWS: dict[tuple, Any] = {}  # resolved windows of the native path, by shapes and geometry attributes
 
 
-_WINDOWS_BY_STEP: dict[tuple, tuple[dict, Any]] = {}  # (id(attrs), shapes) -> (attrs, window)
-
-
 def _window_of(attrs: dict[str, Any], xshape: tuple[int, ...], wshape: tuple[int, ...]) -> Any:
     """``window()`` for a conv, memoised: resolving it costs more than a small native call.
 
-    A bound step passes the same attrs on every run, fixed (``StepAttrs``), so the first lookup is
-    by its identity (the entry holds the dict: its id cannot be reused while cached); other callers
-    fall back to a key made of the geometry attributes' values."""
-    step_key = (id(attrs), xshape, wshape)
-    if type(attrs) is StepAttrs:
-        hit = _WINDOWS_BY_STEP.get(step_key)
-        if hit is not None and hit[0] is attrs:
-            return hit[1]
+    A bound step's fixed attrs (``StepAttrs``) keep it in their memo; other callers' dicts may
+    change between calls, so theirs is found by the geometry attributes' values."""
+    memo = attrs.memo if type(attrs) is StepAttrs else None
+    if memo is not None:
+        win = memo.get(("window", xshape, wshape))
+        if win is not None:
+            return win
     key = (xshape, wshape) + tuple(tuple(v) if isinstance(v, (list, tuple, np.ndarray)) else v
                                    for v in (attrs.get(k) for k in _GEOMETRY_ATTRS))
     win = _WINDOWS.get(key)
@@ -384,10 +353,8 @@ def _window_of(attrs: dict[str, Any], xshape: tuple[int, ...], wshape: tuple[int
         if len(_WINDOWS) >= 1024:
             _WINDOWS.clear()
         win = _WINDOWS[key] = window(attrs, xshape[2:], attrs.get("kernel_shape") or wshape[2:])
-    if type(attrs) is StepAttrs:
-        if len(_WINDOWS_BY_STEP) >= 1024:
-            _WINDOWS_BY_STEP.clear()
-        _WINDOWS_BY_STEP[step_key] = (attrs, win)
+    if memo is not None:
+        memo[("window", xshape, wshape)] = win
     return win
 
 

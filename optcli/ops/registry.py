@@ -40,10 +40,16 @@ class Kernel:
 
 class StepAttrs(dict):
     """A bound step's kernel attributes (``runtime.evaluate.kernel_attrs``): one dict per step for
-    the life of a plan, passed on every run.  Kernels may memoise what they derive from it by its
-    identity (ops/conv.py's windows) because it cannot change: every mutation raises."""
+    the life of a plan, passed on every run.  It cannot change (every mutation raises), so kernels
+    keep what they derive from it in its ``memo`` (ops/conv.py: the window, the prepared native
+    call), which lives and dies with the bound step: no process-wide cache holds a dropped
+    predictor's weights."""
 
-    __slots__ = ()
+    __slots__ = ("memo",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.memo: dict[Any, Any] = {}
 
     def _fixed(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("a bound step's attributes are fixed: copy them (dict(attrs)) to change them")

@@ -49,12 +49,18 @@ def test_address_cache_only_keeps_read_only_arrays():
     assert native._ptr(x) == x.ctypes.data
     assert id(w) in native._CONST_ADDRS and id(x) not in native._CONST_ADDRS
     assert native._ptr(None) is None
+    key = id(w)
+    del w  # the cache holds it weakly: a dropped weight leaves it
+    import gc
+
+    gc.collect()
+    assert key not in native._CONST_ADDRS
 
 
 @pytest.mark.skipif(not native.available(), reason="the native library is not built here")
 @pytest.mark.parametrize("kind", ["1x1", "depthwise", "1x1-small-plane"])
 def test_prepared_native_call_matches_and_steps_aside(kind):
-    """A bound step's second run takes its prepared native call (conv._PREPARED), with the same
+    """A bound step's second run takes its prepared native call (in its attrs' memo), with the same
     result; a new input shape, a strided input or other weights go the full way again."""
     from optcli.ops import conv
 
@@ -74,16 +80,16 @@ def test_prepared_native_call_matches_and_steps_aside(kind):
     b = rng.standard_normal(w.shape[0]).astype(np.float32)
     w.flags.writeable = b.flags.writeable = False  # as a plan's weights
     first = fn([x, w, b], attrs)[0]
-    assert conv._PREPARED[id(attrs)][0] is attrs, "the first run did not prepare the step"
+    assert "prepared" in attrs.memo, "the first run did not prepare the step"
     calls = []
-    prepared = conv._PREPARED[id(attrs)][4]
+    prepared = attrs.memo["prepared"][3]
 
     def counted(arr):
         calls.append(arr.shape)
         return prepared(arr)
 
     counted.xshape = getattr(prepared, "xshape", None)
-    conv._PREPARED[id(attrs)] = conv._PREPARED[id(attrs)][:4] + (counted,)
+    attrs.memo["prepared"] = attrs.memo["prepared"][:3] + (counted,)
     np.testing.assert_array_equal(fn([x, w, b], attrs)[0], first)
     assert len(calls) == 1
     with np.errstate(all="ignore"):
@@ -95,7 +101,30 @@ def test_prepared_native_call_matches_and_steps_aside(kind):
     assert len(calls) == 1, "the prepared call ran for an input it was not made for"
     from unittest import mock
 
-    conv._PREPARED[id(attrs)] = (attrs, w, b, x.shape, counted)
+    attrs.memo["prepared"] = (w, b, x.shape, counted)
     with mock.patch.object(native, "_lib", None):  # the library set aside (OPTCLI_NATIVE=0): numpy runs
         np.testing.assert_allclose(fn([x, w, b], attrs)[0], first, rtol=1e-5, atol=1e-5)
     assert len(calls) == 1, "the prepared native call ran with the library set aside"
+
+
+@pytest.mark.skipif(not native.available(), reason="the native library is not built here")
+def test_a_dropped_predictor_leaves_no_weights_behind():
+    """The per-step memos live in the bound steps: once a predictor is gone, its weights are freed
+    (process-wide caches keyed by identity would have kept them until they filled up)."""
+    import gc
+    import weakref
+
+    import optcli
+    from optcli.zoo.models import build, sample_inputs
+
+    model = build("mobilenet_v2")
+    pred = optcli.load(optcli.optimize(model=model, valid_targets="arm").data, threads=1)
+    feeds = sample_inputs(model, seed=0)
+    pred.run(feeds)
+    pred.run(feeds)  # the second run takes the prepared calls
+    refs = [weakref.ref(w) for w in pred._executor.plan.weights.values() if isinstance(w, np.ndarray)]
+    assert refs
+    del pred
+    gc.collect()
+    alive = sum(r() is not None for r in refs)
+    assert alive == 0, f"{alive} of {len(refs)} weights outlived their predictor"
