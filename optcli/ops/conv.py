@@ -354,6 +354,8 @@ def _window_of(attrs: dict[str, Any], xshape: tuple[int, ...], wshape: tuple[int
             _WINDOWS.clear()
         win = _WINDOWS[key] = window(attrs, xshape[2:], attrs.get("kernel_shape") or wshape[2:])
     if memo is not None:
+        if len(memo) >= 64:  # a step fed ever new input shapes (dynamic dims): keep the memo small
+            memo.clear()
         memo[("window", xshape, wshape)] = win
     return win
 
