@@ -108,9 +108,10 @@ static int64_t now_ns(void) {
 
 /* Spin until a job newer than `seen` is published or P.spin_ns has passed (the clock is read
  * every 64 pauses: a pause is tens of cycles, a clock read through the vDSO about as much).
- * Every 16 pauses the worker yields its CPU: on a quiet machine sched_yield returns at once, and
- * on a busy one the processes waiting for this CPU (or the caller itself) run instead of the
- * spin; without it, spinning made MobileNetV2's runs 1.5-2x slower beside two busy processes. */
+ * Every 16 pauses the worker yields its CPU: on a quiet machine sched_yield returns at once (no
+ * measurable cost), and on a busy one the processes waiting for this CPU (or the caller itself)
+ * run instead of the spin.  Without it, on a machine kept busy by two compilers, MobileNetV2's
+ * median runs with spinning workers were 1.3-1.9x those with sleeping ones. */
 static void spin_for_job(uint32_t seen) {
     if (P.spin_ns <= 0) return;
     int64_t end = now_ns() + P.spin_ns;
