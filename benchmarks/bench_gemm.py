@@ -43,19 +43,6 @@ LAYERS = [(f"1x1 {c}->{m} @{s}", (1, c, s, s), (m, c, 1, 1), {}) for c, m, s in 
     (f"FC {k}->{n}", (1, k), (k, n), None) for k, n in [(1024, 1000), (1280, 1000), (2048, 1000), (512, 10)]]
 
 
-def run_blocks(calls: list, runs: int) -> np.ndarray:
-    """The minimum time of each call, us: blocks forth and back, each warmed up (a block's first
-    calls meet the previous block's spinning threads)."""
-    best = [float("inf")] * len(calls)
-    for i in (0, 1, 2, 2, 1, 0):
-        for rep in range(runs // 2 + 3):
-            t = time.perf_counter()
-            calls[i]()
-            if rep >= 3:
-                best[i] = min(best[i], time.perf_counter() - t)
-    return np.array(best) * 1e6
-
-
 def report(label: str, us: np.ndarray, totals: np.ndarray) -> None:
     totals += us
     print(f"{label:22s} {us[0]:9.1f} {us[1]:9.1f} {us[2]:9.1f}  {us[0] / us[1]:10.2f}x {us[0] / us[2]:10.2f}x")
@@ -145,7 +132,7 @@ def main() -> None:
             if attrs is None:  # a classifier head
                 w = (rng.standard_normal(ws) / np.sqrt(ws[0])).astype(np.float32)
                 calls = fc_calls(x, w, rng.standard_normal(ws[1]).astype(np.float32), args.threads)
-                report(label, run_blocks(calls, args.runs), totals)
+                report(label, best_of(calls, args.runs), totals)
                 continue
             w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
             b = rng.standard_normal(ws[0]).astype(np.float32)
@@ -158,7 +145,7 @@ def main() -> None:
 
             calls = [lambda kernel=kernel, x=x, w=w, b=b, full=full: kernel([x, w, b], dict(full)), blas,
                      ort_layer(x, w, b, attrs, args.threads)]
-            report(label, run_blocks(calls, args.runs), totals)
+            report(label, best_of(calls, args.runs), totals)
     print(f"{'total':22s} {totals[0]:9.0f} {totals[1]:9.0f} {totals[2]:9.0f}  {totals[0] / totals[1]:10.2f}x "
           f"{totals[0] / totals[2]:10.2f}x")
 
