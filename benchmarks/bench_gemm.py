@@ -115,13 +115,7 @@ def layer_data(rng: np.random.Generator, xs: tuple, ws: tuple) -> tuple[np.ndarr
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--runs", type=int, default=40)
-    args = ap.parse_args()
-    if not native.available():
-        raise SystemExit(native.status())
-    native.set_num_threads(args.threads)
+    args = setup(__doc__)
     rng = np.random.default_rng(0)
     totals = np.zeros(3)
     print(f"{'layer':22s} {'native':>9s} {'BLAS+ep':>9s} {'ort':>9s}  native/BLAS  native/ort"

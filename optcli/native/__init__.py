@@ -387,7 +387,8 @@ def prepared_depthwise_conv2d(xshape: tuple[int, int, int, int], w: np.ndarray, 
     assert bias is None or (bias.dtype == np.float32 and bias.shape == (w.shape[0],) and bias.flags.c_contiguous)
     n, c, h, wd = xshape
     m, _, kh, kw = w.shape
-    geom = _geom((n, c, h, wd, m, kh, kw, *strides, *dilations, *pad_begin, *out))
+    geom_values = np.array((n, c, h, wd, m, kh, kw, *strides, *dilations, *pad_begin, *out), dtype=np.int64)
+    geom = geom_values.ctypes.data  # the call's own array: the shared cache may drop its copy
     fn, code, w_addr, b_addr = _lib.optcli_dwconv2d_f32, ACTIVATION_CODES[activation], _ptr(w), _ptr(bias)
     shape, empty, f32 = (n, m, out[0], out[1]), np.empty, np.float32
 
@@ -398,7 +399,7 @@ def prepared_depthwise_conv2d(xshape: tuple[int, int, int, int], w: np.ndarray, 
             _check(rc, "depthwise conv")
         return y
 
-    call.keep = (w, bias, _GEOMS.get((n, c, h, wd, m, kh, kw, *strides, *dilations, *pad_begin, *out)))
+    call.keep = (w, bias, geom_values)
     return call
 
 

@@ -98,5 +98,6 @@ def test_workers_spin_for_a_bounded_time_after_a_job(native_lib, spin_us, spinni
     out = subprocess.run([sys.executable, "-c", _SPIN_CHILD], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     soon, later = out.stdout.split()
+    assert "-" not in (soon, later), "no thread named optcli-pool: the states say nothing"
     assert ("R" in soon) == spinning_after_job, f"worker states right after the job: {soon}"
     assert "R" not in later, f"a worker still runs 0.6 s after the last job: {later}"
