@@ -212,18 +212,21 @@ def pin_inputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> onnx.Mod
     return pinned
 
 
-def bench_model(label: str, zoo_name: str, threads: int, warmup: int, runs: int, numpy_too: bool = False) -> dict:
+def bench_model(label: str, zoo_name: str, threads: int, warmup: int, runs: int, numpy_too: bool = False,
+                plain_too: bool = False) -> dict:
     model = build(zoo_name, full=True)
-    return bench(label, zoo_name, model, sample_inputs(model, seed=0), threads, warmup, runs, numpy_too=numpy_too)
+    return bench(label, zoo_name, model, sample_inputs(model, seed=0), threads, warmup, runs, numpy_too=numpy_too,
+                 plain_too=plain_too)
 
 
-def bench_corpus(entry: dict, folder: Path, threads: int, warmup: int, runs: int, numpy_too: bool = False) -> dict:
+def bench_corpus(entry: dict, folder: Path, threads: int, warmup: int, runs: int, numpy_too: bool = False,
+                 plain_too: bool = False) -> dict:
     from corpus.evaluate import feeds_for, pinned_shapes
 
     path = folder / entry["file"]
     model = onnx.load(str(path))  # external data too: ResNet-18 from the dynamo exporter has it
     return bench(entry["name"], "corpus", model, feeds_for(entry, seed=0), threads, warmup, runs,
-                 source=str(path), input_shapes=pinned_shapes(entry), numpy_too=numpy_too)
+                 source=str(path), input_shapes=pinned_shapes(entry), numpy_too=numpy_too, plain_too=plain_too)
 
 
 def numpy_only(fn):
@@ -237,13 +240,20 @@ def numpy_only(fn):
     return run
 
 
+PLAIN_LAYOUT = ("choose_host_layout",)  # disabled: the whole plan in NCHW, as before the blocked layout
+
+
 def bench(label: str, kind: str, model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: int,
-          warmup: int, runs: int, source: str | None = None, input_shapes=None, numpy_too: bool = False) -> dict:
+          warmup: int, runs: int, source: str | None = None, input_shapes=None, numpy_too: bool = False,
+          plain_too: bool = False) -> dict:
+    def compile_plan(disabled: tuple[str, ...] = ()):
+        if source is not None:
+            return optcli.optimize(model_file=source, valid_targets="arm", input_shapes=input_shapes,
+                                   disabled_passes=disabled)
+        return optcli.optimize(model=model, valid_targets="arm", disabled_passes=disabled)
+
     t0 = time.perf_counter()
-    if source is not None:
-        result = optcli.optimize(model_file=source, valid_targets="arm", input_shapes=input_shapes)
-    else:
-        result = optcli.optimize(model=model, valid_targets="arm")
+    result = compile_plan()
     compile_s = time.perf_counter() - t0
     predictor = optcli.load(result.data, threads=threads)
     session = ort_session(model, threads)
@@ -259,10 +269,18 @@ def bench(label: str, kind: str, model: onnx.ModelProto, feeds: dict[str, np.nda
             misses.append(f"{vi.name}: {describe_mismatch(a, r, 'fp32')}")
 
     fns = [lambda: session.run(None, feeds), lambda: predictor.run(feeds)]
+    if plain_too:  # the plan without the blocked layout, in the same interleaved blocks
+        plain = optcli.load(compile_plan(PLAIN_LAYOUT).data, threads=threads)
+        fns.append(lambda: plain.run(feeds))
     if numpy_too and native.available():  # the same plan on the numpy kernels, in the same interleaved blocks
         fns.append(numpy_only(lambda: predictor.run(feeds)))
-    ort_ms, opt_ms, *np_ms = time_blocks(fns, warmup, runs)
-    extra = {"np_median": statistics.median(np_ms[0]), "np_min": min(np_ms[0])} if np_ms else {}
+    ort_ms, opt_ms, *more = time_blocks(fns, warmup, runs)
+    extra = {}
+    if plain_too:
+        plain_ms = more.pop(0)
+        extra.update(plain_median=statistics.median(plain_ms), plain_min=min(plain_ms))
+    if more:
+        extra.update(np_median=statistics.median(more[0]), np_min=min(more[0]))
     return {
         **extra,
         "label": label, "zoo": kind, "params": count_params(model),
@@ -327,16 +345,21 @@ def machine_info() -> dict[str, str]:
 
 def results_table(rows: list[dict]) -> list[str]:
     numpy_too = any("np_min" in r for r in rows)
+    plain_too = any("plain_min" in r for r in rows)
     lines = ["| model | params (M) | MMACs | ort median ms | ort min ms | optcli median ms | optcli min ms "
              "| optcli/ort (median) | optcli/ort (min) | max abs err |"
+             + (" NCHW plan (no blocked layout): min ms | /ort (min) |" if plain_too else "")
              + (" numpy kernels only: median ms | min ms | /ort (median) | /ort (min) |" if numpy_too else ""),
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+             + (" ---: | ---: |" if plain_too else "")
              + (" ---: | ---: | ---: | ---: |" if numpy_too else "")]
     for r in rows:
         line = (f"| {r['label']} | {r['params'] / 1e6:.2f} | {r['macs'] / 1e6:.0f} | {r['ort_median']:.1f} "
                 f"| {r['ort_min']:.1f} | {r['opt_median']:.1f} | {r['opt_min']:.1f} "
                 f"| {r['opt_median'] / r['ort_median']:.2f}x | {r['opt_min'] / r['ort_min']:.2f}x "
                 f"| {r['max_abs_err']:.2e} |")
+        if plain_too:
+            line += (f" {r['plain_min']:.1f} | {r['plain_min'] / r['ort_min']:.2f}x |" if "plain_min" in r else " | |")
         if numpy_too:
             line += (f" {r['np_median']:.1f} | {r['np_min']:.1f} | {r['np_median'] / r['ort_median']:.2f}x "
                      f"| {r['np_min'] / r['ort_min']:.2f}x |" if "np_min" in r else " | | | |")
@@ -370,6 +393,8 @@ def print_table(rows: list[dict]) -> None:
               f"{r['ort_min']:>9.1f}{r['opt_median']:>9.1f}{r['opt_min']:>9.1f}"
               f"{r['opt_median'] / r['ort_median']:>7.2f}x{r['opt_min'] / r['ort_min']:>9.2f}x"
               f"{r['max_abs_err']:>10.2e}"
+              + (f"   NCHW plan: {r['plain_min']:.1f} ms min, {r['plain_min'] / r['ort_min']:.2f}x"
+                 if "plain_min" in r else "")
               + (f"   numpy only: {r['np_min']:.1f} ms min, {r['np_min'] / r['ort_min']:.2f}x"
                  if "np_min" in r else ""))
     print("(times in ms, batch 1; ratio = optcli/onnxruntime of medians, ratio@min of minimums)")
@@ -384,6 +409,12 @@ def geomean(values: list[float]) -> float:
 def geomean_lines(rows: list[dict]) -> list[str]:
     """Geometric means of the ratios, over the zoo builds and over the corpus's real models."""
     lines = []
+    for what, sel in (("zoo builds", [r for r in rows if r["zoo"] != "corpus" and "plain_min" in r]),
+                      ("real models (corpus)", [r for r in rows if r["zoo"] == "corpus" and "plain_min" in r])):
+        if sel:
+            lines.append(f"The same models with the whole host plan in NCHW (`choose_host_layout` disabled), over the "
+                         f"{len(sel)} {what}: {geomean([r['plain_min'] / r['ort_min'] for r in sel]):.2f}x "
+                         "onnxruntime by minimum.")
     for what, sel in (("zoo builds", [r for r in rows if r["zoo"] != "corpus" and "np_min" in r]),
                       ("real models (corpus)", [r for r in rows if r["zoo"] == "corpus" and "np_min" in r])):
         if sel:
@@ -479,7 +510,8 @@ def write_docs(path: Path, command: str, info: dict, rows: list[dict], focus: li
         f"- Threads: {args.threads} (onnxruntime `intra_op_num_threads={args.threads}`, "
         f"`inter_op_num_threads=1`; optcli `load(..., threads={args.threads})`)",
         f"- Runs: {args.runs} timed runs per model and runtime, in two blocks per runtime (ort, optcli, "
-        f"optcli, ort{', with the numpy-only optcli as a third runtime' if args.numpy_too else ''}), each block "
+        f"optcli, ort{', with the NCHW-only plan' if args.plain_layout_too else ''}"
+        f"{', with the numpy-only optcli' if args.numpy_too else ''}), each block "
         f"after {args.warmup} warm-up runs",
         "- Models: full-size zoo builds (`optcli.zoo.models.build(name, full=True)`: 224x224, batch 1, "
         "1000 classes, seeded random weights)"
@@ -549,6 +581,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(needs the corpus cache: corpus/build.py)")
     ap.add_argument("--numpy-too", action="store_true",
                     help="also time each plan on the numpy kernels alone (native library set aside), interleaved")
+    ap.add_argument("--plain-layout-too", action="store_true",
+                    help="also time each model's plan without the channel-blocked host layout (all NCHW), interleaved")
     ap.add_argument("--busy", type=int, default=0,
                     help="time with N other processes spinning on the cores (contention; not with --write-docs)")
     ap.add_argument("--write-docs", action="store_true", help="write docs/benchmarks.md")
@@ -569,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CPU: {info['CPU']} ({info['cores']} cores); BLAS: {info['numpy BLAS']}; {info['OpenBLAS env']}")
     print(native.status())
     rows = []
-    opts = (args.threads, args.warmup, args.runs, args.numpy_too)
+    opts = (args.threads, args.warmup, args.runs, args.numpy_too, args.plain_layout_too)
     jobs = [(labels.get(n, n), lambda n=n: bench_model(labels.get(n, n), n, *opts)) for n in names]
     jobs += [(e["name"], lambda e=e, d=d: bench_corpus(e, d, *opts)) for e, d in corpus]
     if args.busy:

@@ -26,7 +26,9 @@ TOLERANCE = {"fp32": 1e-3, "fp16": 2e-2}  # max |error| relative to the output's
 QUANTIZED_TOLERANCE = 5e-2  # models quantized by onnxruntime: one rounding step may differ (tolerance.py int8)
 SCALE_FLOOR = 1e-3
 CONV_FAMILY = frozenset({"Conv", "ConvTranspose"})
-COPIES = frozenset({"Upload", "Download", "Pack", "Unpack"})
+# Copies and layout conversions, not compute (onnxruntime's extended-level graph has neither: its own
+# NCHWc reorders come at its layout level).
+COPIES = frozenset({"Upload", "Download", "Pack", "Unpack", "ToBlocked", "FromBlocked"})
 
 
 def corpus_dir() -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from optcli.ops import (  # noqa: F401  (imported for their registrations)
     activation,
+    blocked,
     conv,
     elementwise,
     fused,

@@ -32,6 +32,15 @@ class Kernel:
     priority: int = 0
     doc: str = ""
     max_outputs: int | None = None  # e.g. MaxPool without its optional Indices output
+    # The channel-blocked host layout (ops/blocked.py): input positions read blocked, and whether
+    # the outputs are written blocked.  Plain kernels: () and False.
+    blocked_inputs: tuple[int, ...] = ()
+    blocked_outputs: bool = False
+
+    @property
+    def is_blocked(self) -> bool:
+        """A kernel of the channel-blocked layout (it reads or writes blocked values)."""
+        return bool(self.blocked_inputs) or self.blocked_outputs
 
     @property
     def id(self) -> str:
@@ -75,16 +84,21 @@ def kernel(
     applies: AppliesFn | None = None,
     priority: int = 0,
     max_outputs: int | None = None,
+    blocked_inputs: tuple[int, ...] = (),
+    blocked_outputs: bool = False,
 ) -> Callable[[KernelFn], KernelFn]:
     """Register ``fn`` as a numpy kernel (decorator).  ``op_type`` may list several ops.
 
     ``max_outputs`` says how many of the op's outputs the kernel produces when it does not
     produce all the op may have; nodes that use more run through the reference fallback.
+    ``blocked_inputs`` / ``blocked_outputs`` mark a kernel of the channel-blocked host layout
+    (``optcli/ops/blocked.py``): kernel selection never picks one, the layout pass does.
     """
 
     def register(fn: KernelFn) -> KernelFn:
         for op in [op_type] if isinstance(op_type, str) else op_type:
-            k = Kernel(op, domain, variant, fn, applies, priority, (fn.__doc__ or "").strip(), max_outputs)
+            k = Kernel(op, domain, variant, fn, applies, priority, (fn.__doc__ or "").strip(), max_outputs,
+                       tuple(blocked_inputs), blocked_outputs)
             if k.id in _BY_ID:
                 raise RuntimeError(f"kernel {k.id} registered twice")
             _KERNELS.setdefault((domain, op), []).append(k)
@@ -94,9 +108,11 @@ def kernel(
     return register
 
 
-def kernels_for(op_type: str, domain: str = "") -> list[Kernel]:
-    """Variants registered for an op, highest priority first."""
-    return sorted(_KERNELS.get((domain, op_type), []), key=lambda k: -k.priority)
+def kernels_for(op_type: str, domain: str = "", blocked: bool = False) -> list[Kernel]:
+    """Variants registered for an op, highest priority first: the plain-layout ones, or with
+    ``blocked`` those of the channel-blocked host layout."""
+    return sorted((k for k in _KERNELS.get((domain, op_type), []) if k.is_blocked == blocked),
+                  key=lambda k: -k.priority)
 
 
 def has_native_kernel(op_type: str, domain: str, outputs: list[str]) -> bool:

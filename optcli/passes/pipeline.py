@@ -17,6 +17,7 @@ from optcli.errors import UsageError
 from optcli.ir import Graph
 from optcli.passes import (
     batchnorm_to_affine,
+    choose_host_layout,
     compress_weights,
     drop_redundant_fake_quant,
     eliminate_common_subexpressions,
@@ -82,6 +83,7 @@ PASSES: list[ModuleType] = [
     keep_small_islands_on_host,
     insert_copies,
     select_kernels,
+    choose_host_layout,  # after the kernels are known: which of them have blocked variants
     compress_weights,
     plan_memory,
 ]

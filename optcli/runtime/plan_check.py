@@ -37,7 +37,8 @@ WINDOW_LOW = {"pads": 0, "output_padding": 0, "output_shape": 0, "strides": 1, "
               "group": 1}
 # optcli's own ops: (required input slots, most input slots, attributes: name -> type).
 OPTCLI_OPS: dict[str, tuple[int, int, dict[str, str]]] = {
-    **{op: (1, 1, {}) for op in ("Upload", "Download", "Pack", "Unpack", "Swish")},
+    **{op: (1, 1, {}) for op in ("Upload", "Download", "Pack", "Unpack", "Swish", "ToBlocked")},
+    "FromBlocked": (1, 1, {"channels": "INT"}),
     "FakeQuant": (1, 1, {"scale": "FLOAT", "zero_point": "FLOAT", "qmin": "FLOAT", "qmax": "FLOAT"}),
     "ChannelAffine": (2, 3, {}),
     "FullyConnected": (2, 3, {}),
@@ -59,6 +60,32 @@ def check_steps(plan: Plan, source: str) -> None:
         problem = _problem(step, plan.opsets, version or newest)
         if problem:
             raise NbFormatError(f"{where}: {problem}; the file is corrupted or was not written by optcli")
+    _check_layouts(plan, source)
+
+
+def _check_layouts(plan: Plan, source: str) -> None:
+    """Every value is read in the layout it was written in: a kernel of the channel-blocked host
+    layout (ops/blocked.py) reads blocked values where it says it does, every other kernel and
+    the graph's outputs plain ones.  A blocked array handed to a plain kernel (or the reverse)
+    would be read as a tensor of another shape."""
+    from optcli.ops import get_kernel
+
+    blocked: set[str] = set()
+    for i, step in enumerate(plan.steps):
+        kern = get_kernel(step.kernel)
+        wants = kern.blocked_inputs if kern is not None else ()
+        for k, name in enumerate(step.inputs):
+            if name and (k in wants) != (name in blocked):
+                have, want = ("blocked", "plain") if name in blocked else ("plain", "blocked")
+                raise NbFormatError(f"{source}: step {i} '{step.name[:60]}' ({step.op_type}) reads value "
+                                    f"'{name[:60]}' as {want}, but it is {have} (channel-blocked layout); the "
+                                    "file is corrupted or was not written by optcli")
+        if kern is not None and kern.blocked_outputs:
+            blocked.update(o for o in step.outputs if o)
+    for v in plan.outputs:
+        if v.name in blocked:
+            raise NbFormatError(f"{source}: output '{v.name[:60]}' is left in the channel-blocked layout; the file "
+                                "is corrupted or was not written by optcli")
 
 
 def _problem(step: Step, opsets: dict[str, int], version: int) -> str:

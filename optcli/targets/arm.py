@@ -36,6 +36,14 @@ class HostTarget(Target):
                 return k.id
         return fallback_kernel_id(node.op_type, node.domain)
 
+    def blocked_kernel(self, node: Node, graph: Graph, plain: frozenset[int] = frozenset()) -> str | None:
+        if _needs_proto(node):
+            return None
+        for k in kernels_for(node.op_type, node.domain, blocked=True):
+            if not plain & set(k.blocked_inputs) and (k.applies is None or k.applies(node, graph)):
+                return k.id
+        return None
+
     def uses_fallback(self, kernel_id: str) -> bool:
         return kernel_id.endswith("." + FALLBACK_VARIANT)
 

@@ -34,6 +34,12 @@ class Target:
         """The id of the best kernel variant for a node this target can run."""
         raise NotImplementedError
 
+    def blocked_kernel(self, node: Node, graph: Graph, plain: frozenset[int] = frozenset()) -> str | None:
+        """The id of a kernel of the channel-blocked host layout for the node (``ops/blocked.py``),
+        one that reads the input positions in ``plain`` in plain NCHW, or None where this target
+        has none (the layout pass leaves such nodes in NCHW)."""
+        return None
+
     def uses_fallback(self, kernel_id: str) -> bool:
         """Whether a kernel id is the generic reference fallback (slow, named in reports)."""
         return False

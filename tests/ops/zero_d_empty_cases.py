@@ -441,7 +441,10 @@ NO_ZERO_D: dict[tuple[str, str], str] = {
     (MS, "QGemm"): "the op needs 2-D A and B",
 }
 NO_EMPTY: dict[tuple[str, str], str] = {}
-NOT_APPLICABLE: dict[tuple[str, str], str] = {}
+NOT_APPLICABLE: dict[tuple[str, str], str] = {
+    ("optcli", "ToBlocked"): "converts [N, C, H, W] images only: tests/passes/test_choose_host_layout.py",
+    ("optcli", "FromBlocked"): "converts [N, C, H, W] images only: tests/passes/test_choose_host_layout.py",
+}
 
 
 def attribute_protos(attrs: dict) -> dict:

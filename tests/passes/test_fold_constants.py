@@ -120,7 +120,7 @@ def test_dynamic_batch_padding_folds_from_the_fixed_dims():
     arithmetic still folds away and the pads go into the convs (no Shape, no Pad left)."""
     m = tf_same_padding_model(dynamic="batch")
     result = optcli.optimize(model=m, valid_targets="arm")
-    assert [s["op"] for s in result.report["steps"]] == ["Conv", "Conv"]
+    assert [s["op"] for s in result.report["steps"] if s["domain"] != "optcli"] == ["Conv", "Conv"]
     for batch in (1, 3):
         x = np.random.default_rng(batch).standard_normal((batch, 3, 15, 15)).astype(np.float32)
         assert_close(optcli.load(result.data).run({"x": x})["y"], run_ort(m, {"x": x})[0])

@@ -86,5 +86,5 @@ def test_describe_passes():
     described = pipeline.describe_passes()
     names = [n for n, _ in described]
     assert names[:5] == ["qoperator_to_qdq", "fold_qdq", "fold_constants", "eliminate_identity", "remove_dead_nodes"]
-    assert names[-4:] == ["insert_copies", "select_kernels", "compress_weights", "plan_memory"]
+    assert names[-5:] == ["insert_copies", "select_kernels", "choose_host_layout", "compress_weights", "plan_memory"]
     assert len(names) == len(set(names)) and all(d for _, d in described)

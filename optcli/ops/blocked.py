@@ -1,0 +1,349 @@
+"""The channel-blocked host layout (NCHWc): the kernels of the `arm` target's conv regions.
+
+The host plan picks this layout for regions of convs, pools and the element-wise ops between
+them (``passes/choose_host_layout.py``), the way the GPU plan picks NC4HW4: a value of logical
+shape [N, C, H, W] is held as [N, ceil(C / B), H, W, B], channel c in lane c % B of block c // B.
+B is the native library's vector width, chosen when the plan runs (16 with AVX-512, 8 on other
+x86-64, 4 on aarch64), so a ``.nb`` stays portable; it travels with the data (a blocked array's
+last dim), and only ``ToBlocked`` and the stem convs, which make blocked values from plain ones,
+ask for it.  Lanes past the last channel (pad lanes) hold finite values no kernel mixes into a
+real channel.  ``ToBlocked`` and ``FromBlocked`` are the conversions the pass puts at a region's
+borders; nothing inside a region repacks.
+
+Why: every lane of a vector is then a channel, so a depthwise conv is plain vector FMAs with no
+stride-phase copy, and a dense conv a register tile of output-channel vectors times broadcast
+inputs, with no im2col and no transpose on small planes.
+
+Without the native library B is 1: a blocked array is its NCHW array with a trailing unit axis,
+and each kernel here runs the plain kernel on that view, so a plan with blocked regions runs
+unchanged, and gives the same results, where the library is absent.  With the library, whatever
+its blocked kernels do not take (another dtype, a fused FakeQuant) runs the same way through
+the conversions: slower, never wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from optcli import native
+from optcli.ir import OPTCLI_DOMAIN
+from optcli.ops import activation as act_ops
+from optcli.ops import elementwise, pool
+from optcli.ops.activation import QUANT_ATTR, output_quant
+from optcli.ops.conv import _bias, _window_of, conv_1x1, conv_depthwise, conv_im2col
+from optcli.ops.registry import StepAttrs, kernel
+from optcli.ops.shapes_registry import Shape, ShapeArgs, ShapeDerivationError, fixed, shape_fn
+
+LAYOUT = "nchwc"
+
+
+# ------------------------------------------------------------------------------- the block width
+def _native_blocked() -> tuple[Any, Any] | None:
+    """The native blocked kernels (optcli.native.blocked_conv, blocked_window), or None."""
+    if not native.available():
+        return None
+    try:
+        from optcli.native import blocked_conv, blocked_window
+    except ImportError:  # pragma: no cover - a library built before the blocked kernels
+        return None
+    return blocked_conv, blocked_window
+
+
+def block_width() -> int:
+    """B for blocked values made now: the native library's vector width, 1 without the library."""
+    mods = _native_blocked()
+    return (mods[0].block_width() or 1) if mods is not None else 1
+
+
+# ------------------------------------------------------------------------------------ reorders
+def to_blocked(x: np.ndarray, block: int) -> np.ndarray:
+    """[N, C, H, W] -> [N, ceil(C / B), H, W, B], pad lanes zero (a new array; B = 1 is a view)."""
+    if block == 1:
+        return x[..., None]
+    mods = _native_blocked()
+    if mods is not None and x.dtype == np.float32 and x.ndim == 4:
+        return mods[0].to_blocked(x, block)
+    n, c, h, w = x.shape
+    cb = -(-c // block)
+    y = np.zeros((n, cb * block, h, w), x.dtype)
+    y[:, :c] = x
+    return np.ascontiguousarray(y.reshape(n, cb, block, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def from_blocked(x: np.ndarray, channels: int) -> np.ndarray:
+    """[N, Cb, H, W, B] -> [N, channels, H, W] (B = 1: a view)."""
+    n, cb, h, w, b = x.shape
+    if not (cb - 1) * b < channels <= cb * b and not (channels == 0 == cb):
+        raise ValueError(f"a blocked value of {cb} blocks of {b} lanes cannot hold {channels} channels")
+    if b == 1:
+        return x.reshape(n, cb, h, w)
+    mods = _native_blocked()
+    if mods is not None and x.dtype == np.float32 and x.flags.c_contiguous:
+        return mods[0].from_blocked(x, channels)
+    return np.ascontiguousarray(x.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)[:, :channels])
+
+
+def _all_lanes(x: np.ndarray) -> np.ndarray:
+    """A blocked value as NCHW with its pad lanes as channels (element-wise and window ops run on
+    them as on any channel)."""
+    n, cb, h, w, b = x.shape
+    return x.reshape(n, cb, h, w) if b == 1 else from_blocked(x, cb * b)
+
+
+def _check_blocked(x: Any, what: str) -> None:
+    if not isinstance(x, np.ndarray) or x.ndim != 5:
+        raise ValueError(f"{what} expects a channel-blocked array [N, Cb, H, W, B], got "
+                         f"{getattr(x, 'shape', type(x).__name__)}")
+
+
+@kernel("ToBlocked", domain=OPTCLI_DOMAIN, blocked_outputs=True)
+def to_blocked_kernel(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """NCHW -> the channel-blocked layout, at the border into a blocked region."""
+    x = inputs[0]
+    if x.ndim != 4:
+        raise ValueError(f"ToBlocked expects [N, C, H, W], got shape {x.shape}")
+    return [to_blocked(x, block_width())]
+
+
+@kernel("FromBlocked", domain=OPTCLI_DOMAIN, blocked_inputs=(0,))
+def from_blocked_kernel(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """The channel-blocked layout -> NCHW, at the border out of a blocked region."""
+    _check_blocked(inputs[0], "FromBlocked")
+    return [from_blocked(inputs[0], int(attrs["channels"]))]
+
+
+@shape_fn("ToBlocked", domain=OPTCLI_DOMAIN)
+def _to_blocked_shape(args: ShapeArgs) -> list[Shape]:
+    x = args.shape(0)
+    if x is not None and len(x) != 4:
+        raise ShapeDerivationError(f"ToBlocked takes [N, C, H, W], got rank {len(x)}")
+    return [x]
+
+
+@shape_fn("FromBlocked", domain=OPTCLI_DOMAIN)
+def _from_blocked_shape(args: ShapeArgs) -> list[Shape]:
+    """The logical shape passes through; the channel count the step names must be the one derived
+    from the inputs (it sizes the plain result)."""
+    x = args.shape(0)
+    channels = args.attrs.get("channels")
+    if x is not None and len(x) != 4:
+        raise ShapeDerivationError(f"FromBlocked takes [N, C, H, W], got rank {len(x)}")
+    if not isinstance(channels, int) or isinstance(channels, bool):
+        raise ShapeDerivationError(f"FromBlocked needs an int attribute 'channels', got {channels!r}")
+    c = fixed(x[1]) if x is not None else None
+    if c is None or channels != c:
+        raise ShapeDerivationError(f"FromBlocked names {channels} channels, its input has {x[1] if x else '?'}")
+    return [x]
+
+
+
+# ---------------------------------------------------------------- where the blocked kernels apply
+# Asked by the layout pass (through the target: targets/arm.py) on the node and the graph's
+# recorded shapes: a blocked value is a float32 image [N, C, H, W] with C fixed, so the plan
+# knows how many channels to give back at the region's border.
+def _image(graph: Any, name: str) -> tuple[Any, ...] | None:
+    if not name or name in graph.initializers or graph.dtype_of(name) != "float32":
+        return None
+    shape = graph.shape_of(name)
+    if shape is None or len(shape) != 4 or fixed(shape[1]) is None:
+        return None
+    return tuple(shape)
+
+
+def _plain_epilogue(node: Any) -> bool:
+    return QUANT_ATTR not in node.attrs
+
+
+def applies_conv(node: Any, graph: Any) -> bool:
+    x, w = _image(graph, node.input(0)), graph.const(node.input(1))
+    if x is None or w is None or w.ndim != 4 or w.dtype != np.float32 or not _plain_epilogue(node):
+        return False
+    if node.input(2) and graph.const(node.input(2)) is None:
+        return False
+    group, c = int(node.attrs.get("group", 1)), x[1]
+    return (group == 1 and w.shape[1] == c) or (group == c == w.shape[0] and w.shape[1] == 1)
+
+
+def applies_window(node: Any, graph: Any) -> bool:
+    """Pools: a 2-D window over an image, Y only."""
+    ks = node.attrs.get("kernel_shape") or []
+    return (_image(graph, node.input(0)) is not None and len(ks) == 2 and _plain_epilogue(node)
+            and not any(node.outputs[1:]))
+
+
+def applies_unary(node: Any, graph: Any) -> bool:
+    return _image(graph, node.input(0)) is not None and _plain_epilogue(node) and \
+        all(not name or name in graph.initializers for name in node.inputs[1:])
+
+
+def applies_binary(node: Any, graph: Any) -> bool:
+    """Two images of the same channels whose blocked arrays broadcast as the plain ones do: equal
+    shapes, or one of them [N, C, 1, 1] (a squeeze-excitation scale)."""
+    a, b = _image(graph, node.input(0)), _image(graph, node.input(1))
+    if a is None or b is None or a[1] != b[1] or a[0] != b[0] or not _plain_epilogue(node):
+        return False
+    return a[2:] == b[2:] or (1, 1) in (a[2:], b[2:])
+
+
+def applies_prelu(node: Any, graph: Any) -> bool:
+    x, slope = _image(graph, node.input(0)), graph.const(node.input(1))
+    if x is None or slope is None:
+        return False
+    return slope.size == 1 or (slope.size == x[1] and tuple(slope.shape) in ((x[1], 1, 1), (1, x[1], 1, 1)))
+
+
+# --------------------------------------------------------------------------------------- convs
+def _packed(attrs: dict[str, Any], tag: str, w: np.ndarray, block: int, make: Any) -> np.ndarray:
+    """``make(w, block)`` once per bound step and weight (its memo); every call for other callers."""
+    if type(attrs) is not StepAttrs:
+        return make(w, block)
+    hit = attrs.memo.get(tag)
+    if hit is None or hit[0] is not w or hit[1] != block:
+        hit = attrs.memo[tag] = (w, block, make(w, block))
+    return hit[2]
+
+
+def _conv_plain(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """The plain (NCHW) conv variant that fits this conv's attributes."""
+    w, group = inputs[1], int(attrs.get("group", 1))
+    if group == 1 and w.shape[2:] == (1, 1):  # conv_1x1 hands strided or padded ones on itself
+        return conv_1x1(inputs, attrs)
+    if group > 1 and w.shape[1] == 1:
+        return conv_depthwise(inputs, attrs)
+    return conv_im2col(inputs, attrs)
+
+
+def conv_blocked(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """A 2-D conv (one group, or depthwise) in the blocked layout, bias and activation fused.
+    Its input is blocked, or plain NCHW where the conv starts a region (the stems)."""
+    x, w, bias = inputs[0], inputs[1], _bias(inputs)
+    memo = attrs.memo if type(attrs) is StepAttrs else None
+    if memo is not None:  # the step's native call, worked out on its first run
+        hit = memo.get("nchwc call")
+        if hit is not None and hit[0] is w and hit[1] is bias and hit[2] == x.shape and x.flags.c_contiguous \
+                and x.dtype == np.float32 and _native_blocked() is not None:
+            return [hit[3](x)]
+    plain = x.ndim == 4
+    if not plain:
+        _check_blocked(x, "a blocked Conv")
+    group = int(attrs.get("group", 1))
+    channels = w.shape[1] * group
+    block = block_width() if plain else x.shape[-1]
+    mods = _native_blocked()
+    act = act_ops.epilogue(attrs)
+    if (mods is not None and block > 1 and x.dtype == w.dtype == np.float32 and w.ndim == 4
+            and output_quant(attrs) is None and (bias is None or bias.dtype == np.float32)
+            and act[0] in native.ACTIVATION_CODES):
+        n, h, wd = x.shape[0], x.shape[2], x.shape[3]
+        if (x.shape[1] != channels) if plain else (x.shape[1] != -(-channels // block)):
+            raise ValueError(f"a blocked Conv's input {x.shape} does not hold the {channels} channels of its "
+                             f"weights {w.shape}")
+        win = _window_of(attrs, (n, channels, h, wd), w.shape)
+        geometry = (win.kernel, win.strides, win.dilations, win.pad_begin, win.out, *act)
+        x = np.ascontiguousarray(x)
+        b = None if bias is None else np.ascontiguousarray(bias)
+        call = None
+        if group == 1:
+            packed = _packed(attrs, "nchwc conv", w, block, mods[0].pack_conv_weights)
+            call = mods[0].prepared_conv2d_blocked(x.shape, packed, b, w.shape[0], *geometry)
+        elif w.shape[1] == 1 and w.shape[0] == group:
+            packed = _packed(attrs, "nchwc depthwise", w, block, mods[1].pack_depthwise_weights)
+            call = mods[1].prepared_depthwise_conv2d_blocked(x.shape, packed, b, *geometry)
+        if call is not None:
+            if memo is not None:
+                memo["nchwc call"] = (w, bias, x.shape, call)
+            return [call(x)]
+    xs = x if plain else from_blocked(x, channels)
+    y = _conv_plain([xs, *inputs[1:]], attrs)[0]
+    return [to_blocked(y, block)]
+
+
+kernel("Conv", variant=LAYOUT, applies=applies_conv, priority=10, blocked_inputs=(0,),
+       blocked_outputs=True)(conv_blocked)
+kernel("Conv", variant=LAYOUT + "_from_nchw", applies=applies_conv, priority=5,  # the stems: a plain input
+       blocked_outputs=True)(conv_blocked)
+
+
+# --------------------------------------------------------------------------------------- pools
+def _pool_blocked(inputs: list[np.ndarray | None], attrs: dict[str, Any], op: str, plain_fn: Any) -> list[np.ndarray]:
+    x = inputs[0]
+    _check_blocked(x, f"a blocked {'MaxPool' if op == 'max' else 'AveragePool'}")
+    mods = _native_blocked()
+    n, cb, h, w, b = x.shape
+    if mods is not None and b > 1 and x.dtype == np.float32 and output_quant(attrs) is None:
+        win = pool._window(np.empty((0, 0, h, w), np.float32), attrs)
+        if native.depthwise_fits(win.kernel, win.strides) and x.size:
+            rrow = rcol = None
+            if op == "avg":
+                counts = pool._axis_counts(win, (h, w), bool(attrs.get("count_include_pad", 0)))
+                rrow, rcol = 1.0 / counts[0], 1.0 / counts[1]
+            return [mods[1].pool2d_blocked(x, op, win.kernel, win.strides, win.dilations, win.pad_begin, win.out,
+                                           rrow, rcol)]
+    y = plain_fn([_all_lanes(x)], attrs)[0]
+    return [to_blocked(y, b)]
+
+
+@kernel("MaxPool", variant=LAYOUT, applies=applies_window, blocked_inputs=(0,), blocked_outputs=True, max_outputs=1)
+def max_pool_blocked(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """MaxPool in the blocked layout (Y only)."""
+    return _pool_blocked(inputs, attrs, "max", pool.max_pool)
+
+
+@kernel("AveragePool", variant=LAYOUT, applies=applies_window, blocked_inputs=(0,), blocked_outputs=True)
+def average_pool_blocked(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """AveragePool in the blocked layout."""
+    return _pool_blocked(inputs, attrs, "avg", pool.average_pool)
+
+
+@kernel("GlobalAveragePool", variant=LAYOUT, applies=applies_unary, blocked_inputs=(0,), blocked_outputs=True)
+def global_average_pool_blocked(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """GlobalAveragePool in the blocked layout: [N, Cb, 1, 1, B]."""
+    x = inputs[0]
+    _check_blocked(x, "a blocked GlobalAveragePool")
+    mods = _native_blocked()
+    if mods is not None and x.shape[-1] > 1 and x.dtype == np.float32 and x.size and output_quant(attrs) is None:
+        return [mods[1].global_average_pool_blocked(np.ascontiguousarray(x))]
+    y = pool.global_average_pool([_all_lanes(x)], attrs)[0]
+    return [to_blocked(y, x.shape[-1])]
+
+
+# ------------------------------------------------------------------------------ element-wise
+# Lane for lane, element-wise ops do not care about the layout: their plain kernels run on the
+# blocked arrays as they are.  The layout pass gives them blocked inputs only where that keeps
+# the meaning: equal logical shapes, or a per-channel [N, C, 1, 1] operand (squeeze-excitation).
+def _elementwise(fn: Any, blocked: tuple[int, ...]) -> Any:
+    def run(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+        for k in blocked:
+            _check_blocked(inputs[k], "a blocked element-wise op")
+        return fn(inputs, attrs)
+
+    run.__doc__ = f"{(fn.__doc__ or fn.__name__).strip().splitlines()[0]} (blocked layout: lane for lane)"
+    return run
+
+
+for _op, _fn in (("Add", elementwise.add), ("Mul", elementwise.mul)):
+    kernel(_op, variant=LAYOUT, applies=applies_binary, blocked_inputs=(0, 1),
+           blocked_outputs=True)(_elementwise(_fn, (0, 1)))
+for _op, _fn in (("Relu", act_ops.relu), ("Sigmoid", act_ops.sigmoid), ("Tanh", act_ops.tanh),
+                 ("LeakyRelu", act_ops.leaky_relu), ("HardSigmoid", act_ops.hard_sigmoid),
+                 ("HardSwish", act_ops.hard_swish), ("Clip", act_ops.clip)):
+    kernel(_op, variant=LAYOUT, applies=applies_unary, blocked_inputs=(0,),
+           blocked_outputs=True)(_elementwise(_fn, (0,)))
+
+
+def _blocked_slope(slope: np.ndarray, block: int) -> np.ndarray:
+    """A per-channel (or single) PRelu slope as [1, Cb, 1, 1, B] (or as it is when single)."""
+    if slope.size == 1:
+        return slope.reshape(())
+    return to_blocked(slope.reshape(1, slope.size, 1, 1), block)
+
+
+@kernel("PRelu", variant=LAYOUT, applies=applies_prelu, blocked_inputs=(0,), blocked_outputs=True)
+def prelu_blocked(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """PRelu with a per-channel slope in the blocked layout (the slope blocked once per step)."""
+    x, slope = inputs
+    _check_blocked(x, "a blocked PRelu")
+    s = _packed(attrs, "nchwc slope", slope, x.shape[-1], _blocked_slope)
+    return act_ops.prelu([x, s], attrs)
