@@ -57,3 +57,23 @@ def test_pinned_batch_gives_static_memory_plan():
     assert not mem["dynamic"] and mem["peak_activation_bytes"] < mem["naive_activation_bytes"]
     feeds = sample_inputs(model, batch=2)
     assert_close(optcli.load(result.data).run(feeds)["output"], _ort(model, feeds)["output"])
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_model_with_and_without_the_blocked_layout(name):
+    """The host plan's conv regions run channel-blocked (choose_host_layout); the same model with
+    the pass disabled runs all NCHW: both match onnxruntime, and the conv nets do have regions."""
+    model = build(name)
+    feeds = sample_inputs(model, spatial=40, seed=1)
+    expected = _ort(model, feeds)
+    blocked = optcli.optimize(model=model, valid_targets="arm")
+    plain = optcli.optimize(model=model, valid_targets="arm", disabled_passes=("choose_host_layout",))
+    assert not any(".nchwc" in s.kernel for s in plain.plan.steps)
+    n_blocked = sum(".nchwc" in s.kernel for s in blocked.plan.steps)
+    convs = sum(s.op_type == "Conv" for s in blocked.plan.steps)
+    if convs >= 4:
+        assert n_blocked >= convs // 2, f"{name}: {n_blocked} blocked steps for {convs} convs"
+    for result in (blocked, plain):
+        outputs = optcli.load(result.data).run(feeds)
+        for key, want in expected.items():
+            assert_close(outputs[key], want, "fp32", what=f"{name}:{key}")

@@ -65,6 +65,12 @@ _SIGNATURES = {
     "optcli_layer_norm_f32": ([_vp, _vp, _vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                ctypes.c_float], ctypes.c_int),
     "optcli_row_mean_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int64], ctypes.c_int),
+    "optcli_to_blocked_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64],
+                              ctypes.c_int),
+    "optcli_from_blocked_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64],
+                                ctypes.c_int),
+    "optcli_conv2d_blocked_f32": ([_vp, _vp, _vp, _vp, _vp, _vp, ctypes.c_int, ctypes.c_float, ctypes.c_float],
+                                  ctypes.c_int),
 }
 
 
@@ -148,6 +154,12 @@ def note_unavailable() -> None:
 
 def get_num_threads() -> int:
     return _lib.optcli_get_num_threads() if _lib is not None else 1
+
+
+def vector_width() -> int:
+    """The kernels' vector width in floats (4, 8 or 16: the GEMM's variant, picked by the CPU), 0 without
+    the library.  It is the block of the channel-blocked host layout (optcli/ops/blocked.py)."""
+    return _lib.optcli_gemm_variant(-1) if _lib is not None else 0
 
 
 def set_num_threads(n: int) -> int:

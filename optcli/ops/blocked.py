@@ -41,20 +41,25 @@ LAYOUT = "nchwc"
 
 # ------------------------------------------------------------------------------- the block width
 def _native_blocked() -> tuple[Any, Any] | None:
-    """The native blocked kernels (optcli.native.blocked_conv, blocked_window), or None."""
+    """The native blocked kernels as (optcli.native.blocked_conv, optcli.native.blocked_window), each
+    None where this build lacks it; None without the library."""
     if not native.available():
         return None
     try:
-        from optcli.native import blocked_conv, blocked_window
-    except ImportError:  # pragma: no cover - a library built before the blocked kernels
-        return None
+        from optcli.native import blocked_conv
+    except ImportError:  # pragma: no cover - a library built before them
+        blocked_conv = None
+    try:
+        from optcli.native import blocked_window
+    except ImportError:  # pragma: no cover
+        blocked_window = None
     return blocked_conv, blocked_window
 
 
 def block_width() -> int:
     """B for blocked values made now: the native library's vector width, 1 without the library."""
     mods = _native_blocked()
-    return (mods[0].block_width() or 1) if mods is not None else 1
+    return native.vector_width() if mods is not None and all(mods) else 1
 
 
 # ------------------------------------------------------------------------------------ reorders
@@ -63,7 +68,7 @@ def to_blocked(x: np.ndarray, block: int) -> np.ndarray:
     if block == 1:
         return x[..., None]
     mods = _native_blocked()
-    if mods is not None and x.dtype == np.float32 and x.ndim == 4:
+    if mods is not None and mods[0] is not None and x.dtype == np.float32 and x.ndim == 4:
         return mods[0].to_blocked(x, block)
     n, c, h, w = x.shape
     cb = -(-c // block)
@@ -80,7 +85,7 @@ def from_blocked(x: np.ndarray, channels: int) -> np.ndarray:
     if b == 1:
         return x.reshape(n, cb, h, w)
     mods = _native_blocked()
-    if mods is not None and x.dtype == np.float32 and x.flags.c_contiguous:
+    if mods is not None and mods[0] is not None and x.dtype == np.float32 and x.flags.c_contiguous:
         return mods[0].from_blocked(x, channels)
     return np.ascontiguousarray(x.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w)[:, :channels])
 

@@ -76,6 +76,19 @@ OPT_API int optcli_conv2d_gemm_grouped_f32(const float *w, const float *xp, cons
  * by the CPU again, -1 changes nothing.  Returns the width now in use, or -1 if refused. */
 OPT_API int optcli_gemm_variant(int lanes);
 
+/* The channel-blocked layout (blocked_conv.c): [N, C, H, W] held as [N, ceil(C / b), H, W, b], channel c
+ * in lane c % b of block c / b, b = 4, 8 or 16 (16 only with AVX-512).  to: x [n, c, hw] -> y [n,
+ * ceil(c / b), hw, b], lanes past c zero; from: the way back. */
+OPT_API int optcli_to_blocked_f32(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int64_t b);
+OPT_API int optcli_from_blocked_f32(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int64_t b);
+/* A one-group 2-D conv in the blocked layout, direct (no im2col): geom N, C, H, W, M, KH, KW, stride_h,
+ * stride_w, dil_h, dil_w, pad_top, pad_left, OH, OW, ib, B; x blocked [N, ceil(C / B), H, W, B] (ib = B)
+ * or plain [N, C, H, W] (ib = 1); packed [ceil(M / B), C, KH, KW, B] with zero lanes past M; bias
+ * [ceil(M / B) * B] or NULL; res NULL or as y, added before the activation; y [N, ceil(M / B), OH, OW, B].
+ * Zero padding (pads may be negative: they crop). */
+OPT_API int optcli_conv2d_blocked_f32(const float *x, const float *packed, const float *bias, const float *res,
+                                      float *y, const int64_t *geom, int act, float alpha, float beta);
+
 /* Element-wise (elementwise.c): y = act(x) over n floats (activation codes of simd.h); x == y works
  * in place. */
 OPT_API int optcli_activation_f32(const float *x, float *y, int64_t n, int act, float alpha, float beta);

@@ -1,0 +1,110 @@
+"""The channel-blocked layout's conversions and dense conv (src/blocked_conv.c).
+
+A value of logical shape [N, C, H, W] is stored as a C-contiguous float32 [N, ceil(C/B), H, W, B]:
+channel c at block c // B, lane c % B.  B is the library's vector width (4, 8 or 16; 16 only where
+the CPU has AVX-512).  Lanes of channels >= C ("pad lanes") hold finite values that never reach a
+real channel: the conv reads only the C real input channels and writes act(bias 0 + 0) past M.
+Callers check shapes first; the wrappers assert them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from optcli.native import ACTIVATION_CODES, _check, _lib, _ptr, vector_width
+
+
+def block_width() -> int:
+    """B for this process: the library's vector width (16, 8 or 4); 0 without the library."""
+    return vector_width()
+
+
+def to_blocked(x: np.ndarray, block: int) -> np.ndarray:
+    """float32 [N, C, H, W] -> a new C-contiguous [N, ceil(C/B), H, W, B], pad lanes 0."""
+    assert _lib is not None and x.ndim == 4 and x.dtype == np.float32
+    x = np.ascontiguousarray(x)
+    n, c, h, w = x.shape
+    y = np.empty((n, -(-c // block), h, w, block), np.float32)
+    if y.size:
+        _check(_lib.optcli_to_blocked_f32(x.ctypes.data, y.ctypes.data, n, c, h * w, block), "to blocked")
+    return y
+
+
+def from_blocked(x: np.ndarray, channels: int) -> np.ndarray:
+    """C-contiguous float32 [N, Cb, H, W, B] -> a new [N, channels, H, W]; channels <= Cb * B."""
+    assert _lib is not None and x.ndim == 5 and x.dtype == np.float32 and x.flags.c_contiguous
+    n, cb, h, w, b = x.shape
+    assert 0 < channels <= cb * b
+    y = np.empty((n, channels, h, w), np.float32)
+    if y.size:
+        _check(_lib.optcli_from_blocked_f32(x.ctypes.data, y.ctypes.data, n, channels, h * w, b), "from blocked")
+    return y
+
+
+def pack_conv_weights(w: np.ndarray, block: int) -> np.ndarray:
+    """w [M, C, KH, KW] (one group) -> float32 C-contiguous [ceil(M/B), C, KH, KW, B], zero lanes past M:
+    a register tile's output-channel vector per input channel and tap.  Made once per weight."""
+    assert w.ndim == 4 and block in (4, 8, 16)
+    m = w.shape[0]
+    mb = -(-m // block)
+    padded = np.zeros((mb * block,) + w.shape[1:], np.float32)
+    padded[:m] = w
+    return np.ascontiguousarray(padded.reshape((mb, block) + w.shape[1:]).transpose(0, 2, 3, 4, 1))
+
+
+def conv2d_blocked(x: np.ndarray, packed: np.ndarray, bias: np.ndarray | None, out_channels: int,
+                   kernel: tuple[int, int], strides: tuple[int, int], dilations: tuple[int, int],
+                   pad_begin: tuple[int, int], out: tuple[int, int], activation: str | None = None,
+                   alpha: float = 0.0, beta: float = 0.0, residual: np.ndarray | None = None) -> np.ndarray:
+    """One-group 2-D conv of ``x``, blocked [N, ceil(C/B), H, W, B] or plain NCHW [N, C, H, W] (a
+    region's first conv), by ``packed`` (``pack_conv_weights``), with ``bias`` [M] or None,
+    ``residual`` None or blocked [N, ceil(M/B), OH, OW, B] added before the activation.  Zero padding
+    ``pad_begin`` at the start, at the end whatever ``out`` implies.  Returns a new [N, ceil(M/B),
+    OH, OW, B]."""
+    call = prepared_conv2d_blocked(x.shape, packed, bias, out_channels, kernel, strides, dilations, pad_begin,
+                                   out, activation, alpha, beta)
+    return call(np.ascontiguousarray(x), residual)
+
+
+def prepared_conv2d_blocked(xshape: tuple[int, ...], packed: np.ndarray, bias: np.ndarray | None,
+                            out_channels: int, kernel: tuple[int, int], strides: tuple[int, int],
+                            dilations: tuple[int, int], pad_begin: tuple[int, int], out: tuple[int, int],
+                            activation: str | None, alpha: float, beta: float):
+    """``conv2d_blocked`` for one plan step and input shape, worked out once: returns
+    call(x, residual=None) for a C-contiguous float32 ``x`` of ``xshape``."""
+    assert _lib is not None and len(xshape) in (4, 5) and packed.ndim == 5
+    assert packed.dtype == np.float32 and packed.flags.c_contiguous
+    mb, c, kh, kw, blk = packed.shape
+    assert (kh, kw) == tuple(kernel) and -(-out_channels // blk) == mb
+    n, h, w = xshape[0], xshape[2], xshape[3]
+    if len(xshape) == 5:
+        assert xshape[4] == blk and xshape[1] == -(-c // blk), (xshape, packed.shape)
+        ib = blk
+    else:
+        assert xshape[1] == c, (xshape, packed.shape)
+        ib = 1
+    b = None
+    if bias is not None:
+        assert bias.ndim == 1 and bias.shape[0] <= mb * blk
+        b = np.zeros(mb * blk, np.float32)
+        b[:bias.shape[0]] = bias
+    geom_values = np.array((n, c, h, w, out_channels, kh, kw, *strides, *dilations, *pad_begin, *out, ib, blk),
+                           dtype=np.int64)
+    geom = geom_values.ctypes.data  # the call's own array
+    fn, code, w_addr, b_addr = _lib.optcli_conv2d_blocked_f32, ACTIVATION_CODES[activation], _ptr(packed), _ptr(b)
+    shape, empty, f32, xs = (n, mb, out[0], out[1], blk), np.empty, np.float32, tuple(xshape)
+
+    def call(x: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
+        assert x.shape == xs and x.dtype == f32 and x.flags.c_contiguous
+        r = None
+        if residual is not None:
+            assert residual.shape == shape and residual.dtype == f32 and residual.flags.c_contiguous
+            r = residual.ctypes.data
+        y = empty(shape, f32)
+        rc = fn(x.ctypes.data, w_addr, b_addr, r, y.ctypes.data, geom, code, alpha, beta)
+        if rc:
+            _check(rc, "blocked conv")
+        return y
+
+    call.keep = (packed, b, geom_values)
+    return call

@@ -1,0 +1,194 @@
+/* The channel-blocked layout's dense conv and its conversions (optcli/ops/blocked.py).
+ *
+ * A value of logical shape [N, C, H, W] is held as [N, ceil(C / B), H, W, B]: channel c in lane
+ * c % B of block c / B, B the vector width (4, 8 or 16).  The conv is direct: a register tile of
+ * output-channel vectors times output pixels, each input value broadcast to the tile's vectors,
+ * so there is no im2col and no packing of the input; its input may be blocked or plain NCHW (a
+ * region's first conv, the stems).  Bias, residual and activation are applied before the store.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "optcli_native.h"
+#include "simd.h"
+
+typedef struct {
+    const float *x, *w, *bias, *res; /* w packed [Mb][C][KH][KW][B]; bias [Mb * B] or NULL; res as y or NULL */
+    float *y;
+    int64_t N, C, H, W, M, KH, KW, sh, sw, dh, dw, pt, pl, OH, OW, ib, B;
+    int64_t Cbi, Mb, OP;          /* input blocks (ib lanes each), output blocks, output positions per plane */
+    int64_t ow_lo, ow_hi;         /* output columns whose taps all fall inside the input's columns */
+    int64_t ngroups, band, nbands;
+    int64_t kb;                   /* input blocks per pass over a band: their weights stay in L2 */
+    int pointwise;
+    int act;
+    float alpha, beta;
+} bc_t;
+
+typedef float v16f __attribute__((vector_size(64)));
+
+#define BC_V v4f
+#define BC_L 4
+#define BC_SPLAT(a) {a, a, a, a}
+#define BC_OB 4 /* 4 x 6 = 24 accumulators of NEON's 32 registers, or 2 x 12, or 1 x 12 */
+#define BC_ACC 24
+#define BC_XMAX 12
+#define BC_ATTR
+#define BC_TARGET
+#define BC(name) bc4_##name
+#include "blocked_conv_kernel.h"
+
+#define BC_V v8f
+#define BC_L 8
+#define BC_SPLAT(a) {a, a, a, a, a, a, a, a}
+#define BC_OB 2 /* 2 x 6 = 12 accumulators, 2 weights and a broadcast of AVX2's 16 registers, or 1 x 12 */
+#define BC_ACC 12
+#define BC_XMAX 12
+#define BC_ATTR HOT_CLONES
+#define BC_TARGET
+#define BC(name) bc8_##name
+#include "blocked_conv_kernel.h"
+
+#if defined(__x86_64__) && ((defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11) || \
+                            (defined(__clang__) && __clang_major__ >= 14))
+#define HAVE_BC16 1
+#define BC16_ATTR __attribute__((target("arch=x86-64-v4")))
+#define BC_V v16f
+#define BC_L 16
+#define BC_SPLAT(a) {a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a}
+#define BC_OB 4 /* 4 x 6 = 24 accumulators, 4 weights and a broadcast of AVX-512's 32 registers; 3 x 8, */
+#define BC_ACC 24   /* 2 x 12 and 1 x 12 for fewer output blocks */
+#define BC_XMAX 12
+#define BC_ATTR BC16_ATTR
+#define BC_TARGET BC16_ATTR
+#define BC(name) bc16_##name
+#include "blocked_conv_kernel.h"
+
+static int bc_has_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
+}
+#endif
+
+/* The item function and register-tile height of block width b; NULL where this build or CPU has none. */
+static opt_item_fn variant_of(int64_t b, int64_t *ob) {
+    if (b == 4) return *ob = 4, bc4_run_item;
+    if (b == 8) return *ob = 2, bc8_run_item;
+#ifdef HAVE_BC16
+    if (b == 16 && bc_has_avx512()) return *ob = 4, bc16_run_item;
+#endif
+    return NULL;
+}
+
+#define LIMIT ((int64_t)1 << 40) /* no dimension of the geometry beyond this */
+
+OPT_API int optcli_conv2d_blocked_f32(const float *x, const float *packed, const float *bias, const float *res,
+                                      float *y, const int64_t *g, int act, float alpha, float beta) {
+    if (!g || !x || !packed || !y) return OPT_EINVAL;
+    bc_t a = {.x = x, .w = packed, .bias = bias, .res = res, .y = y, .act = act, .alpha = alpha, .beta = beta};
+    a.N = g[0], a.C = g[1], a.H = g[2], a.W = g[3], a.M = g[4], a.KH = g[5], a.KW = g[6], a.sh = g[7], a.sw = g[8];
+    a.dh = g[9], a.dw = g[10], a.pt = g[11], a.pl = g[12], a.OH = g[13], a.OW = g[14], a.ib = g[15], a.B = g[16];
+    int64_t obt = 0;
+    opt_item_fn fn = variant_of(a.B, &obt);
+    if (!fn || (a.ib != 1 && a.ib != a.B) || a.N < 0 || a.C < 1 || a.H < 0 || a.W < 0 || a.M < 1 || a.KH < 1 ||
+        a.KW < 1 || a.sh < 1 || a.sw < 1 || a.dh < 1 || a.dw < 1 || a.OH < 0 || a.OW < 0 || act < 0 ||
+        act >= ACT_COUNT || a.KH > 4096 || a.KW > 4096 || a.sh > 4096 || a.sw > 4096 || a.dh > 4096 ||
+        a.dw > 4096 || a.pt < -LIMIT || a.pt > LIMIT || a.pl < -LIMIT || a.pl > LIMIT || a.H > LIMIT ||
+        a.W > LIMIT || a.OH > LIMIT || a.OW > LIMIT || a.N > LIMIT || a.C > LIMIT || a.M > LIMIT)
+        return OPT_EINVAL;
+    if (a.N == 0 || a.OH == 0 || a.OW == 0) return 0;
+    /* every tap of every output pixel: the rows and columns a window may start at stay in range */
+    if ((a.OH - 1) * a.sh + (a.KH - 1) * a.dh > LIMIT || (a.OW - 1) * a.sw + (a.KW - 1) * a.dw > LIMIT)
+        return OPT_EINVAL;
+    a.Cbi = (a.C + a.ib - 1) / a.ib;
+    a.Mb = (a.M + a.B - 1) / a.B;
+    a.pointwise = a.KH == 1 && a.KW == 1 && a.sh == 1 && a.sw == 1 && a.pt == 0 && a.pl == 0 && a.OH == a.H &&
+                  a.OW == a.W;
+    a.OP = a.OH * a.OW;
+    /* the columns whose window lies inside the input's columns: ow * sw - pl >= 0 and
+     * ow * sw - pl + (KW - 1) * dw < W */
+    a.ow_lo = a.pl > 0 ? (a.pl + a.sw - 1) / a.sw : 0;
+    int64_t last = a.W - 1 + a.pl - (a.KW - 1) * a.dw;
+    a.ow_hi = last < 0 ? 0 : (last / a.sw + 1 < a.OW ? last / a.sw + 1 : a.OW);
+    if (a.ow_lo > a.OW) a.ow_lo = a.OW;
+    if (a.ow_hi < a.ow_lo) a.ow_hi = a.ow_lo;
+
+    const int64_t threads = optcli_get_num_threads();
+    a.ngroups = (a.Mb + obt - 1) / obt;
+    const int64_t units = a.pointwise ? a.OP : a.OH; /* split into bands: rows, or positions */
+    const int64_t want = 8 * threads, have = a.N * a.ngroups;
+    int64_t nb = have >= want ? 1 : (want + have - 1) / have;
+    if (a.pointwise) { /* bands of whole tiles, at least two */
+        int64_t most = units / 12 > 1 ? units / 12 : 1;
+        if (nb > most) nb = most;
+    } else if (nb > units) {
+        nb = units;
+    }
+    a.band = (units + nb - 1) / nb;
+    a.nbands = (units + a.band - 1) / a.band;
+    /* the weights of a group's input-channel block in about 128 KiB (L2), at least one input block */
+    a.kb = ((int64_t)128 << 10) / (obt * a.KH * a.KW * a.B * (int64_t)sizeof(float) * a.ib);
+    if (a.kb < 1) a.kb = 1;
+    int64_t macs = a.N * a.M * a.OP * a.C * a.KH * a.KW;
+    opt_parallel(fn, &a, a.N * a.ngroups * a.nbands, macs < (1 << 16) ? 1 : 0);
+    return 0;
+}
+
+/* Conversions: items are planes of the blocked side (image n, block k). */
+typedef struct {
+    const float *x;
+    float *y;
+    int64_t c, hw, b, cb;
+} reorder_t;
+
+static void to_blocked_item(void *ctx, int64_t it) {
+    const reorder_t *r = ctx;
+    const int64_t n = it / r->cb, k = it % r->cb, b = r->b, hw = r->hw;
+    const int64_t lanes = r->c - k * b < b ? r->c - k * b : b;
+    const float *x = r->x + (n * r->c + k * b) * hw;
+    float *y = r->y + it * hw * b;
+    for (int64_t p0 = 0; p0 < hw; p0 += 64) { /* 64 positions of each plane at a time: all in L1 */
+        int64_t p1 = p0 + 64 < hw ? p0 + 64 : hw;
+        for (int64_t l = 0; l < b; l++) {
+            const float *xl = x + l * hw;
+            if (l < lanes)
+                for (int64_t p = p0; p < p1; p++) y[p * b + l] = xl[p];
+            else
+                for (int64_t p = p0; p < p1; p++) y[p * b + l] = 0.0f;
+        }
+    }
+}
+
+static void from_blocked_item(void *ctx, int64_t it) {
+    const reorder_t *r = ctx;
+    const int64_t n = it / r->cb, k = it % r->cb, b = r->b, hw = r->hw;
+    const int64_t lanes = r->c - k * b < b ? r->c - k * b : b;
+    const float *x = r->x + it * hw * b;
+    float *y = r->y + (n * r->c + k * b) * hw;
+    for (int64_t p0 = 0; p0 < hw; p0 += 64) {
+        int64_t p1 = p0 + 64 < hw ? p0 + 64 : hw;
+        for (int64_t l = 0; l < lanes; l++) {
+            float *yl = y + l * hw;
+            for (int64_t p = p0; p < p1; p++) yl[p] = x[p * b + l];
+        }
+    }
+}
+
+static int reorder(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int64_t b, opt_item_fn fn) {
+    if (!x || !y || n < 0 || c < 1 || hw < 0 || (b != 4 && b != 8 && b != 16) || n > LIMIT || c > LIMIT ||
+        hw > LIMIT)
+        return OPT_EINVAL;
+    reorder_t r = {x, y, c, hw, b, (c + b - 1) / b};
+    /* a copy is ~0.3 ns a float: below 1 MiB waking a worker costs more than it saves */
+    opt_parallel(fn, &r, n * r.cb, n * r.cb * hw * b < (1 << 18) ? 1 : 0);
+    return 0;
+}
+
+OPT_API int optcli_to_blocked_f32(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int64_t b) {
+    return reorder(x, y, n, c, hw, b, to_blocked_item);
+}
+
+OPT_API int optcli_from_blocked_f32(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int64_t b) {
+    return reorder(x, y, n, c, hw, b, from_blocked_item);
+}

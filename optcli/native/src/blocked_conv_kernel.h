@@ -1,0 +1,232 @@
+/* The blocked dense conv's work items, written once for a vector type (included by blocked_conv.c
+ * once per channel block width B).
+ *
+ * Before including, define BC_V (the vector type: BC_L floats, the block width B), BC_OB (output
+ * blocks of a register tile at most), BC_SPLAT(a) (a vector literal of BC_L copies of a), BC_ACC (accumulators a tile may have), BC_XMAX (output pixels
+ * of a register tile at most: 12 or 8), BC_ATTR (the target
+ * attribute of this variant's item functions, or nothing), BC_TARGET (the same for the inlined
+ * helpers) and BC(name) (the name with this variant's suffix); they are undefined at the end.
+ *
+ * A register tile is OB output blocks (vectors of B output channels) x X output pixels of one row:
+ * per input channel and tap, OB weight vectors and X broadcast inputs make OB * X multiply-adds.
+ * Input channel ci is lane ci % ib of input block ci / ib: ib = B for a blocked input, 1 for a
+ * plain NCHW one (a plane per channel), so one loop reads both.
+ */
+#define BC_INLINE BC_TARGET ALWAYS_INLINE
+#define BC_UNROLL _Pragma("GCC unroll 16")
+
+BC_INLINE BC_V BC(ld)(const float *p) { BC_V v; memcpy(&v, p, sizeof v); return v; }
+BC_INLINE void BC(st)(float *p, BC_V v) { memcpy(p, &v, sizeof v); }
+/* an initializer, not 0 + a: that is an add (0 + -0 is +0) before the broadcast */
+BC_INLINE BC_V BC(splat)(float a) { BC_V v = BC_SPLAT(a); return v; }
+
+/* A tile's accumulators start from the bias (or zero) on the first block of input channels, from
+ * the partial sums in y after that; the last block adds the residual before the store. */
+BC_INLINE void BC(init)(const bc_t *a, BC_V acc[BC_OB][BC_XMAX], int64_t n, int64_t ob0, int64_t q0, const int OB,
+                        const int X, int first) {
+    BC_UNROLL
+    for (int o = 0; o < OB; o++) {
+        const int64_t at = ((n * a->Mb + ob0 + o) * a->OP + q0) * BC_L;
+        BC_V b = a->bias ? BC(ld)(a->bias + (ob0 + o) * BC_L) : BC(splat)(0.0f);
+        BC_UNROLL
+        for (int x = 0; x < X; x++) acc[o][x] = first ? b : BC(ld)(a->y + at + x * BC_L);
+    }
+}
+
+BC_INLINE void BC(store)(const bc_t *a, BC_V acc[BC_OB][BC_XMAX], int64_t n, int64_t ob0, int64_t q0, const int OB,
+                         const int X, int last) {
+    BC_UNROLL
+    for (int o = 0; o < OB; o++) {
+        const int64_t at = ((n * a->Mb + ob0 + o) * a->OP + q0) * BC_L;
+        BC_UNROLL
+        for (int x = 0; x < X; x++) {
+            BC_V v = acc[o][x];
+            if (last && a->res) v += BC(ld)(a->res + at + x * BC_L);
+            BC(st)(a->y + at + x * BC_L, v);
+        }
+    }
+}
+
+/* The input channels of blocks [b0, b1) (ib lanes each, fewer in the last) for one tile. */
+#define BC_CHANNELS(BODY)                                                            \
+    for (int64_t blk = b0; blk < b1; blk++) {                                        \
+        const int64_t lanes = ib < a->C - blk * ib ? ib : a->C - blk * ib;           \
+        for (int64_t l = 0; l < lanes; l++) {                                        \
+            const int64_t ci = blk * ib + l;                                         \
+            const float *xc = xn + blk * plane + l;                                  \
+            BODY;                                                                    \
+        }                                                                            \
+    }
+
+/* Pointwise (1x1, stride 1, no padding): X positions from p0 of the flattened plane. */
+BC_INLINE void BC(pw_tile)(const bc_t *a, int64_t n, int64_t ob0, int64_t p0, int64_t b0, int64_t b1, const int OB,
+                           const int X) {
+    BC_V acc[BC_OB][BC_XMAX];
+    BC(init)(a, acc, n, ob0, p0, OB, X, b0 == 0);
+    const int64_t ib = a->ib, plane = a->H * a->W * ib, obs = a->C * BC_L;
+    const float *xn = a->x + n * a->Cbi * plane + p0 * ib, *wg = a->w + ob0 * obs;
+    BC_CHANNELS({
+        const float *wc = wg + ci * BC_L;
+        BC_V wv[BC_OB];
+        BC_UNROLL
+        for (int o = 0; o < OB; o++) wv[o] = BC(ld)(wc + o * obs);
+        BC_UNROLL
+        for (int x = 0; x < X; x++) {
+            BC_V v = BC(splat)(xc[x * ib]);
+            BC_UNROLL
+            for (int o = 0; o < OB; o++) acc[o][x] += wv[o] * v;
+        }
+    });
+    BC(store)(a, acc, n, ob0, p0, OB, X, b1 == a->Cbi);
+}
+
+/* A general window: X pixels of output row oh from column ow0; every tap inside the input's
+ * columns unless CHECK, where taps outside them read zero (the tiles at a row's edges). */
+BC_INLINE void BC(tile)(const bc_t *a, int64_t n, int64_t ob0, int64_t oh, int64_t ow0, int64_t b0, int64_t b1,
+                        const int OB, const int X, const int CHECK) {
+    BC_V acc[BC_OB][BC_XMAX];
+    BC(init)(a, acc, n, ob0, oh * a->OW + ow0, OB, X, b0 == 0);
+    const int64_t ib = a->ib, plane = a->H * a->W * ib, taps = a->KH * a->KW, obs = a->C * taps * BC_L;
+    const int64_t sw = a->sw, iw0 = ow0 * sw - a->pl, W = a->W;
+    const float *xn = a->x + n * a->Cbi * plane, *wg = a->w + ob0 * obs;
+    int64_t kh0 = 0, kh1 = a->KH;
+    const int64_t ih0 = oh * a->sh - a->pt;
+    while (kh0 < kh1 && ih0 + kh0 * a->dh < 0) kh0++;
+    while (kh1 > kh0 && ih0 + (kh1 - 1) * a->dh >= a->H) kh1--;
+    BC_CHANNELS({
+        const float *wc = wg + ci * taps * BC_L;
+        for (int64_t kh = kh0; kh < kh1; kh++) {
+            const float *xr = xc + (ih0 + kh * a->dh) * W * ib;
+            for (int64_t kw = 0; kw < a->KW; kw++) {
+                const int64_t iw = iw0 + kw * a->dw;
+                const float *wq = wc + (kh * a->KW + kw) * BC_L;
+                BC_V wv[BC_OB];
+                BC_UNROLL
+                for (int o = 0; o < OB; o++) wv[o] = BC(ld)(wq + o * obs);
+                BC_UNROLL
+                for (int x = 0; x < X; x++) {
+                    const int64_t at = iw + x * sw;
+                    const int in = !CHECK || (at >= 0 && at < W); /* outside: read the row's start, use 0 */
+                    const float xv = xr[(in ? at : 0) * ib];
+                    BC_V v = BC(splat)(in ? xv : 0.0f);
+                    BC_UNROLL
+                    for (int o = 0; o < OB; o++) acc[o][x] += wv[o] * v;
+                }
+            }
+        }
+    });
+    BC(store)(a, acc, n, ob0, oh * a->OW + ow0, OB, X, b1 == a->Cbi);
+}
+
+/* Tiles over [first, last) of a row (or of the flattened plane: pointwise), XF pixels at a time
+ * (the widest tile for this many output blocks), the rest in narrower ones: tiles never overlap,
+ * since a pass over a block of input channels adds to what the pass before left in y. */
+#define BC_SPAN(XF, CALL)                                                             \
+    for (int64_t q = first; q < last;) {                                              \
+        const int64_t n_ = last - q;                                                  \
+        const int w_ = n_ >= (XF) ? (XF) : n_ >= 8 ? 8 : n_ >= 6 ? 6 : n_ >= 4 ? 4 : n_ >= 2 ? 2 : 1; \
+        CALL(q, w_);                                                                  \
+        q += w_;                                                                      \
+    }
+
+/* OB output blocks, and the widest tile for them: about 24 accumulators (BC_ACC). */
+#define BC_XF(OB) ((BC_ACC / (OB)) >= 12 ? 12 : (BC_ACC / (OB)) >= 8 ? 8 : (BC_ACC / (OB)) >= 6 ? 6 : 4)
+#define BC_BY_OB(OB, BODY)                                                            \
+    switch (OB) {                                                                     \
+    case 1: { const int ob_ = 1; BODY; break; }                                       \
+    case 2: { const int ob_ = 2; BODY; break; }                                       \
+    case 3: if (BC_OB >= 3) { const int ob_ = 3 <= BC_OB ? 3 : 1; BODY; } break;      \
+    default: if (BC_OB >= 4) { const int ob_ = 4 <= BC_OB ? 4 : 1; BODY; } break;     \
+    }
+
+#define BC_BY_X(W, F, ...)                                        \
+    switch (W) {                                                  \
+    case 12: if (BC_XMAX >= 12) F(__VA_ARGS__, 12 <= BC_XMAX ? 12 : 1); break; \
+    case 8: F(__VA_ARGS__, 8); break;                             \
+    case 6: F(__VA_ARGS__, 6); break;                             \
+    case 4: F(__VA_ARGS__, 4); break;                             \
+    case 2: F(__VA_ARGS__, 2); break;                             \
+    default: F(__VA_ARGS__, 1); break;                            \
+    }
+
+#define BC_PW(obn, q, X) BC(pw_tile)(a, n, ob0, q, b0, b1, obn, X)
+#define BC_PW_CALL(q, w) BC_BY_X(w, BC_PW, ob_, q)
+#define BC_TL(obn, q, X) BC(tile)(a, n, ob0, oh, q, b0, b1, obn, X, 0)
+#define BC_TL_CALL(q, w) BC_BY_X(w, BC_TL, ob_, q)
+#define BC_CK(obn, q, X) BC(tile)(a, n, ob0, oh, q, b0, b1, obn, X, 1)
+#define BC_CK_CALL(q, w) BC_BY_X(w, BC_CK, ob_, q)
+
+/* Work item it: image n, a group of BC_OB output blocks, a band of output rows (pointwise: of
+ * flattened positions).  The input channels go in blocks of a->kb input blocks, whose weights
+ * stay in the cache while every tile of the band takes them (partial sums in y in between). */
+BC_INLINE void BC(item)(bc_t *a, int64_t it) {
+    const int64_t band = it % a->nbands, og = it / a->nbands % a->ngroups, n = it / a->nbands / a->ngroups;
+    const int64_t ob0 = og * BC_OB, obn = a->Mb - ob0 < BC_OB ? a->Mb - ob0 : BC_OB;
+    const int64_t lo = a->ow_lo, hi = a->ow_hi, OW = a->OW;
+    for (int64_t b0 = 0; b0 < a->Cbi; b0 += a->kb) {
+        const int64_t b1 = b0 + a->kb < a->Cbi ? b0 + a->kb : a->Cbi;
+        if (a->pointwise) {
+            const int64_t first = band * a->band, last = first + a->band < a->OP ? first + a->band : a->OP;
+            BC_BY_OB(obn, BC_SPAN(BC_XF(ob_), BC_PW_CALL));
+            continue;
+        }
+        const int64_t oh0 = band * a->band, oh1 = oh0 + a->band < a->OH ? oh0 + a->band : a->OH;
+        /* checked tiles cover the edge columns (a whole tile from each edge; narrow rows entirely),
+         * unchecked ones the columns between */
+        const int64_t xf = BC_XF(obn);
+        int64_t left = lo ? (lo > xf ? lo : xf) : 0, right = hi < OW ? OW - (OW - hi > xf ? OW - hi : xf) : OW;
+        if (left > OW) left = OW;
+        if (right < left) right = left;
+        for (int64_t oh = oh0; oh < oh1; oh++) {
+            if (left >= right) {
+                const int64_t first = 0, last = OW;
+                BC_BY_OB(obn, BC_SPAN(BC_XF(ob_), BC_CK_CALL));
+                continue;
+            }
+            {
+                const int64_t first = left, last = right;
+                BC_BY_OB(obn, BC_SPAN(BC_XF(ob_), BC_TL_CALL));
+            }
+            if (left > 0) {
+                const int64_t first = 0, last = left;
+                BC_BY_OB(obn, BC_SPAN(BC_XF(ob_), BC_CK_CALL));
+            }
+            if (right < OW) {
+                const int64_t first = right, last = OW;
+                BC_BY_OB(obn, BC_SPAN(BC_XF(ob_), BC_CK_CALL));
+            }
+        }
+    }
+    if (a->act == ACT_NONE) return;
+    /* the item's output, in the cache still: one pass of the activation */
+    const int64_t q0 = a->pointwise ? band * a->band : band * a->band * OW;
+    const int64_t q1 = a->pointwise ? (q0 + a->band < a->OP ? q0 + a->band : a->OP)
+                                    : (band * a->band + a->band < a->OH ? band * a->band + a->band : a->OH) * OW;
+    for (int64_t o = 0; o < obn; o++)
+        act_span(a->y + ((n * a->Mb + ob0 + o) * a->OP + q0) * BC_L, (q1 - q0) * BC_L, a->act, a->alpha, a->beta);
+}
+
+BC_ATTR static void BC(run_item)(void *ctx, int64_t it) { BC(item)(ctx, it); }
+
+#undef BC_PW
+#undef BC_PW_CALL
+#undef BC_TL
+#undef BC_TL_CALL
+#undef BC_CK
+#undef BC_CK_CALL
+#undef BC_XF
+#undef BC_SPLAT
+#undef BC_CHANNELS
+#undef BC_XMAX
+#undef BC_ACC
+#undef BC_BY_X
+#undef BC_BY_OB
+#undef BC_SPAN
+#undef BC_UNROLL
+#undef BC_INLINE
+#undef BC_V
+#undef BC_L
+#undef BC_OB
+#undef BC_ATTR
+#undef BC_TARGET
+#undef BC
