@@ -1,0 +1,145 @@
+/* The blocked window kernels' work items, written once for a vector type (included by
+ * blocked_window.c once per channel block width B).
+ *
+ * Before including, define BW_V (the vector type: BW_L floats, the block width B), BW_XT (output
+ * pixels of a register tile), BW_ATTR (the target attribute of this variant's item functions, or
+ * nothing) and BW(name) (the name with this variant's suffix); they are undefined again at the end.
+ *
+ * Every lane is its own channel, so a tile is BW_XT output pixels of one row, one vector each:
+ * per tap one weight vector (no broadcast) and BW_XT input vectors, BW_XT multiply-adds.  The
+ * taps read a zero-padded (-inf for max pooling) copy of the rows an item needs, so no tap is
+ * ever checked.  With a constant window (K) and stride (S) and dilation 1 the loops unroll whole,
+ * and the compiler loads an input vector once for the taps of every pixel that reads it.
+ */
+typedef __typeof__((BW_V){0} < (BW_V){0}) BW(vi); /* the lane masks of a comparison */
+#define BW_VI BW(vi)
+#define BW_UNROLL _Pragma("GCC unroll 16")
+
+ALWAYS_INLINE BW_V BW(ld)(const float *p) { BW_V v; memcpy(&v, p, sizeof v); return v; }
+ALWAYS_INLINE void BW(st)(float *p, BW_V v) { memcpy(p, &v, sizeof v); }
+ALWAYS_INLINE BW_V BW(splat)(float a) { BW_V z = {0}; return z + a; }
+
+/* np.maximum lane by lane: v where it is larger or a NaN, else m (the NCHW kernel's rule). */
+ALWAYS_INLINE BW_V BW(vmax)(BW_V v, BW_V m) {
+    BW_VI k = (v > m) | (v != v);
+    return (BW_V)((k & (BW_VI)v) | (~k & (BW_VI)m));
+}
+
+/* X (<= BW_XT) pixels of one output row from column ow0: row0 is the scratch row of the output
+ * row's first tap row, wk the plane's packed weights [KH][KW][B] (conv), y the output row.
+ * K: KH = KW when constant (0: the run-time window), S the constant column stride (0: a->sw). */
+ALWAYS_INLINE void BW(tile)(const bw_t *a, const float *row0, const float *wk, BW_V init, float *y, int64_t oh,
+                            int64_t ow0, const int X, const int K, const int S, const int op) {
+    const int64_t KH = K ? K : a->KH, KW = K ? K : a->KW, sw = S ? S : a->sw, dw = K ? 1 : a->dw;
+    const int64_t hstep = a->dh * a->RS;
+    BW_V acc[BW_XT];
+    BW_UNROLL
+    for (int x = 0; x < X; x++) acc[x] = init;
+    const float *p0 = row0 + ow0 * sw * BW_L;
+    for (int64_t kh = 0; kh < KH; kh++) {
+        const float *rp = p0 + kh * hstep;
+        BW_UNROLL
+        for (int64_t kw = 0; kw < KW; kw++) {
+            const float *q = rp + kw * dw * BW_L;
+            if (op == OP_CONV) {
+                BW_V w = BW(ld)(wk + (kh * KW + kw) * BW_L);
+                BW_UNROLL
+                for (int x = 0; x < X; x++) acc[x] += w * BW(ld)(q + x * sw * BW_L);
+            } else if (op == OP_MAX) {
+                BW_UNROLL
+                for (int x = 0; x < X; x++) acc[x] = BW(vmax)(BW(ld)(q + x * sw * BW_L), acc[x]);
+            } else {
+                BW_UNROLL
+                for (int x = 0; x < X; x++) acc[x] += BW(ld)(q + x * sw * BW_L);
+            }
+        }
+    }
+    if (op == OP_AVG) {
+        float rr = a->rrow[oh];
+        BW_UNROLL
+        for (int x = 0; x < X; x++) acc[x] *= BW(splat)(rr * a->rcol[ow0 + x]);
+    }
+    BW_UNROLL
+    for (int x = 0; x < X; x++) BW(st)(y + (ow0 + x) * BW_L, acc[x]);
+}
+
+/* One output row: tiles of BW_XT pixels, the rest by one more tile that overlaps the one before
+ * (it writes the same values again), tiles of 4 the same way on rows narrower than BW_XT. */
+ALWAYS_INLINE void BW(row)(const bw_t *a, const float *row0, const float *wk, BW_V init, float *y, int64_t oh,
+                           const int K, const int S, const int op) {
+    const int64_t OW = a->OW;
+    int64_t ow0 = 0;
+    if (OW >= BW_XT) {
+        for (; ow0 + BW_XT <= OW; ow0 += BW_XT) BW(tile)(a, row0, wk, init, y, oh, ow0, BW_XT, K, S, op);
+        if (ow0 < OW) BW(tile)(a, row0, wk, init, y, oh, OW - BW_XT, BW_XT, K, S, op);
+    } else if (OW >= 4) {
+        for (; ow0 + 4 <= OW; ow0 += 4) BW(tile)(a, row0, wk, init, y, oh, ow0, 4, K, S, op);
+        if (ow0 < OW) BW(tile)(a, row0, wk, init, y, oh, OW - 4, 4, K, S, op);
+    } else {
+        for (; ow0 < OW; ow0++) BW(tile)(a, row0, wk, init, y, oh, ow0, 1, K, S, op);
+    }
+}
+
+/* Work item it: one plane (image, channel block) and a band of its output rows. */
+ALWAYS_INLINE void BW(item)(bw_t *a, int64_t it, const int K, const int S, const int op) {
+    band_t bd;
+    float *s = bw_band(a, it, &bd);
+    if (!s) return;
+    const int64_t cb = bd.plane % a->Cb, OW = a->OW;
+    const float *wk = op == OP_CONV ? a->w + cb * a->KH * a->KW * BW_L : NULL;
+    BW_V init = BW(splat)(op == OP_MAX ? -INFINITY : 0.0f);
+    if (op == OP_CONV && a->bias) init = BW(ld)(a->bias + cb * BW_L);
+    float *yp = a->y + bd.plane * a->OH * OW * BW_L;
+    for (int64_t oh = bd.oh0; oh < bd.oh1; oh++) {
+        float *y = yp + oh * OW * BW_L;
+        BW(row)(a, s + (oh - bd.oh0) * a->sh * a->RS, wk, init, y, oh, K, S, op);
+    }
+    if (op == OP_CONV && a->act != ACT_NONE) /* the band's output, still in L1 */
+        act_span(yp + bd.oh0 * OW * BW_L, (bd.oh1 - bd.oh0) * OW * BW_L, a->act, a->alpha, a->beta);
+}
+
+BW_ATTR static void BW(conv3s1)(void *ctx, int64_t it) { BW(item)(ctx, it, 3, 1, OP_CONV); }
+BW_ATTR static void BW(conv3s2)(void *ctx, int64_t it) { BW(item)(ctx, it, 3, 2, OP_CONV); }
+BW_ATTR static void BW(conv5s1)(void *ctx, int64_t it) { BW(item)(ctx, it, 5, 1, OP_CONV); }
+BW_ATTR static void BW(conv5s2)(void *ctx, int64_t it) { BW(item)(ctx, it, 5, 2, OP_CONV); }
+BW_ATTR static void BW(conv_any)(void *ctx, int64_t it) { BW(item)(ctx, it, 0, 0, OP_CONV); }
+BW_ATTR static void BW(max3s2)(void *ctx, int64_t it) { BW(item)(ctx, it, 3, 2, OP_MAX); }
+BW_ATTR static void BW(max2s2)(void *ctx, int64_t it) { BW(item)(ctx, it, 2, 2, OP_MAX); }
+BW_ATTR static void BW(max_any)(void *ctx, int64_t it) { BW(item)(ctx, it, 0, 0, OP_MAX); }
+BW_ATTR static void BW(avg_any)(void *ctx, int64_t it) { BW(item)(ctx, it, 0, 0, OP_AVG); }
+
+/* Global average: planes [it * group, ...) summed pixel by pixel in 4 float vectors, flushed into
+ * double lanes every 256 pixels (float lanes alone would lose digits on a 112 x 112 plane). */
+BW_ATTR static void BW(gap)(void *ctx, int64_t it) {
+    const gap_t *a = ctx;
+    int64_t p1 = (it + 1) * a->group < a->planes ? (it + 1) * a->group : a->planes;
+    for (int64_t p = it * a->group; p < p1; p++) {
+        const float *x = a->x + p * a->hw * BW_L;
+        double sum[BW_L] = {0};
+        for (int64_t b = 0; b < a->hw; b += 256) {
+            int64_t e = b + 256 < a->hw ? b + 256 : a->hw, i = b;
+            BW_V s0 = BW(splat)(0.0f), s1 = s0, s2 = s0, s3 = s0;
+            for (; i + 4 <= e; i += 4) {
+                s0 += BW(ld)(x + i * BW_L);
+                s1 += BW(ld)(x + (i + 1) * BW_L);
+                s2 += BW(ld)(x + (i + 2) * BW_L);
+                s3 += BW(ld)(x + (i + 3) * BW_L);
+            }
+            for (; i < e; i++) s0 += BW(ld)(x + i * BW_L);
+            s0 = (s0 + s1) + (s2 + s3);
+            for (int l = 0; l < BW_L; l++) sum[l] += (double)s0[l];
+        }
+        for (int l = 0; l < BW_L; l++) a->y[p * BW_L + l] = (float)(sum[l] / (double)a->hw);
+    }
+}
+
+static const bw_variant_t BW(variant) = {BW(conv3s1), BW(conv3s2), BW(conv5s1), BW(conv5s2), BW(conv_any),
+                                         BW(max3s2),  BW(max2s2),  BW(max_any), BW(avg_any),  BW(gap)};
+
+#undef BW_VI
+#undef BW_UNROLL
+#undef BW_V
+#undef BW_L
+#undef BW_XT
+#undef BW_ATTR
+#undef BW
