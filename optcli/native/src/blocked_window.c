@@ -91,14 +91,18 @@ static float *bw_band(bw_t *a, int64_t it, band_t *bd) {
 #define BW_V v4f
 #define BW_L 4
 #define BW_XT 8 /* 8 accumulators and their inputs of NEON's 32 registers */
+#define BW_VMAX max4_nan
 #define BW_ATTR
+#define BW_TARGET
 #define BW(name) bw4_##name
 #include "blocked_window_kernel.h"
 
 #define BW_V v8f
 #define BW_L 8
 #define BW_XT 6 /* 6 accumulators, their inputs and a weight of AVX2's 16 registers */
+#define BW_VMAX vmax_nan
 #define BW_ATTR HOT_CLONES
+#define BW_TARGET
 #define BW(name) bw8_##name
 #include "blocked_window_kernel.h"
 
@@ -106,10 +110,18 @@ static float *bw_band(bw_t *a, int64_t it, band_t *bd) {
                             (defined(__clang__) && __clang_major__ >= 14))
 #define HAVE_BW16 1
 typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+#define V4_ATTR __attribute__((target("arch=x86-64-v4")))
+V4_ATTR ALWAYS_INLINE v16f vmax16(v16f v, v16f m) {
+    v16i k = (v > m) | (v != v);
+    return (v16f)((k & (v16i)v) | (~k & (v16i)m));
+}
 #define BW_V v16f
 #define BW_L 16
 #define BW_XT 8 /* 8 accumulators, up to 12 inputs (5x5) and a weight of 32 registers */
-#define BW_ATTR __attribute__((target("arch=x86-64-v4")))
+#define BW_VMAX vmax16
+#define BW_ATTR V4_ATTR
+#define BW_TARGET V4_ATTR
 #define BW(name) bw16_##name
 #include "blocked_window_kernel.h"
 

@@ -2,8 +2,9 @@
  * blocked_window.c once per channel block width B).
  *
  * Before including, define BW_V (the vector type: BW_L floats, the block width B), BW_XT (output
- * pixels of a register tile), BW_ATTR (the target attribute of this variant's item functions, or
- * nothing) and BW(name) (the name with this variant's suffix); they are undefined again at the end.
+ * pixels of a register tile), BW_VMAX(v, m) (np.maximum's NaN rule: v where it is larger or a NaN,
+ * else m), BW_ATTR (the target attribute of this variant's item functions, or
+ * nothing), BW_TARGET (the target attribute of the inlined helpers, or nothing) and BW(name) (the name with this variant's suffix); they are undefined again at the end.
  *
  * Every lane is its own channel, so a tile is BW_XT output pixels of one row, one vector each:
  * per tap one weight vector (no broadcast) and BW_XT input vectors, BW_XT multiply-adds.  The
@@ -11,24 +12,19 @@
  * ever checked.  With a constant window (K) and stride (S) and dilation 1 the loops unroll whole,
  * and the compiler loads an input vector once for the taps of every pixel that reads it.
  */
-typedef __typeof__((BW_V){0} < (BW_V){0}) BW(vi); /* the lane masks of a comparison */
-#define BW_VI BW(vi)
 #define BW_UNROLL _Pragma("GCC unroll 16")
+/* the inlined helpers in the variant's instruction set (BW_TARGET: a target attribute or nothing):
+ * a vector comparison in a function without it would be lowered to scalar code before inlining */
+#define BW_INLINE BW_TARGET ALWAYS_INLINE
 
-ALWAYS_INLINE BW_V BW(ld)(const float *p) { BW_V v; memcpy(&v, p, sizeof v); return v; }
-ALWAYS_INLINE void BW(st)(float *p, BW_V v) { memcpy(p, &v, sizeof v); }
-ALWAYS_INLINE BW_V BW(splat)(float a) { BW_V z = {0}; return z + a; }
-
-/* np.maximum lane by lane: v where it is larger or a NaN, else m (the NCHW kernel's rule). */
-ALWAYS_INLINE BW_V BW(vmax)(BW_V v, BW_V m) {
-    BW_VI k = (v > m) | (v != v);
-    return (BW_V)((k & (BW_VI)v) | (~k & (BW_VI)m));
-}
+BW_INLINE BW_V BW(ld)(const float *p) { BW_V v; memcpy(&v, p, sizeof v); return v; }
+BW_INLINE void BW(st)(float *p, BW_V v) { memcpy(p, &v, sizeof v); }
+BW_INLINE BW_V BW(splat)(float a) { BW_V z = {0}; return z + a; }
 
 /* X (<= BW_XT) pixels of one output row from column ow0: row0 is the scratch row of the output
  * row's first tap row, wk the plane's packed weights [KH][KW][B] (conv), y the output row.
  * K: KH = KW when constant (0: the run-time window), S the constant column stride (0: a->sw). */
-ALWAYS_INLINE void BW(tile)(const bw_t *a, const float *row0, const float *wk, BW_V init, float *y, int64_t oh,
+BW_INLINE void BW(tile)(const bw_t *a, const float *row0, const float *wk, BW_V init, float *y, int64_t oh,
                             int64_t ow0, const int X, const int K, const int S, const int op) {
     const int64_t KH = K ? K : a->KH, KW = K ? K : a->KW, sw = S ? S : a->sw, dw = K ? 1 : a->dw;
     const int64_t hstep = a->dh * a->RS;
@@ -47,7 +43,7 @@ ALWAYS_INLINE void BW(tile)(const bw_t *a, const float *row0, const float *wk, B
                 for (int x = 0; x < X; x++) acc[x] += w * BW(ld)(q + x * sw * BW_L);
             } else if (op == OP_MAX) {
                 BW_UNROLL
-                for (int x = 0; x < X; x++) acc[x] = BW(vmax)(BW(ld)(q + x * sw * BW_L), acc[x]);
+                for (int x = 0; x < X; x++) acc[x] = BW_VMAX(BW(ld)(q + x * sw * BW_L), acc[x]);
             } else {
                 BW_UNROLL
                 for (int x = 0; x < X; x++) acc[x] += BW(ld)(q + x * sw * BW_L);
@@ -65,7 +61,7 @@ ALWAYS_INLINE void BW(tile)(const bw_t *a, const float *row0, const float *wk, B
 
 /* One output row: tiles of BW_XT pixels, the rest by one more tile that overlaps the one before
  * (it writes the same values again), tiles of 4 the same way on rows narrower than BW_XT. */
-ALWAYS_INLINE void BW(row)(const bw_t *a, const float *row0, const float *wk, BW_V init, float *y, int64_t oh,
+BW_INLINE void BW(row)(const bw_t *a, const float *row0, const float *wk, BW_V init, float *y, int64_t oh,
                            const int K, const int S, const int op) {
     const int64_t OW = a->OW;
     int64_t ow0 = 0;
@@ -81,7 +77,7 @@ ALWAYS_INLINE void BW(row)(const bw_t *a, const float *row0, const float *wk, BW
 }
 
 /* Work item it: one plane (image, channel block) and a band of its output rows. */
-ALWAYS_INLINE void BW(item)(bw_t *a, int64_t it, const int K, const int S, const int op) {
+BW_INLINE void BW(item)(bw_t *a, int64_t it, const int K, const int S, const int op) {
     band_t bd;
     float *s = bw_band(a, it, &bd);
     if (!s) return;
@@ -136,7 +132,9 @@ BW_ATTR static void BW(gap)(void *ctx, int64_t it) {
 static const bw_variant_t BW(variant) = {BW(conv3s1), BW(conv3s2), BW(conv5s1), BW(conv5s2), BW(conv_any),
                                          BW(max3s2),  BW(max2s2),  BW(max_any), BW(avg_any),  BW(gap)};
 
-#undef BW_VI
+#undef BW_VMAX
+#undef BW_INLINE
+#undef BW_TARGET
 #undef BW_UNROLL
 #undef BW_V
 #undef BW_L
