@@ -25,6 +25,8 @@ typedef struct {
     int64_t N, Cb, H, W, KH, KW, sh, sw, dh, dw, pt, pl, OH, OW, B;
     int64_t SW, RS;            /* pixels per scratch row, floats per scratch row */
     int64_t band, nbands;      /* output rows per item, items per plane */
+    int direct;                /* wide rows: read the input in place, pad copies of the edges only */
+    int64_t ow_lo, ow_hi;      /* the output columns whose taps are all inside the input's columns */
     int act;
     float alpha, beta;
     int op;                    /* OP_CONV, OP_MAX, OP_AVG */
@@ -59,18 +61,39 @@ ALWAYS_INLINE void fill_value(float *p, int64_t n, float v) {
     }
 }
 
-/* Work item it: its plane and output rows, and the calling thread's scratch holding the padded
- * input rows they read.  NULL (and a->failed set) when no memory could be had. */
+/* Padded copies of the columns [c0, c0 + n) of the KH tap rows of the output row whose first tap
+ * row is input row ih0 (row kh at s + kh * n * B): the input's values and the padding (0, -inf for
+ * max pooling) around them. */
+static void bw_pad_copy(const bw_t *a, const float *xp, float *s, int64_t ih0, int64_t c0, int64_t n) {
+    const float pad = a->op == OP_MAX ? -INFINITY : 0.0f;
+    const int64_t B = a->B, j0 = min64(max64(a->pl - c0, 0), n), j1 = max64(min64(a->W + a->pl - c0, n), j0);
+    for (int64_t kh = 0; kh < a->KH; kh++) {
+        float *d = s + kh * n * B;
+        int64_t ih = ih0 + kh * a->dh;
+        if (ih < 0 || ih >= a->H || j1 <= j0) {
+            fill_value(d, n * B, pad);
+            continue;
+        }
+        fill_value(d, j0 * B, pad);
+        memcpy(d + j0 * B, xp + (ih * a->W + c0 + j0 - a->pl) * B, (size_t)((j1 - j0) * B) * sizeof(float));
+        fill_value(d + j1 * B, (n - j1) * B, pad);
+    }
+}
+
+/* Work item it: its plane and output rows, and the calling thread's scratch: the padded input rows
+ * they read, or (direct) room for one output row's padded tap rows.  NULL (and a->failed set) when
+ * no memory could be had. */
 static float *bw_band(bw_t *a, int64_t it, band_t *bd) {
     bd->plane = it / a->nbands;
     bd->oh0 = it % a->nbands * a->band;
     bd->oh1 = min64(bd->oh0 + a->band, a->OH);
     int64_t r0 = bd->oh0 * a->sh - a->pt, rows = (bd->oh1 - 1 - bd->oh0) * a->sh + (a->KH - 1) * a->dh + 1;
-    float *s = opt_scratch((size_t)(rows * a->RS));
+    float *s = opt_scratch((size_t)((a->direct ? a->KH : rows) * a->RS));
     if (!s) {
         a->failed = 1;
         return NULL;
     }
+    if (a->direct) return s;
     const float pad = a->op == OP_MAX ? -INFINITY : 0.0f;
     const int64_t B = a->B, iw0 = max64(0, -a->pl), iw1 = min64(a->W, a->SW - a->pl);
     const float *xp = a->x + bd->plane * a->H * a->W * B;
@@ -165,6 +188,14 @@ static int run_blocked(bw_t *a, const int64_t *g) {
     a->RS = a->SW * a->B;
 
     const int64_t threads = optcli_get_num_threads(), planes = a->N * a->Cb;
+    /* rows of 32 pixels or more read the input in place: the edge columns' copies cost little there,
+     * and a padded copy of every row cost as much as the multiply-adds (memcpy, and a scratch past L1) */
+    a->direct = a->OW >= 32;
+    a->ow_lo = a->pl > 0 ? (a->pl + a->sw - 1) / a->sw : 0;
+    int64_t last = a->W - 1 + a->pl - (a->KW - 1) * a->dw; /* the last padded column a window may start at */
+    a->ow_hi = last < 0 ? 0 : min64(last / a->sw + 1, a->OW);
+    if (a->ow_lo > a->OW) a->ow_lo = a->OW;
+    if (a->ow_hi < a->ow_lo) a->ow_hi = a->ow_lo;
     int64_t in_rows = SCRATCH_BYTES / (a->RS * (int64_t)sizeof(float));
     int64_t band = (in_rows - (a->KH - 1) * a->dh - 1) / a->sh + 1;
     band = band < 1 ? 1 : min64(band, a->OH);

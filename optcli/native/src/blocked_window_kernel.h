@@ -21,17 +21,24 @@ BW_INLINE BW_V BW(ld)(const float *p) { BW_V v; memcpy(&v, p, sizeof v); return 
 BW_INLINE void BW(st)(float *p, BW_V v) { memcpy(p, &v, sizeof v); }
 BW_INLINE BW_V BW(splat)(float a) { BW_V z = {0}; return z + a; }
 
-/* X (<= BW_XT) pixels of one output row from column ow0: row0 is the scratch row of the output
- * row's first tap row, wk the plane's packed weights [KH][KW][B] (conv), y the output row.
- * K: KH = KW when constant (0: the run-time window), S the constant column stride (0: a->sw). */
-BW_INLINE void BW(tile)(const bw_t *a, const float *row0, const float *wk, BW_V init, float *y, int64_t oh,
-                            int64_t ow0, const int X, const int K, const int S, const int op) {
+/* Where a tile reads: output pixel ow's tap (kh, kw) is at p + off + ow * sw * B + kh * hstep +
+ * kw * dw * B (p + off + ow * sw * B stays inside the array for the pixels read). */
+typedef struct {
+    const float *p;
+    int64_t off, hstep;
+} BW(src_t);
+
+/* X (<= BW_XT) pixels of one output row from column ow0: wk the plane's packed weights [KH][KW][B]
+ * (conv), y the output row.  K: KH = KW when constant (0: the run-time window, dilation a->dw),
+ * S the constant column stride (0: a->sw). */
+BW_INLINE void BW(tile)(const bw_t *a, BW(src_t) src, const float *wk, BW_V init, float *y, int64_t oh,
+                        int64_t ow0, const int X, const int K, const int S, const int op) {
     const int64_t KH = K ? K : a->KH, KW = K ? K : a->KW, sw = S ? S : a->sw, dw = K ? 1 : a->dw;
-    const int64_t hstep = a->dh * a->RS;
+    const int64_t hstep = src.hstep;
     BW_V acc[BW_XT];
     BW_UNROLL
     for (int x = 0; x < X; x++) acc[x] = init;
-    const float *p0 = row0 + ow0 * sw * BW_L;
+    const float *p0 = src.p + (src.off + ow0 * sw * BW_L);
     for (int64_t kh = 0; kh < KH; kh++) {
         const float *rp = p0 + kh * hstep;
         BW_UNROLL
@@ -59,20 +66,45 @@ BW_INLINE void BW(tile)(const bw_t *a, const float *row0, const float *wk, BW_V 
     for (int x = 0; x < X; x++) BW(st)(y + (ow0 + x) * BW_L, acc[x]);
 }
 
-/* One output row: tiles of BW_XT pixels, the rest by one more tile that overlaps the one before
- * (it writes the same values again), tiles of 4 the same way on rows narrower than BW_XT. */
-BW_INLINE void BW(row)(const bw_t *a, const float *row0, const float *wk, BW_V init, float *y, int64_t oh,
-                           const int K, const int S, const int op) {
-    const int64_t OW = a->OW;
-    int64_t ow0 = 0;
-    if (OW >= BW_XT) {
-        for (; ow0 + BW_XT <= OW; ow0 += BW_XT) BW(tile)(a, row0, wk, init, y, oh, ow0, BW_XT, K, S, op);
-        if (ow0 < OW) BW(tile)(a, row0, wk, init, y, oh, OW - BW_XT, BW_XT, K, S, op);
-    } else if (OW >= 4) {
-        for (; ow0 + 4 <= OW; ow0 += 4) BW(tile)(a, row0, wk, init, y, oh, ow0, 4, K, S, op);
-        if (ow0 < OW) BW(tile)(a, row0, wk, init, y, oh, OW - 4, 4, K, S, op);
+/* Output pixels [first, last) of a row: tiles of BW_XT pixels, the rest by one more tile that
+ * overlaps the one before (it writes the same values again); tiles of 4 the same way on spans
+ * narrower than BW_XT, single pixels below 4. */
+BW_INLINE void BW(span)(const bw_t *a, BW(src_t) src, const float *wk, BW_V init, float *y, int64_t oh,
+                        int64_t first, int64_t last, const int K, const int S, const int op) {
+    int64_t ow0 = first, n = last - first;
+    if (n >= BW_XT) {
+        for (; ow0 + BW_XT <= last; ow0 += BW_XT) BW(tile)(a, src, wk, init, y, oh, ow0, BW_XT, K, S, op);
+        if (ow0 < last) BW(tile)(a, src, wk, init, y, oh, last - BW_XT, BW_XT, K, S, op);
+    } else if (n >= 4) {
+        for (; ow0 + 4 <= last; ow0 += 4) BW(tile)(a, src, wk, init, y, oh, ow0, 4, K, S, op);
+        if (ow0 < last) BW(tile)(a, src, wk, init, y, oh, last - 4, 4, K, S, op);
     } else {
-        for (; ow0 < OW; ow0++) BW(tile)(a, row0, wk, init, y, oh, ow0, 1, K, S, op);
+        for (; ow0 < last; ow0++) BW(tile)(a, src, wk, init, y, oh, ow0, 1, K, S, op);
+    }
+}
+
+/* One output row read straight from the input (wide rows): the pixels whose taps are all inside
+ * it from there, the others (the edge columns; every column of a row whose window leaves the
+ * input at the top or bottom) from padded copies of the few columns they read, in s. */
+BW_INLINE void BW(direct_row)(const bw_t *a, const float *xp, float *s, const float *wk, BW_V init, float *y,
+                              int64_t oh, const int K, const int S, const int op) {
+    const int64_t ih0 = oh * a->sh - a->pt, sw = a->sw, reach = (a->KW - 1) * a->dw + 1;
+    if (ih0 < 0 || ih0 + (a->KH - 1) * a->dh >= a->H || a->ow_lo >= a->ow_hi) {
+        bw_pad_copy(a, xp, s, ih0, 0, a->SW);
+        BW(span)(a, (BW(src_t)){s, 0, a->SW * BW_L}, wk, init, y, oh, 0, a->OW, K, S, op);
+        return;
+    }
+    BW(span)(a, (BW(src_t)){xp + ih0 * a->W * BW_L, -a->pl * BW_L, a->dh * a->W * BW_L}, wk, init, y, oh, a->ow_lo,
+             a->ow_hi, K, S, op);
+    if (a->ow_lo > 0) {
+        int64_t n = (a->ow_lo - 1) * sw + reach;
+        bw_pad_copy(a, xp, s, ih0, 0, n);
+        BW(span)(a, (BW(src_t)){s, 0, n * BW_L}, wk, init, y, oh, 0, a->ow_lo, K, S, op);
+    }
+    if (a->ow_hi < a->OW) {
+        int64_t c0 = a->ow_hi * sw, n = (a->OW - 1) * sw + reach - c0;
+        bw_pad_copy(a, xp, s, ih0, c0, n);
+        BW(span)(a, (BW(src_t)){s, -c0 * BW_L, n * BW_L}, wk, init, y, oh, a->ow_hi, a->OW, K, S, op);
     }
 }
 
@@ -86,9 +118,14 @@ BW_INLINE void BW(item)(bw_t *a, int64_t it, const int K, const int S, const int
     BW_V init = BW(splat)(op == OP_MAX ? -INFINITY : 0.0f);
     if (op == OP_CONV && a->bias) init = BW(ld)(a->bias + cb * BW_L);
     float *yp = a->y + bd.plane * a->OH * OW * BW_L;
+    const float *xp = a->x + bd.plane * a->H * a->W * BW_L;
     for (int64_t oh = bd.oh0; oh < bd.oh1; oh++) {
         float *y = yp + oh * OW * BW_L;
-        BW(row)(a, s + (oh - bd.oh0) * a->sh * a->RS, wk, init, y, oh, K, S, op);
+        if (a->direct)
+            BW(direct_row)(a, xp, s, wk, init, y, oh, K, S, op);
+        else
+            BW(span)(a, (BW(src_t)){s + (oh - bd.oh0) * a->sh * a->RS, 0, a->dh * a->RS}, wk, init, y, oh, 0, OW, K,
+                     S, op);
     }
     if (op == OP_CONV && a->act != ACT_NONE) /* the band's output, still in L1 */
         act_span(yp + bd.oh0 * OW * BW_L, (bd.oh1 - bd.oh0) * OW * BW_L, a->act, a->alpha, a->beta);
