@@ -76,7 +76,7 @@ def cases(block: int, rng):
     for c, size in GLOBAL_AVG:
         x = rng.standard_normal((1, c, size, size)).astype(np.float32)
         xb = to_blocked(x, block)
-        yield (f"gap {c}@{size}", lambda x=x: native.row_mean(x, size * size),
+        yield (f"gap {c}@{size}", lambda x=x, n=size * size: native.row_mean(x, n),
                lambda x=xb: bw.global_average_pool_blocked(x))
 
 

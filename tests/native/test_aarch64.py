@@ -22,8 +22,16 @@ from optcli.ops.normalization import layer_normalization
 from optcli.ops.pool import _axis_counts, average_pool, max_pool
 from optcli.ops.spatial import window
 from tests.helpers import assert_close
-from tests.native.blocked_cases import (DW_CASES, GAP_SHAPES, POOL_CASES, axis_counts, from_blocked, ref_depthwise,
-                                        ref_pool, to_blocked)
+from tests.native.blocked_cases import (
+    DW_CASES,
+    GAP_SHAPES,
+    POOL_CASES,
+    axis_counts,
+    from_blocked,
+    ref_depthwise,
+    ref_pool,
+    to_blocked,
+)
 from tests.native.blocked_cases import geometry as blocked_geometry
 from tests.native.cases import ACT_PARAMS, DEPTHWISE_CASES, STEM_CASES, make_case, numpy_depthwise
 

@@ -9,8 +9,17 @@ import pytest
 
 from optcli import native
 from tests.helpers import assert_close
-from tests.native.blocked_cases import (DW_CASES, GAP_SHAPES, POOL_CASES, axis_counts, from_blocked, geometry,
-                                        ref_depthwise, ref_pool, to_blocked)
+from tests.native.blocked_cases import (
+    DW_CASES,
+    GAP_SHAPES,
+    POOL_CASES,
+    axis_counts,
+    from_blocked,
+    geometry,
+    ref_depthwise,
+    ref_pool,
+    to_blocked,
+)
 from tests.native.cases import ACT_PARAMS
 
 ACTS = [None, *ACT_PARAMS]
