@@ -188,9 +188,9 @@ static int run_blocked(bw_t *a, const int64_t *g) {
     a->RS = a->SW * a->B;
 
     const int64_t threads = optcli_get_num_threads(), planes = a->N * a->Cb;
-    /* rows of 32 pixels or more read the input in place: the edge columns' copies cost little there,
+    /* rows of 16 pixels or more read the input in place: the edge columns' copies cost little there,
      * and a padded copy of every row cost as much as the multiply-adds (memcpy, and a scratch past L1) */
-    a->direct = a->OW >= 32;
+    a->direct = a->OW >= 16;
     a->ow_lo = a->pl > 0 ? (a->pl + a->sw - 1) / a->sw : 0;
     int64_t last = a->W - 1 + a->pl - (a->KW - 1) * a->dw; /* the last padded column a window may start at */
     a->ow_hi = last < 0 ? 0 : min64(last / a->sw + 1, a->OW);

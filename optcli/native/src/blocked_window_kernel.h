@@ -68,7 +68,7 @@ BW_INLINE void BW(tile)(const bw_t *a, BW(src_t) src, const float *wk, BW_V init
 
 /* Output pixels [first, last) of a row: tiles of BW_XT pixels, the rest by one more tile that
  * overlaps the one before (it writes the same values again); tiles of 4 the same way on spans
- * narrower than BW_XT, single pixels below 4. */
+ * narrower than BW_XT, one tile below 4. */
 BW_INLINE void BW(span)(const bw_t *a, BW(src_t) src, const float *wk, BW_V init, float *y, int64_t oh,
                         int64_t first, int64_t last, const int K, const int S, const int op) {
     int64_t ow0 = first, n = last - first;
@@ -78,8 +78,12 @@ BW_INLINE void BW(span)(const bw_t *a, BW(src_t) src, const float *wk, BW_V init
     } else if (n >= 4) {
         for (; ow0 + 4 <= last; ow0 += 4) BW(tile)(a, src, wk, init, y, oh, ow0, 4, K, S, op);
         if (ow0 < last) BW(tile)(a, src, wk, init, y, oh, last - 4, 4, K, S, op);
-    } else {
-        for (; ow0 < last; ow0++) BW(tile)(a, src, wk, init, y, oh, ow0, 1, K, S, op);
+    } else if (n == 3) {
+        BW(tile)(a, src, wk, init, y, oh, first, 3, K, S, op);
+    } else if (n == 2) {
+        BW(tile)(a, src, wk, init, y, oh, first, 2, K, S, op);
+    } else if (n == 1) {
+        BW(tile)(a, src, wk, init, y, oh, first, 1, K, S, op);
     }
 }
 
@@ -126,9 +130,9 @@ BW_INLINE void BW(item)(bw_t *a, int64_t it, const int K, const int S, const int
         else
             BW(span)(a, (BW(src_t)){s + (oh - bd.oh0) * a->sh * a->RS, 0, a->dh * a->RS}, wk, init, y, oh, 0, OW, K,
                      S, op);
+        if (op == OP_CONV && a->act != ACT_NONE) /* the row's output, still in L1 */
+            act_span(y, OW * BW_L, a->act, a->alpha, a->beta);
     }
-    if (op == OP_CONV && a->act != ACT_NONE) /* the band's output, still in L1 */
-        act_span(yp + bd.oh0 * OW * BW_L, (bd.oh1 - bd.oh0) * OW * BW_L, a->act, a->alpha, a->beta);
 }
 
 BW_ATTR static void BW(conv3s1)(void *ctx, int64_t it) { BW(item)(ctx, it, 3, 1, OP_CONV); }
