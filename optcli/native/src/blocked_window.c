@@ -61,25 +61,6 @@ ALWAYS_INLINE void fill_value(float *p, int64_t n, float v) {
     }
 }
 
-/* Padded copies of the columns [c0, c0 + n) of the KH tap rows of the output row whose first tap
- * row is input row ih0 (row kh at s + kh * n * B): the input's values and the padding (0, -inf for
- * max pooling) around them. */
-static void bw_pad_copy(const bw_t *a, const float *xp, float *s, int64_t ih0, int64_t c0, int64_t n) {
-    const float pad = a->op == OP_MAX ? -INFINITY : 0.0f;
-    const int64_t B = a->B, j0 = min64(max64(a->pl - c0, 0), n), j1 = max64(min64(a->W + a->pl - c0, n), j0);
-    for (int64_t kh = 0; kh < a->KH; kh++) {
-        float *d = s + kh * n * B;
-        int64_t ih = ih0 + kh * a->dh;
-        if (ih < 0 || ih >= a->H || j1 <= j0) {
-            fill_value(d, n * B, pad);
-            continue;
-        }
-        fill_value(d, j0 * B, pad);
-        memcpy(d + j0 * B, xp + (ih * a->W + c0 + j0 - a->pl) * B, (size_t)((j1 - j0) * B) * sizeof(float));
-        fill_value(d + j1 * B, (n - j1) * B, pad);
-    }
-}
-
 /* Work item it: its plane and output rows, and the calling thread's scratch: the padded input rows
  * they read, or (direct) room for one output row's padded tap rows.  NULL (and a->failed set) when
  * no memory could be had. */

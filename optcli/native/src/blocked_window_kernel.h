@@ -87,28 +87,51 @@ BW_INLINE void BW(span)(const bw_t *a, BW(src_t) src, const float *wk, BW_V init
     }
 }
 
+/* Padded copies of the columns [c0, c0 + n) of the KH tap rows of the output row whose first tap
+ * row is input row ih0 (row kh at s + kh * n * B): the input's values and the padding (0, -inf for
+ * max pooling) around them.  Vector by vector: these runs are short, and a memcpy of a variable
+ * size is a libc call. */
+BW_INLINE void BW(pad_copy)(const bw_t *a, const float *xp, float *s, int64_t ih0, int64_t c0, int64_t n,
+                            const int op) {
+    const BW_V pad = BW(splat)(op == OP_MAX ? -INFINITY : 0.0f);
+    const int64_t j0 = min64(max64(a->pl - c0, 0), n), j1 = max64(min64(a->W + a->pl - c0, n), j0);
+    for (int64_t kh = 0; kh < a->KH; kh++) {
+        float *d = s + kh * n * BW_L;
+        int64_t ih = ih0 + kh * a->dh, j = 0;
+        if (ih >= 0 && ih < a->H) {
+            const float *src = xp + (ih * a->W + c0 - a->pl) * BW_L;
+            for (; j < j0; j++) BW(st)(d + j * BW_L, pad);
+            for (; j < j1; j++) BW(st)(d + j * BW_L, BW(ld)(src + j * BW_L));
+        }
+        for (; j < n; j++) BW(st)(d + j * BW_L, pad);
+    }
+}
+
 /* One output row read straight from the input (wide rows): the pixels whose taps are all inside
- * it from there, the others (the edge columns; every column of a row whose window leaves the
- * input at the top or bottom) from padded copies of the few columns they read, in s. */
+ * it from there; the first and last few (at least a whole tile each, the edge columns among them)
+ * from padded copies of the columns they read, in s; a row whose window leaves the input at the
+ * top or bottom all from a padded copy. */
 BW_INLINE void BW(direct_row)(const bw_t *a, const float *xp, float *s, const float *wk, BW_V init, float *y,
                               int64_t oh, const int K, const int S, const int op) {
-    const int64_t ih0 = oh * a->sh - a->pt, sw = a->sw, reach = (a->KW - 1) * a->dw + 1;
-    if (ih0 < 0 || ih0 + (a->KH - 1) * a->dh >= a->H || a->ow_lo >= a->ow_hi) {
-        bw_pad_copy(a, xp, s, ih0, 0, a->SW);
-        BW(span)(a, (BW(src_t)){s, 0, a->SW * BW_L}, wk, init, y, oh, 0, a->OW, K, S, op);
+    const int64_t ih0 = oh * a->sh - a->pt, sw = a->sw, reach = (a->KW - 1) * a->dw + 1, OW = a->OW;
+    const int64_t left = a->ow_lo ? max64(a->ow_lo, BW_XT) : 0;
+    const int64_t right = a->ow_hi < OW ? OW - max64(OW - a->ow_hi, BW_XT) : OW;
+    if (ih0 < 0 || ih0 + (a->KH - 1) * a->dh >= a->H || left >= right) {
+        BW(pad_copy)(a, xp, s, ih0, 0, a->SW, op);
+        BW(span)(a, (BW(src_t)){s, 0, a->SW * BW_L}, wk, init, y, oh, 0, OW, K, S, op);
         return;
     }
-    BW(span)(a, (BW(src_t)){xp + ih0 * a->W * BW_L, -a->pl * BW_L, a->dh * a->W * BW_L}, wk, init, y, oh, a->ow_lo,
-             a->ow_hi, K, S, op);
-    if (a->ow_lo > 0) {
-        int64_t n = (a->ow_lo - 1) * sw + reach;
-        bw_pad_copy(a, xp, s, ih0, 0, n);
-        BW(span)(a, (BW(src_t)){s, 0, n * BW_L}, wk, init, y, oh, 0, a->ow_lo, K, S, op);
+    BW(span)(a, (BW(src_t)){xp + ih0 * a->W * BW_L, -a->pl * BW_L, a->dh * a->W * BW_L}, wk, init, y, oh, left,
+             right, K, S, op);
+    if (left > 0) {
+        int64_t n = (left - 1) * sw + reach;
+        BW(pad_copy)(a, xp, s, ih0, 0, n, op);
+        BW(span)(a, (BW(src_t)){s, 0, n * BW_L}, wk, init, y, oh, 0, left, K, S, op);
     }
-    if (a->ow_hi < a->OW) {
-        int64_t c0 = a->ow_hi * sw, n = (a->OW - 1) * sw + reach - c0;
-        bw_pad_copy(a, xp, s, ih0, c0, n);
-        BW(span)(a, (BW(src_t)){s, -c0 * BW_L, n * BW_L}, wk, init, y, oh, a->ow_hi, a->OW, K, S, op);
+    if (right < OW) {
+        int64_t c0 = right * sw, n = (OW - 1) * sw + reach - c0;
+        BW(pad_copy)(a, xp, s, ih0, c0, n, op);
+        BW(span)(a, (BW(src_t)){s, -c0 * BW_L, n * BW_L}, wk, init, y, oh, right, OW, K, S, op);
     }
 }
 
