@@ -27,6 +27,8 @@ typedef struct {
     int64_t band, nbands;      /* output rows per item, items per plane */
     int direct;                /* wide rows: read the input in place, pad copies of the edges only */
     int64_t ow_lo, ow_hi;      /* the output columns whose taps are all inside the input's columns */
+    int64_t left, right;       /* direct: the columns [left, right) read in place, the others from strips */
+    int64_t strips;            /* direct: the padded columns of both edge strips */
     int act;
     float alpha, beta;
     int op;                    /* OP_CONV, OP_MAX, OP_AVG */
@@ -41,7 +43,7 @@ typedef struct {
 } gap_t;
 
 typedef struct {
-    int64_t plane, oh0, oh1;
+    int64_t plane, oh0, oh1, rows; /* rows: the input rows the band reads */
 } band_t;
 
 enum { OP_CONV = 0, OP_MAX = 1, OP_AVG = 2 };
@@ -62,14 +64,15 @@ ALWAYS_INLINE void fill_value(float *p, int64_t n, float v) {
 }
 
 /* Work item it: its plane and output rows, and the calling thread's scratch: the padded input rows
- * they read, or (direct) room for one output row's padded tap rows.  NULL (and a->failed set) when
- * no memory could be had. */
+ * they read (narrow rows), or room for a row's padded tap rows and the band's edge strips (direct).
+ * NULL (and a->failed set) when no memory could be had. */
 static float *bw_band(bw_t *a, int64_t it, band_t *bd) {
     bd->plane = it / a->nbands;
     bd->oh0 = it % a->nbands * a->band;
     bd->oh1 = min64(bd->oh0 + a->band, a->OH);
     int64_t r0 = bd->oh0 * a->sh - a->pt, rows = (bd->oh1 - 1 - bd->oh0) * a->sh + (a->KH - 1) * a->dh + 1;
-    float *s = opt_scratch((size_t)((a->direct ? a->KH : rows) * a->RS));
+    bd->rows = rows;
+    float *s = opt_scratch((size_t)(a->direct ? a->KH * a->RS + rows * a->strips * a->B : rows * a->RS));
     if (!s) {
         a->failed = 1;
         return NULL;
@@ -177,6 +180,14 @@ static int run_blocked(bw_t *a, const int64_t *g) {
     a->ow_hi = last < 0 ? 0 : min64(last / a->sw + 1, a->OW);
     if (a->ow_lo > a->OW) a->ow_lo = a->OW;
     if (a->ow_hi < a->ow_lo) a->ow_hi = a->ow_lo;
+    const int64_t tile = a->B == 8 ? 6 : 8; /* BW_XT */
+    a->left = a->ow_lo ? max64(a->ow_lo, tile) : 0;
+    a->right = a->ow_hi < a->OW ? a->OW - max64(a->OW - a->ow_hi, tile) : a->OW;
+    if (a->direct && a->left < a->right) {
+        int64_t reach = (a->KW - 1) * a->dw + 1;
+        a->strips = (a->left ? (a->left - 1) * a->sw + reach : 0) +
+                    (a->right < a->OW ? (a->OW - 1) * a->sw + reach - a->right * a->sw : 0);
+    }
     int64_t in_rows = SCRATCH_BYTES / (a->RS * (int64_t)sizeof(float));
     int64_t band = (in_rows - (a->KH - 1) * a->dh - 1) / a->sh + 1;
     band = band < 1 ? 1 : min64(band, a->OH);

@@ -87,17 +87,16 @@ BW_INLINE void BW(span)(const bw_t *a, BW(src_t) src, const float *wk, BW_V init
     }
 }
 
-/* Padded copies of the columns [c0, c0 + n) of the KH tap rows of the output row whose first tap
- * row is input row ih0 (row kh at s + kh * n * B): the input's values and the padding (0, -inf for
- * max pooling) around them.  Vector by vector: these runs are short, and a memcpy of a variable
- * size is a libc call. */
-BW_INLINE void BW(pad_copy)(const bw_t *a, const float *xp, float *s, int64_t ih0, int64_t c0, int64_t n,
-                            const int op) {
+/* Padded copies of the columns [c0, c0 + n) of the input rows ih0 + r * step, r < rows (row r at
+ * s + r * n * B): the input's values and the padding (0, -inf for max pooling) around them.  Vector
+ * by vector: these runs are short, and a memcpy of a variable size is a libc call. */
+BW_INLINE void BW(pad_copy)(const bw_t *a, const float *xp, float *s, int64_t ih0, int64_t step, int64_t rows,
+                            int64_t c0, int64_t n, const int op) {
     const BW_V pad = BW(splat)(op == OP_MAX ? -INFINITY : 0.0f);
     const int64_t j0 = min64(max64(a->pl - c0, 0), n), j1 = max64(min64(a->W + a->pl - c0, n), j0);
-    for (int64_t kh = 0; kh < a->KH; kh++) {
-        float *d = s + kh * n * BW_L;
-        int64_t ih = ih0 + kh * a->dh, j = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        float *d = s + r * n * BW_L;
+        int64_t ih = ih0 + r * step, j = 0;
         if (ih >= 0 && ih < a->H) {
             const float *src = xp + (ih * a->W + c0 - a->pl) * BW_L;
             for (; j < j0; j++) BW(st)(d + j * BW_L, pad);
@@ -107,52 +106,48 @@ BW_INLINE void BW(pad_copy)(const bw_t *a, const float *xp, float *s, int64_t ih
     }
 }
 
-/* One output row read straight from the input (wide rows): the pixels whose taps are all inside
- * it from there; the first and last few (at least a whole tile each, the edge columns among them)
- * from padded copies of the columns they read, in s; a row whose window leaves the input at the
- * top or bottom all from a padded copy. */
-BW_INLINE void BW(direct_row)(const bw_t *a, const float *xp, float *s, const float *wk, BW_V init, float *y,
-                              int64_t oh, const int K, const int S, const int op) {
-    const int64_t ih0 = oh * a->sh - a->pt, sw = a->sw, reach = (a->KW - 1) * a->dw + 1, OW = a->OW;
-    const int64_t left = a->ow_lo ? max64(a->ow_lo, BW_XT) : 0;
-    const int64_t right = a->ow_hi < OW ? OW - max64(OW - a->ow_hi, BW_XT) : OW;
-    if (ih0 < 0 || ih0 + (a->KH - 1) * a->dh >= a->H || left >= right) {
-        BW(pad_copy)(a, xp, s, ih0, 0, a->SW, op);
-        BW(span)(a, (BW(src_t)){s, 0, a->SW * BW_L}, wk, init, y, oh, 0, OW, K, S, op);
-        return;
-    }
-    BW(span)(a, (BW(src_t)){xp + ih0 * a->W * BW_L, -a->pl * BW_L, a->dh * a->W * BW_L}, wk, init, y, oh, left,
-             right, K, S, op);
-    if (left > 0) {
-        int64_t n = (left - 1) * sw + reach;
-        BW(pad_copy)(a, xp, s, ih0, 0, n, op);
-        BW(span)(a, (BW(src_t)){s, 0, n * BW_L}, wk, init, y, oh, 0, left, K, S, op);
-    }
-    if (right < OW) {
-        int64_t c0 = right * sw, n = (OW - 1) * sw + reach - c0;
-        BW(pad_copy)(a, xp, s, ih0, c0, n, op);
-        BW(span)(a, (BW(src_t)){s, -c0 * BW_L, n * BW_L}, wk, init, y, oh, right, OW, K, S, op);
-    }
-}
-
-/* Work item it: one plane (image, channel block) and a band of its output rows. */
+/* Work item it: one plane (image, channel block) and a band of its output rows.
+ * Wide rows (direct) read the input in place, but for the first and last few pixels (a whole tile
+ * each, the edge columns among them), which read strips of padded copies of the columns they need,
+ * made once for the band's input rows; a row whose window leaves the input at the top or bottom
+ * reads a padded copy of its tap rows.  Narrow rows read the band's padded rows. */
 BW_INLINE void BW(item)(bw_t *a, int64_t it, const int K, const int S, const int op) {
     band_t bd;
     float *s = bw_band(a, it, &bd);
     if (!s) return;
-    const int64_t cb = bd.plane % a->Cb, OW = a->OW;
+    const int64_t cb = bd.plane % a->Cb, OW = a->OW, sh = a->sh, sw = a->sw;
     const float *wk = op == OP_CONV ? a->w + cb * a->KH * a->KW * BW_L : NULL;
     BW_V init = BW(splat)(op == OP_MAX ? -INFINITY : 0.0f);
     if (op == OP_CONV && a->bias) init = BW(ld)(a->bias + cb * BW_L);
     float *yp = a->y + bd.plane * a->OH * OW * BW_L;
     const float *xp = a->x + bd.plane * a->H * a->W * BW_L;
+    const int64_t reach = (a->KW - 1) * a->dw + 1, left = a->left, right = a->right;
+    const int64_t nl = left > 0 ? (left - 1) * sw + reach : 0, c0 = right * sw;
+    const int64_t nr = right < OW ? (OW - 1) * sw + reach - c0 : 0;
+    float *strip_l = s + a->KH * a->RS, *strip_r = strip_l + bd.rows * nl * BW_L;
+    if (a->direct) {
+        int64_t r0 = bd.oh0 * sh - a->pt;
+        if (nl) BW(pad_copy)(a, xp, strip_l, r0, 1, bd.rows, 0, nl, op);
+        if (nr) BW(pad_copy)(a, xp, strip_r, r0, 1, bd.rows, c0, nr, op);
+    }
     for (int64_t oh = bd.oh0; oh < bd.oh1; oh++) {
         float *y = yp + oh * OW * BW_L;
-        if (a->direct)
-            BW(direct_row)(a, xp, s, wk, init, y, oh, K, S, op);
-        else
-            BW(span)(a, (BW(src_t)){s + (oh - bd.oh0) * a->sh * a->RS, 0, a->dh * a->RS}, wk, init, y, oh, 0, OW, K,
-                     S, op);
+        const int64_t ih0 = oh * sh - a->pt, i = (oh - bd.oh0) * sh;
+        if (!a->direct) {
+            BW(span)(a, (BW(src_t)){s + i * a->RS, 0, a->dh * a->RS}, wk, init, y, oh, 0, OW, K, S, op);
+        } else if (ih0 < 0 || ih0 + (a->KH - 1) * a->dh >= a->H || left >= right) {
+            BW(pad_copy)(a, xp, s, ih0, a->dh, a->KH, 0, a->SW, op);
+            BW(span)(a, (BW(src_t)){s, 0, a->SW * BW_L}, wk, init, y, oh, 0, OW, K, S, op);
+        } else {
+            BW(span)(a, (BW(src_t)){xp + ih0 * a->W * BW_L, -a->pl * BW_L, a->dh * a->W * BW_L}, wk, init, y, oh,
+                     left, right, K, S, op);
+            if (nl)
+                BW(span)(a, (BW(src_t)){strip_l + i * nl * BW_L, 0, a->dh * nl * BW_L}, wk, init, y, oh, 0, left, K,
+                         S, op);
+            if (nr)
+                BW(span)(a, (BW(src_t)){strip_r + i * nr * BW_L, -c0 * BW_L, a->dh * nr * BW_L}, wk, init, y, oh,
+                         right, OW, K, S, op);
+        }
         if (op == OP_CONV && a->act != ACT_NONE) /* the row's output, still in L1 */
             act_span(y, OW * BW_L, a->act, a->alpha, a->beta);
     }
