@@ -9,6 +9,8 @@ Callers check shapes first; the wrappers assert them.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from optcli.native import ACTIVATION_CODES, _check, _geom, _lib, _ptr
@@ -24,6 +26,17 @@ def pack_depthwise_weights(w: np.ndarray, block: int) -> np.ndarray:
     packed = np.zeros((cb * block, kh, kw), np.float32)
     packed[:c] = w[:, 0]
     return np.ascontiguousarray(packed.reshape(cb, block, kh, kw).transpose(0, 2, 3, 1))
+
+
+def _aligned_empty(shape: tuple[int, ...]) -> tuple[np.ndarray, int]:
+    """A new float32 array of ``shape`` whose data starts on a 64-byte boundary (numpy's start 16
+    bytes past one: every 16-float vector would straddle two cache lines, ~20% of a layer's time),
+    and that address."""
+    n = math.prod(shape)
+    buf = np.empty(n + 16, np.float32)
+    addr = buf.ctypes.data
+    k = (-addr >> 2) & 15
+    return buf[k:k + n].reshape(shape), addr + 4 * k
 
 
 def _padded_bias(bias: np.ndarray | None, lanes: int) -> np.ndarray | None:
@@ -71,12 +84,12 @@ def prepared_depthwise_conv2d_blocked(xshape: tuple[int, ...], packed: np.ndarra
     geom_values = np.array(_geometry(tuple(xshape), kernel, strides, dilations, pad_begin, out), dtype=np.int64)
     geom = geom_values.ctypes.data  # the call's own array: the shared cache may drop its copy
     fn, code, w_addr, b_addr = _lib.optcli_dwconv2d_blocked_f32, ACTIVATION_CODES[activation], _ptr(packed), _ptr(b)
-    shape, empty, f32, xs = (n, cb, out[0], out[1], blk), np.empty, np.float32, tuple(xshape)
+    shape, empty, f32, xs = (n, cb, out[0], out[1], blk), _aligned_empty, np.float32, tuple(xshape)
 
     def call(x: np.ndarray) -> np.ndarray:
         assert x.shape == xs and x.dtype == f32 and x.flags.c_contiguous
-        y = empty(shape, f32)
-        rc = fn(x.ctypes.data, w_addr, b_addr, y.ctypes.data, geom, code, alpha, beta)
+        y, y_addr = empty(shape)
+        rc = fn(x.ctypes.data, w_addr, b_addr, y_addr, geom, code, alpha, beta)
         if rc:
             _check(rc, "blocked depthwise conv")
         return y
@@ -94,12 +107,12 @@ def pool2d_blocked(x: np.ndarray, op: str, kernel: tuple[int, int], strides: tup
     assert _lib is not None
     _check_x(x)
     n, cb, _, _, blk = x.shape
-    y = np.empty((n, cb, out[0], out[1], blk), dtype=np.float32)
+    y, y_addr = _aligned_empty((n, cb, out[0], out[1], blk))
     geom = _geom(_geometry(x.shape, kernel, strides, dilations, pad_begin, out))
     r = None if rrow is None else np.ascontiguousarray(rrow, dtype=np.float32)
     k = None if rcol is None else np.ascontiguousarray(rcol, dtype=np.float32)
     assert op == "max" or (r is not None and k is not None and r.shape == (out[0],) and k.shape == (out[1],))
-    _check(_lib.optcli_pool2d_blocked_f32(x.ctypes.data, y.ctypes.data, geom, POOL_OPS[op], _ptr(r), _ptr(k)),
+    _check(_lib.optcli_pool2d_blocked_f32(x.ctypes.data, y_addr, geom, POOL_OPS[op], _ptr(r), _ptr(k)),
            f"blocked {op} pooling")
     return y
 

@@ -72,11 +72,12 @@ static float *bw_band(bw_t *a, int64_t it, band_t *bd) {
     bd->oh1 = min64(bd->oh0 + a->band, a->OH);
     int64_t r0 = bd->oh0 * a->sh - a->pt, rows = (bd->oh1 - 1 - bd->oh0) * a->sh + (a->KH - 1) * a->dh + 1;
     bd->rows = rows;
-    float *s = opt_scratch((size_t)(a->direct ? a->KH * a->RS + rows * a->strips * a->B : rows * a->RS));
+    float *s = opt_scratch((size_t)(a->direct ? a->KH * a->RS + rows * a->strips * a->B : rows * a->RS) + 16);
     if (!s) {
         a->failed = 1;
         return NULL;
     }
+    s += (64 - (uintptr_t)s % 64) % 64 / sizeof(float); /* vectors on cache lines: a split load costs two */
     if (a->direct) return s;
     const float pad = a->op == OP_MAX ? -INFINITY : 0.0f;
     const int64_t B = a->B, iw0 = max64(0, -a->pl), iw1 = min64(a->W, a->SW - a->pl);
