@@ -153,6 +153,14 @@ static const bw_variant_t *variant_of(int64_t b) {
 #define SCRATCH_BYTES (64 * 1024) /* an item's padded rows should stay in L1 / L2 */
 #define LIMIT ((int64_t)1 << 40)   /* no dimension or product of the geometry beyond this */
 
+/* Whether the product of n non-negative values stays below 2^62. */
+static int product_fits(const int64_t *v, int n) {
+    int64_t p = 1;
+    for (int i = 0; i < n; i++)
+        if (__builtin_mul_overflow(p, v[i], &p) || p > ((int64_t)1 << 62)) return 0;
+    return 1;
+}
+
 /* Geometry from the 15 values (see optcli_native.h), validated; the item split; the items on the
  * pool.  Returns 0, OPT_EINVAL or OPT_ENOMEM. */
 static int run_blocked(bw_t *a, const int64_t *g) {
@@ -170,6 +178,9 @@ static int run_blocked(bw_t *a, const int64_t *g) {
     a->SW = (a->OW - 1) * a->sw + (a->KW - 1) * a->dw + 1;
     if (a->N == 0 || a->OH == 0 || a->OW == 0) return 0;
     if (a->SW > LIMIT / 64 || (a->OH - 1) * a->sh + (a->KH - 1) * a->dh + 1 > LIMIT) return OPT_EINVAL;
+    /* no product of the sizes may overflow: the input's and output's floats, the multiply-adds */
+    const int64_t in[] = {a->N, a->Cb, a->H, a->W, a->B}, out[] = {a->N, a->Cb, a->OH, a->OW, a->B, a->KH, a->KW};
+    if (!product_fits(in, 5) || !product_fits(out, 7)) return OPT_EINVAL;
     a->RS = a->SW * a->B;
 
     const int64_t threads = optcli_get_num_threads(), planes = a->N * a->Cb;
