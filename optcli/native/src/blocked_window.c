@@ -3,12 +3,18 @@
  * fp32, on the pool.  B is the vector width: 16 (x86-64 with AVX-512), 8 (other x86-64: an AVX2
  * clone picked at load, see simd.h), 4 (aarch64: one NEON register); the caller says which.
  *
- * Work items are (image, channel block, band of output rows).  An item copies the input rows its
- * band reads into a scratch with the padding around them (0, or -inf for max pooling): rows are
- * contiguous runs of W * B floats, so the copy is a memcpy per row.  A register tile is a few
- * output pixels of one row, one vector each; per tap it loads one weight vector and one input
- * vector per pixel (blocked_window_kernel.h): no broadcasts, no stride-phase shuffles.  Bias is the
- * accumulators' start value, and the activation runs over the band's output while it is in L1.
+ * Work items are (image, channel block, band of output rows).  A register tile is a few output
+ * pixels of one row, one vector each; per tap it loads one weight vector and one input vector per
+ * pixel (blocked_window_kernel.h): no broadcasts, no stride-phase shuffles.  Taps are never
+ * checked: rows of 16 output pixels or more read the input in place, except a tile's worth of
+ * pixels at each padded edge, which read strips of padded copies of the edge columns (made once
+ * per band), and rows whose window leaves the input at the top or bottom, which read a padded copy
+ * of their tap rows; narrower rows (7x7, 14x14) read padded copies of the band's input rows (a
+ * memcpy per row: rows are contiguous runs of W * B floats).  The padding is 0, or -inf for max
+ * pooling.  Bias is the accumulators' start value, and the activation runs over each output row
+ * while it is in L1.  Copying every row (what the NCHW kernels do) cost as much as the
+ * multiply-adds on wide rows, and loads that straddle cache lines ~20%: the scratch is aligned to
+ * 64 bytes, and so are the Python wrappers' outputs.
  * Pad lanes (channels >= C) compute with zero weights and bias, so they hold act(0) whatever finite
  * values the input's pad lanes hold; pooling carries the input's pad lanes through (finite in,
  * finite out, never mixed into a real channel).
