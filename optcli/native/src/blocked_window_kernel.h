@@ -62,6 +62,10 @@ BW_INLINE void BW(tile)(const bw_t *a, BW(src_t) src, const float *wk, BW_V init
         BW_UNROLL
         for (int x = 0; x < X; x++) acc[x] *= BW(splat)(rr * a->rcol[ow0 + x]);
     }
+    if (op == OP_CONV && a->act == ACT_RELU) { /* in registers; a NaN stays NaN, as with np.maximum */
+        BW_UNROLL
+        for (int x = 0; x < X; x++) acc[x] = BW_VMAX(acc[x], BW(splat)(0.0f));
+    }
     BW_UNROLL
     for (int x = 0; x < X; x++) BW(st)(y + (ow0 + x) * BW_L, acc[x]);
 }
@@ -148,7 +152,7 @@ BW_INLINE void BW(item)(bw_t *a, int64_t it, const int K, const int S, const int
                 BW(span)(a, (BW(src_t)){strip_r + i * nr * BW_L, -c0 * BW_L, a->dh * nr * BW_L}, wk, init, y, oh,
                          right, OW, K, S, op);
         }
-        if (op == OP_CONV && a->act != ACT_NONE) /* the row's output, still in L1 */
+        if (op == OP_CONV && a->act != ACT_NONE && a->act != ACT_RELU) /* the row's output, still in L1 */
             act_span(y, OW * BW_L, a->act, a->alpha, a->beta);
     }
 }
