@@ -14,9 +14,10 @@ from setuptools.command.build_ext import build_ext
 
 SOURCES = ["optcli/native/src/pool.c", "optcli/native/src/window.c", "optcli/native/src/epilogue.c",
            "optcli/native/src/gemm.c", "optcli/native/src/elementwise.c", "optcli/native/src/stem.c",
-           "optcli/native/src/blocked_conv.c"]
+           "optcli/native/src/blocked_conv.c", "optcli/native/src/blocked_window.c"]
 HEADERS = ["optcli/native/src/optcli_native.h", "optcli/native/src/simd.h", "optcli/native/src/gemm_kernel.h",
-           "optcli/native/src/stem_kernel.h", "optcli/native/src/blocked_conv_kernel.h"]
+           "optcli/native/src/stem_kernel.h", "optcli/native/src/blocked_conv_kernel.h",
+           "optcli/native/src/blocked_window_kernel.h"]
 # No -march=native: x86-64 gets an AVX2/FMA clone of each hot function picked at load (simd.h),
 # so the built package still runs on an older CPU.  -ffp-contract=fast lets a*b+c become an FMA,
 # which -std=c11 would otherwise forbid.  -fno-wrapv undoes Python's own -fwrapv (its CFLAGS come

@@ -28,7 +28,7 @@ import numpy as np
 
 LOG = logging.getLogger("optcli")
 
-ABI = 1  # OPTCLI_NATIVE_ABI in src/optcli_native.h
+ABI = 2  # OPTCLI_NATIVE_ABI in src/optcli_native.h
 LIB_PREFIX = "_optcli_native"  # the extension's file name starts with this (threadpoolctl matches it)
 
 # Fused epilogue names (optcli/ops/activation.py) -> the library's codes (src/simd.h).
@@ -71,6 +71,11 @@ _SIGNATURES = {
                                 ctypes.c_int),
     "optcli_conv2d_blocked_f32": ([_vp, _vp, _vp, _vp, _vp, _vp, ctypes.c_int, ctypes.c_float, ctypes.c_float],
                                   ctypes.c_int),
+    "optcli_dwconv2d_blocked_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int, ctypes.c_float, ctypes.c_float],
+                                    ctypes.c_int),
+    "optcli_pool2d_blocked_f32": ([_vp, _vp, _vp, ctypes.c_int, _vp, _vp], ctypes.c_int),
+    "optcli_global_avg_blocked_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64],
+                                      ctypes.c_int),
 }
 
 

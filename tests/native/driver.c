@@ -16,6 +16,11 @@
  * Kind 7 (implicit GEMM conv): geometry = the 13 values of optcli_conv2d_gemm_f32 and has residual;
  * arrays w, the padded input, residual (if any), bias.
  * Kind 8 (stem conv): geometry = the 15 values of optcli_stem_conv2d_f32; arrays x, w [M, C, KH, KW], bias.
+ * Kinds 12-14, the channel-blocked layout (blocked_window.c): geometry = the 15 values of
+ * optcli_dwconv2d_blocked_f32 (N, Cb, H, W, KH, KW, strides, dilations, pad_top, pad_left, OH, OW, B).
+ * 12 (depthwise): arrays x [N, Cb, H, W, B], packed w [Cb, KH, KW, B], bias [Cb * B];
+ * 13 (pooling, act 1 max, 2 average): arrays x, then 1/counts per row and column (average);
+ * 14 (global average): geometry N, Cb, H * W, B; array x.
  * OUT receives the output as float32 (layer norm: y, then mean and 1 / std).  Exit status 0 when
  * every kernel returned 0.  OPTCLI_LANES=4|8|16 in the environment forces that vector width (see
  * optcli_gemm_variant), for runs on the host under a sanitizer.
@@ -58,6 +63,27 @@ static int run_case(const char *in, const char *out) {
         y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
         rc = (h[0] == 8 ? optcli_stem_conv2d_f32 : optcli_dwconv2d_f32)(x, w, b, y, g, act, alpha, beta);
         free(x), free(w), free(b);
+    } else if (h[0] == 12 || h[0] == 13) { /* blocked depthwise / pooling */
+        int64_t B = g[14], nx = g[0] * g[1] * g[2] * g[3] * B;
+        float *x = read_floats(f, nx);
+        ny = g[0] * g[1] * g[12] * g[13] * B;
+        y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
+        if (h[0] == 12) {
+            float *w = read_floats(f, g[1] * g[4] * g[5] * B), *b = has_bias ? read_floats(f, g[1] * B) : NULL;
+            rc = optcli_dwconv2d_blocked_f32(x, w, b, y, g, act, alpha, beta);
+            free(w), free(b);
+        } else {
+            float *rrow = act == 2 ? read_floats(f, g[12]) : NULL, *rcol = act == 2 ? read_floats(f, g[13]) : NULL;
+            rc = optcli_pool2d_blocked_f32(x, y, g, act, rrow, rcol);
+            free(rrow), free(rcol);
+        }
+        free(x);
+    } else if (h[0] == 14) { /* blocked global average */
+        float *x = read_floats(f, g[0] * g[1] * g[2] * g[3]);
+        ny = g[0] * g[1] * g[3];
+        y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
+        rc = optcli_global_avg_blocked_f32(x, y, g[0], g[1], g[2], g[3]);
+        free(x);
     } else if (h[0] == 3) {
         float *w = read_floats(f, g[1] * g[2]), *x = read_floats(f, g[0] * g[2] * g[3]);
         ny = g[0] * g[1] * g[3];

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from optcli import native
+from optcli.native.blocked_window import pack_depthwise_weights
 from optcli.ops.activation import apply_activation
 from optcli.ops.conv import conv_im2col
 from optcli.ops.elementwise import add
@@ -21,6 +22,17 @@ from optcli.ops.normalization import layer_normalization
 from optcli.ops.pool import _axis_counts, average_pool, max_pool
 from optcli.ops.spatial import window
 from tests.helpers import assert_close
+from tests.native.blocked_cases import (
+    DW_CASES,
+    GAP_SHAPES,
+    POOL_CASES,
+    axis_counts,
+    from_blocked,
+    ref_depthwise,
+    ref_pool,
+    to_blocked,
+)
+from tests.native.blocked_cases import geometry as blocked_geometry
 from tests.native.cases import ACT_PARAMS, DEPTHWISE_CASES, STEM_CASES, make_case, numpy_depthwise
 
 SRC = Path(native.__file__).parent / "src"
@@ -236,11 +248,58 @@ def _stem_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
     return cases
 
 
+def _blocked_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
+    """The blocked (NCHWc) window kernels with B = 4 (NEON's width): depthwise with every activation,
+    max and average pooling, global average; garbage in the input's pad lanes."""
+    block, rng, cases = 4, np.random.default_rng(17), []
+    for i, case in enumerate(c for c in DW_CASES if c[2] * c[3] * c[4] <= 60_000):
+        name, n, c, h, w, k, s, d, _ = case
+        act = [None, *ACTS][i % (len(ACTS) + 1)]
+        x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+        wt = rng.standard_normal((c, 1, *k)).astype(np.float32)
+        b = rng.standard_normal(c).astype(np.float32) if i % 3 else None
+        pad_begin, out = blocked_geometry(case)
+        bias = None if b is None else np.pad(b, (0, -c % block))
+        geom = [n, -(-c // block), h, w, *k, *s, *d, *pad_begin, *out, block]
+        src, dst = tmp / f"bdw{i}.in", tmp / f"bdw{i}.out"
+        _write_case(src, 12, act, geom, [to_blocked(x, block, 1e30), pack_depthwise_weights(wt, block), bias])
+        cases.append((src, dst, _Real(ref_depthwise(x, wt, b, case, act), c, block), f"blocked dw {name} {act}"))
+    for i, case in enumerate(c for c in POOL_CASES if c[2] * c[3] * c[4] <= 60_000):
+        name, n, c, h, w, k, s, d, _ = case
+        x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+        pad_begin, out = blocked_geometry(case)
+        geom = [n, -(-c // block), h, w, *k, *s, *d, *pad_begin, *out, block]
+        for op, code in (("max", 1), ("avg", 2)):
+            src, dst = tmp / f"bpool{i}-{op}.in", tmp / f"bpool{i}-{op}.out"
+            counts = list(axis_counts(case)) if op == "avg" else [None, None]
+            _write_case(src, 13, code, geom, [to_blocked(x, block), *counts, None])
+            cases.append((src, dst, _Real(ref_pool(x, case, op), c, block), f"blocked {op} pool {name}"))
+    for i, shape in enumerate(GAP_SHAPES):
+        x = (rng.standard_normal(shape) + 3).astype(np.float32)
+        src, dst = tmp / f"bgap{i}.in", tmp / f"bgap{i}.out"
+        _write_case(src, 14, None, [shape[0], -(-shape[1] // block), shape[2] * shape[3], block],
+                    [to_blocked(x, block, 1e30), None])
+        want = x.astype(np.float64).mean(axis=(2, 3), keepdims=True).astype(np.float32)
+        cases.append((src, dst, _Real(want, shape[1], block), f"blocked global average {shape}"))
+    return cases
+
+
+class _Real:
+    """An expected NCHW answer of c channels, compared with the real lanes of a blocked output (B
+    lanes a block): pad lanes hold act(0), or for pooling the input's."""
+
+    def __init__(self, want: np.ndarray, c: int, block: int):
+        self.want, self.c = want, c
+        n, _, h, w = want.shape
+        self.shape = (n, -(-c // block), h, w, block)
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 def test_kernels_on_aarch64_match_numpy(aarch64_driver, tmp_path, threads):
     qemu, driver = aarch64_driver
     cases = (_depthwise_cases(tmp_path) + _epilogue_cases(tmp_path) + _pool_cases(tmp_path) + _gemm_cases(tmp_path)
-             + _elementwise_cases(tmp_path) + _conv_gemm_cases(tmp_path) + _stem_cases(tmp_path))
+             + _elementwise_cases(tmp_path) + _conv_gemm_cases(tmp_path) + _stem_cases(tmp_path)
+             + _blocked_cases(tmp_path))
     assert len(cases) >= 60
     args = [str(p) for src, dst, _, _ in cases for p in (src, dst)]
     res = subprocess.run([qemu, str(driver), str(threads), *args], capture_output=True, text=True, timeout=600)
@@ -248,4 +307,6 @@ def test_kernels_on_aarch64_match_numpy(aarch64_driver, tmp_path, threads):
     assert f"{len(cases)} cases, {threads} threads" in res.stdout
     for _, dst, want, what in cases:
         got = np.fromfile(dst, np.float32).reshape(want.shape)
+        if isinstance(want, _Real):
+            got, want = from_blocked(got, want.c), want.want
         assert_close(got, want, what=f"aarch64: {what}")

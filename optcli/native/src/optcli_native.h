@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 1 /* bump when a signature below changes */
+#define OPTCLI_NATIVE_ABI 2 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -101,5 +101,22 @@ OPT_API int optcli_layer_norm_f32(const float *x, const float *scale, const floa
                                   float *inv, int64_t outer, int64_t c, int64_t inner, float eps);
 /* y[r] = the mean of x[r, 0:n] for r < rows, x row-major. */
 OPT_API int optcli_row_mean_f32(const float *x, float *y, int64_t rows, int64_t n);
+
+/* Channel-blocked layout NCHWc (blocked_window.c): a logical [N, C, H, W] stored as [N, Cb, H, W, B],
+ * Cb = ceil(C / B), channel c at block c / B, lane c % B; B is 4, 8 or 16 (16 only on x86-64 with
+ * AVX-512: OPT_EINVAL elsewhere).  geom: N, Cb, H, W, KH, KW, stride_h, stride_w, dil_h, dil_w,
+ * pad_top, pad_left, OH, OW, B (padding at the end: whatever OH and OW imply).
+ * Depthwise conv (multiplier 1) with bias and a fused activation: x [N, Cb, H, W, B], packed weights
+ * [Cb, KH, KW, B] (zero in pad lanes), bias [Cb * B] or NULL, y [N, Cb, OH, OW, B]; zero padding.
+ * Pad lanes of y hold act(0) when the input's pad lanes are finite. */
+OPT_API int optcli_dwconv2d_blocked_f32(const float *x, const float *packed, const float *bias, float *y,
+                                        const int64_t *geom, int act, float alpha, float beta);
+/* Max (op 1, padding -inf, np.maximum's NaN rule) or average (op 2, padding 0, each window's sum times
+ * rrow[oh] * rcol[ow]) pooling, blocked x [N, Cb, H, W, B] -> y [N, Cb, OH, OW, B]; geom as above. */
+OPT_API int optcli_pool2d_blocked_f32(const float *x, float *y, const int64_t *geom, int op, const float *rrow,
+                                      const float *rcol);
+/* Global average pooling, blocked x [n, cb, hw, b] -> y [n, cb, b]: the mean over hw, summed in float
+ * vectors of 256 pixels and those sums in double. */
+OPT_API int optcli_global_avg_blocked_f32(const float *x, float *y, int64_t n, int64_t cb, int64_t hw, int64_t b);
 
 #endif

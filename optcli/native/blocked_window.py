@@ -1,0 +1,129 @@
+"""Depthwise conv and pooling in the channel-blocked layout NCHWc (src/blocked_window.c).
+
+A value of logical shape [N, C, H, W] is stored as a C-contiguous float32 [N, ceil(C/B), H, W, B]:
+channel c at block c // B, lane c % B.  B is the library's vector width (4, 8 or 16; 16 only where
+the CPU has AVX-512).  Lanes of channels >= C ("pad lanes") hold finite values that never reach a
+real channel: the depthwise conv writes act(0) there, pooling carries the input's pad lanes through.
+Callers check shapes first; the wrappers assert them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from optcli.native import ACTIVATION_CODES, _check, _geom, _lib, _ptr
+
+POOL_OPS = {"max": 1, "avg": 2}
+
+
+def pack_depthwise_weights(w: np.ndarray, block: int) -> np.ndarray:
+    """w [C, 1, KH, KW] (multiplier 1) -> float32 C-contiguous [ceil(C/B), KH, KW, B], zero pad lanes."""
+    assert w.ndim == 4 and w.shape[1] == 1 and block in (4, 8, 16)
+    c, _, kh, kw = w.shape
+    cb = -(-c // block)
+    packed = np.zeros((cb * block, kh, kw), np.float32)
+    packed[:c] = w[:, 0]
+    return np.ascontiguousarray(packed.reshape(cb, block, kh, kw).transpose(0, 2, 3, 1))
+
+
+def _aligned_empty(shape: tuple[int, ...]) -> tuple[np.ndarray, int]:
+    """A new float32 array of ``shape`` whose data starts on a 64-byte boundary (numpy's start 16
+    bytes past one: every 16-float vector would straddle two cache lines, ~20% of a layer's time),
+    and that address."""
+    n = math.prod(shape)
+    buf = np.empty(n + 16, np.float32)
+    addr = buf.ctypes.data
+    k = (-addr >> 2) & 15
+    return buf[k:k + n].reshape(shape), addr + 4 * k
+
+
+def _padded_bias(bias: np.ndarray | None, lanes: int) -> np.ndarray | None:
+    """bias [C] as float32 [lanes] (Cb * B), zero past C; None stays None."""
+    if bias is None:
+        return None
+    assert bias.ndim == 1 and bias.shape[0] <= lanes
+    b = np.zeros(lanes, np.float32)
+    b[:bias.shape[0]] = bias
+    return b
+
+
+def _geometry(xshape: tuple[int, ...], kernel, strides, dilations, pad_begin, out) -> tuple[int, ...]:
+    n, cb, h, w, b = xshape
+    return (n, cb, h, w, *kernel, *strides, *dilations, *pad_begin, *out, b)
+
+
+def _check_x(x: np.ndarray) -> None:
+    assert x.dtype == np.float32 and x.flags.c_contiguous and x.ndim == 5 and x.shape[4] in (4, 8, 16)
+
+
+def depthwise_conv2d_blocked(x: np.ndarray, packed: np.ndarray, bias: np.ndarray | None, kernel: tuple[int, int],
+                             strides: tuple[int, int], dilations: tuple[int, int], pad_begin: tuple[int, int],
+                             out: tuple[int, int], activation: str | None = None, alpha: float = 0.0,
+                             beta: float = 0.0) -> np.ndarray:
+    """Depthwise conv (multiplier 1) of blocked ``x`` [N, Cb, H, W, B] by ``packed`` (from
+    ``pack_depthwise_weights``), with ``bias`` [C] or None (C <= Cb * B) and a fused activation; zero
+    padding ``pad_begin`` at the start, at the end whatever ``out`` implies.  Returns a new
+    [N, Cb, OH, OW, B]; its pad lanes hold act(0)."""
+    return prepared_depthwise_conv2d_blocked(x.shape, packed, bias, kernel, strides, dilations, pad_begin, out,
+                                             activation, alpha, beta)(x)
+
+
+def prepared_depthwise_conv2d_blocked(xshape: tuple[int, ...], packed: np.ndarray, bias: np.ndarray | None,
+                                      kernel: tuple[int, int], strides: tuple[int, int],
+                                      dilations: tuple[int, int], pad_begin: tuple[int, int], out: tuple[int, int],
+                                      activation: str | None, alpha: float, beta: float):
+    """``depthwise_conv2d_blocked`` for one plan step and input shape, worked out once: returns
+    call(x) for a C-contiguous float32 ``x`` of ``xshape``."""
+    assert _lib is not None and len(xshape) == 5
+    n, cb, _, _, blk = xshape
+    assert packed.dtype == np.float32 and packed.flags.c_contiguous
+    assert packed.shape == (cb, *kernel, blk), (packed.shape, xshape, kernel)
+    b = _padded_bias(None if bias is None else np.asarray(bias, np.float32), cb * blk)
+    geom_values = np.array(_geometry(tuple(xshape), kernel, strides, dilations, pad_begin, out), dtype=np.int64)
+    geom = geom_values.ctypes.data  # the call's own array: the shared cache may drop its copy
+    fn, code, w_addr, b_addr = _lib.optcli_dwconv2d_blocked_f32, ACTIVATION_CODES[activation], _ptr(packed), _ptr(b)
+    shape, empty, f32, xs = (n, cb, out[0], out[1], blk), _aligned_empty, np.float32, tuple(xshape)
+
+    def call(x: np.ndarray) -> np.ndarray:
+        assert x.shape == xs and x.dtype == f32 and x.flags.c_contiguous
+        y, y_addr = empty(shape)
+        rc = fn(x.ctypes.data, w_addr, b_addr, y_addr, geom, code, alpha, beta)
+        if rc:
+            _check(rc, "blocked depthwise conv")
+        return y
+
+    call.keep = (packed, b, geom_values)
+    return call
+
+
+def pool2d_blocked(x: np.ndarray, op: str, kernel: tuple[int, int], strides: tuple[int, int],
+                   dilations: tuple[int, int], pad_begin: tuple[int, int], out: tuple[int, int],
+                   rrow: np.ndarray | None = None, rcol: np.ndarray | None = None) -> np.ndarray:
+    """Max ("max") or average ("avg") pooling of blocked ``x`` [N, Cb, H, W, B], as ``native.pool2d``:
+    padding -inf for max (np.maximum's NaN rule), 0 for average, whose window sums are multiplied by
+    ``rrow[oh] * rcol[ow]``.  Returns a new [N, Cb, OH, OW, B]."""
+    assert _lib is not None
+    _check_x(x)
+    n, cb, _, _, blk = x.shape
+    y, y_addr = _aligned_empty((n, cb, out[0], out[1], blk))
+    geom = _geom(_geometry(x.shape, kernel, strides, dilations, pad_begin, out))
+    r = None if rrow is None else np.ascontiguousarray(rrow, dtype=np.float32)
+    k = None if rcol is None else np.ascontiguousarray(rcol, dtype=np.float32)
+    assert op == "max" or (r is not None and k is not None and r.shape == (out[0],) and k.shape == (out[1],))
+    _check(_lib.optcli_pool2d_blocked_f32(x.ctypes.data, y_addr, geom, POOL_OPS[op], _ptr(r), _ptr(k)),
+           f"blocked {op} pooling")
+    return y
+
+
+def global_average_pool_blocked(x: np.ndarray) -> np.ndarray:
+    """[N, Cb, H, W, B] -> a new [N, Cb, 1, 1, B]: the mean over H * W (float32 sums of 256 pixels,
+    those in double)."""
+    assert _lib is not None
+    _check_x(x)
+    n, cb, h, w, blk = x.shape
+    y = np.empty((n, cb, 1, 1, blk), dtype=np.float32)
+    _check(_lib.optcli_global_avg_blocked_f32(x.ctypes.data, y.ctypes.data, n, cb, h * w, blk),
+           "blocked global average pool")
+    return y
