@@ -30,12 +30,18 @@ def _counted(calls: dict[str, int], key: str, fn):
 
 @pytest.fixture
 def native_calls(native_lib, monkeypatch):
-    """Counts calls into the native depthwise, epilogue, GEMMs and stem conv, to prove a test ran them."""
+    """Counts calls into the native depthwise, epilogue, GEMMs and stem conv, and into the makers of the
+    blocked layout's native calls (one per step and input shape), to prove a test ran them."""
+    from optcli.native import blocked_conv, blocked_window
+
     calls = {}
-    for key, name in (("depthwise", "depthwise_conv2d"), ("epilogue", "bias_activation_"), ("gemm", "gemm_conv"),
-                      ("conv_gemm", "conv2d_gemm"), ("stem", "stem_conv2d")):
+    for key, module, name in (("depthwise", native, "depthwise_conv2d"), ("epilogue", native, "bias_activation_"),
+                              ("gemm", native, "gemm_conv"), ("conv_gemm", native, "conv2d_gemm"),
+                              ("stem", native, "stem_conv2d"),
+                              ("blocked_conv", blocked_conv, "prepared_conv2d_blocked"),
+                              ("blocked_depthwise", blocked_window, "prepared_depthwise_conv2d_blocked")):
         calls[key] = 0
-        monkeypatch.setattr(native, name, _counted(calls, key, getattr(native, name)))
+        monkeypatch.setattr(module, name, _counted(calls, key, getattr(module, name)))
     return calls
 
 

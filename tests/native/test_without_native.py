@@ -22,14 +22,20 @@ from tests.helpers import assert_close, run_ort
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def models():
-    """(name, model, .nb bytes, feeds, onnxruntime's outputs) for small MobileNetV2 / EfficientNet-Lite0."""
+PLAIN = ("choose_host_layout",)  # disabled: the plan without the channel-blocked layout
+
+
+@pytest.fixture(scope="module", params=["blocked", "plain"])
+def models(request):
+    """(name, model, .nb bytes, feeds, onnxruntime's outputs) for small MobileNetV2 / EfficientNet-Lite0,
+    planned with the channel-blocked host layout and without it."""
     out = []
+    disabled = PLAIN if request.param == "plain" else ()
     for name, kw in (("mobilenet_v2", {"resolution": 64, "width": 0.5}), ("efficientnet_lite0", {"resolution": 64})):
         model = build(name, **kw)
         feeds = sample_inputs(model, seed=0)
-        out.append((name, model, optcli.optimize(model=model, valid_targets="arm").data, feeds, run_ort(model, feeds)))
+        data = optcli.optimize(model=model, valid_targets="arm", disabled_passes=disabled).data
+        out.append((name, model, data, feeds, run_ort(model, feeds)))
     return out
 
 
@@ -40,7 +46,7 @@ def _run(data: bytes, feeds: dict, **kw) -> list[np.ndarray]:
 def test_models_match_with_and_without_the_library(models, native_calls):
     for name, _, data, feeds, ref in models:
         with_lib = _run(data, feeds, threads=2)
-        assert native_calls["depthwise"] > 0, "the native depthwise did not run"
+        assert native_calls["depthwise"] + native_calls["blocked_depthwise"] > 0, "no native depthwise ran"
         with mock.patch.object(native, "_lib", None):
             without = _run(data, feeds, threads=2)
         for a, b, r in zip(with_lib, without, ref):
@@ -51,13 +57,16 @@ def test_models_match_with_and_without_the_library(models, native_calls):
 def test_threads_size_the_native_pool(models, native_lib, monkeypatch):
     """``optcli.load(threads=N)`` reaches the pool through threadpoolctl, and only during run()."""
     seen = []
-    real = native.depthwise_conv2d
+    lib = native._lib
 
-    def spy(*args, **kwargs):
-        seen.append(native.get_num_threads())
-        return real(*args, **kwargs)
+    def spying(fn):
+        def spy(*args):
+            seen.append(lib.optcli_get_num_threads())
+            return fn(*args)
+        return spy
 
-    monkeypatch.setattr(native, "depthwise_conv2d", spy)
+    for name in ("optcli_dwconv2d_f32", "optcli_dwconv2d_blocked_f32"):  # the depthwise convs of either layout
+        monkeypatch.setattr(lib, name, spying(getattr(lib, name)))
     _, _, data, feeds, _ = models[0]
     before = native.get_num_threads()
     for n in (1, 3):

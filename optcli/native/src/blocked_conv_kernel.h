@@ -20,6 +20,26 @@ BC_INLINE void BC(st)(float *p, BC_V v) { memcpy(p, &v, sizeof v); }
 /* an initializer, not 0 + a: that is an add (0 + -0 is +0) before the broadcast */
 BC_INLINE BC_V BC(splat)(float a) { BC_V v = BC_SPLAT(a); return v; }
 
+typedef int32_t BC(vi) __attribute__((vector_size(sizeof(BC_V))));
+
+/* Lanes of a where m is set, of b elsewhere. */
+BC_INLINE BC_V BC(sel)(BC(vi) m, BC_V a, BC_V b) { return (BC_V)((m & (BC(vi))a) | (~m & (BC(vi))b)); }
+
+/* relu and clip in registers as the tile is stored (a NaN stays NaN, as with np.maximum / np.clip);
+ * the other activations take one pass over the item's output afterwards. */
+BC_INLINE BC_V BC(clamp)(const bc_t *a, BC_V v) {
+    if (a->act == ACT_RELU) {
+        const BC_V z = BC(splat)(0.0f);
+        return BC(sel)(v < z, z, v);
+    }
+    if (a->act == ACT_CLIP) {
+        const BC_V lo = BC(splat)(a->alpha), hi = BC(splat)(a->beta);
+        v = BC(sel)(v < lo, lo, v);
+        return BC(sel)(v > hi, hi, v);
+    }
+    return v;
+}
+
 /* A tile's accumulators start from the bias (or zero) on the first block of input channels, from
  * the partial sums in y after that; the last block adds the residual before the store. */
 BC_INLINE void BC(init)(const bc_t *a, BC_V acc[BC_OB][BC_XMAX], int64_t n, int64_t ob0, int64_t q0, const int OB,
@@ -42,6 +62,7 @@ BC_INLINE void BC(store)(const bc_t *a, BC_V acc[BC_OB][BC_XMAX], int64_t n, int
         for (int x = 0; x < X; x++) {
             BC_V v = acc[o][x];
             if (last && a->res) v += BC(ld)(a->res + at + x * BC_L);
+            if (last) v = BC(clamp)(a, v);
             BC(st)(a->y + at + x * BC_L, v);
         }
     }
@@ -197,7 +218,7 @@ BC_INLINE void BC(item)(bc_t *a, int64_t it) {
             }
         }
     }
-    if (a->act == ACT_NONE) return;
+    if (a->act == ACT_NONE || a->act == ACT_RELU || a->act == ACT_CLIP) return;
     /* the item's output, in the cache still: one pass of the activation */
     const int64_t q0 = a->pointwise ? band * a->band : band * a->band * OW;
     const int64_t q1 = a->pointwise ? (q0 + a->band < a->OP ? q0 + a->band : a->OP)
