@@ -21,6 +21,9 @@
  * 12 (depthwise): arrays x [N, Cb, H, W, B], packed w [Cb, KH, KW, B], bias [Cb * B];
  * 13 (pooling, act 1 max, 2 average): arrays x, then 1/counts per row and column (average);
  * 14 (global average): geometry N, Cb, H * W, B; array x.
+ * Kind 10 (blocked_conv.c's conversions): geometry n, c, hw, b, direction (0: to blocked, 1: from); array x.
+ * Kind 11 (blocked conv): geometry = the first 15 values of optcli_conv2d_blocked_f32, then after the
+ * header int64 ib, B, has residual; arrays x (blocked, or plain where ib = 1), packed w, residual, bias.
  * OUT receives the output as float32 (layer norm: y, then mean and 1 / std).  Exit status 0 when
  * every kernel returned 0.  OPTCLI_LANES=4|8|16 in the environment forces that vector width (see
  * optcli_gemm_variant), for runs on the host under a sanitizer.
@@ -78,6 +81,25 @@ static int run_case(const char *in, const char *out) {
             free(rrow), free(rcol);
         }
         free(x);
+    } else if (h[0] == 10) { /* blocked conversions */
+        int64_t cb = (g[1] + g[3] - 1) / g[3], nb = g[0] * cb * g[2] * g[3], np_ = g[0] * g[1] * g[2];
+        float *x = read_floats(f, g[4] ? nb : np_);
+        ny = g[4] ? np_ : nb;
+        y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
+        rc = (g[4] ? optcli_from_blocked_f32 : optcli_to_blocked_f32)(x, y, g[0], g[1], g[2], g[3]);
+        free(x);
+    } else if (h[0] == 11) { /* blocked conv */
+        int64_t e[3], geom[17];
+        if (fread(e, sizeof(int64_t), 3, f) != 3) { fprintf(stderr, "%s: short header\n", in); return 3; }
+        memcpy(geom, g, 15 * sizeof(int64_t));
+        geom[15] = e[0], geom[16] = e[1];
+        int64_t B = e[1], cbi = (g[1] + e[0] - 1) / e[0], mb = (g[4] + B - 1) / B;
+        float *x = read_floats(f, g[0] * cbi * g[2] * g[3] * e[0]), *w = read_floats(f, mb * g[1] * g[5] * g[6] * B);
+        ny = g[0] * mb * g[13] * g[14] * B;
+        float *r = e[2] ? read_floats(f, ny) : NULL, *b = has_bias ? read_floats(f, mb * B) : NULL;
+        y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
+        rc = optcli_conv2d_blocked_f32(x, w, b, r, y, geom, act, alpha, beta);
+        free(x), free(w), free(r), free(b);
     } else if (h[0] == 14) { /* blocked global average */
         float *x = read_floats(f, g[0] * g[1] * g[2] * g[3]);
         ny = g[0] * g[1] * g[3];

@@ -15,7 +15,7 @@ import pytest
 
 from optcli import native
 from optcli.native.blocked_window import pack_depthwise_weights
-from optcli.ops.activation import apply_activation
+from optcli.ops.activation import activate, apply_activation
 from optcli.ops.conv import conv_im2col
 from optcli.ops.elementwise import add
 from optcli.ops.normalization import layer_normalization
@@ -284,6 +284,41 @@ def _blocked_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
     return cases
 
 
+def _blocked_conv_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
+    """The blocked dense conv (plain and blocked inputs, residual, every activation) and the
+    conversions with B = 4, the cases of test_blocked_conv.py small enough for qemu."""
+    from optcli.native.blocked_conv import pack_conv_weights
+    from tests.native.test_blocked_conv import CASES
+    from tests.native.test_blocked_conv import _case as conv_case
+
+    block, cases = 4, []
+    for i, case in enumerate(c for c in CASES if c[4] * c[5] <= 400):
+        name, n, c, m, h, w, k, s, d, pads = case
+        x, wt, b, _, ref = conv_case(case, i)
+        act = [None, *ACTS][i % (len(ACTS) + 1)]
+        res = np.random.default_rng(i).standard_normal(ref.shape).astype(np.float32)
+        want = activate(ref + res, act, *ACT_PARAMS.get(act, (0.0, 0.0)))
+        plain = i % 2 == 0
+        geom = [n, c, h, w, m, k, k, s, s, d, d, pads[0], pads[1], *ref.shape[2:]]
+        src, dst = tmp / f"bconv{i}.in", tmp / f"bconv{i}.out"
+        _write_case(src, 11, act, geom, [None])  # the header; the rest follows
+        with open(src, "ab") as f:
+            f.write(np.array([1 if plain else block, block, 1], np.int64).tobytes())
+            for arr in (x if plain else to_blocked(x, block, 1e30), pack_conv_weights(wt, block),
+                        to_blocked(res, block), np.pad(b, (0, -m % block))):
+                f.write(np.ascontiguousarray(arr, np.float32).tobytes())
+        with open(src, "r+b") as f:  # has bias
+            f.seek(16)
+            f.write(np.array([1], np.int64).tobytes())
+        cases.append((src, dst, _Real(want, m, block), f"blocked conv {name} {act}"))
+    x = np.random.default_rng(3).standard_normal((2, 13, 5, 7)).astype(np.float32)
+    for direction, arr, want in ((0, x, to_blocked(x, block)), (1, to_blocked(x, block), x)):
+        src, dst = tmp / f"reorder{direction}.in", tmp / f"reorder{direction}.out"
+        _write_case(src, 10, None, [2, 13, 35, block, direction], [arr, None])
+        cases.append((src, dst, want, f"blocked conversion {direction}"))
+    return cases
+
+
 class _Real:
     """An expected NCHW answer of c channels, compared with the real lanes of a blocked output (B
     lanes a block): pad lanes hold act(0), or for pooling the input's."""
@@ -299,7 +334,7 @@ def test_kernels_on_aarch64_match_numpy(aarch64_driver, tmp_path, threads):
     qemu, driver = aarch64_driver
     cases = (_depthwise_cases(tmp_path) + _epilogue_cases(tmp_path) + _pool_cases(tmp_path) + _gemm_cases(tmp_path)
              + _elementwise_cases(tmp_path) + _conv_gemm_cases(tmp_path) + _stem_cases(tmp_path)
-             + _blocked_cases(tmp_path))
+             + _blocked_cases(tmp_path) + _blocked_conv_cases(tmp_path))
     assert len(cases) >= 60
     args = [str(p) for src, dst, _, _ in cases for p in (src, dst)]
     res = subprocess.run([qemu, str(driver), str(threads), *args], capture_output=True, text=True, timeout=600)
