@@ -171,6 +171,11 @@ def applies_conv(node: Any, graph: Any) -> bool:
     return (group == 1 and w.shape[1] == c) or (group == c == w.shape[0] and w.shape[1] == 1)
 
 
+def applies_dense_conv(node: Any, graph: Any) -> bool:
+    """A one-group conv: the one blocked kernel that also reads a plain input (a region's stem)."""
+    return int(node.attrs.get("group", 1)) == 1 and applies_conv(node, graph)
+
+
 def applies_window(node: Any, graph: Any) -> bool:
     """Pools: a 2-D window over an image, Y only."""
     ks = node.attrs.get("kernel_shape") or []
@@ -253,7 +258,7 @@ def conv_blocked(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list
         if group == 1:
             packed = _packed(attrs, "nchwc conv", w, block, mods[0].pack_conv_weights)
             call = mods[0].prepared_conv2d_blocked(x.shape, packed, b, w.shape[0], *geometry)
-        elif w.shape[1] == 1 and w.shape[0] == group:
+        elif w.shape[1] == 1 and w.shape[0] == group and not plain:
             packed = _packed(attrs, "nchwc depthwise", w, block, mods[1].pack_depthwise_weights)
             call = mods[1].prepared_depthwise_conv2d_blocked(x.shape, packed, b, *geometry)
         if call is not None:
@@ -267,7 +272,7 @@ def conv_blocked(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list
 
 kernel("Conv", variant=LAYOUT, applies=applies_conv, priority=10, blocked_inputs=(0,),
        blocked_outputs=True)(conv_blocked)
-kernel("Conv", variant=LAYOUT + "_from_nchw", applies=applies_conv, priority=5,  # the stems: a plain input
+kernel("Conv", variant=LAYOUT + "_from_nchw", applies=applies_dense_conv, priority=5,  # the stems: a plain input
        blocked_outputs=True)(conv_blocked)
 
 

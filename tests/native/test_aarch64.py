@@ -248,10 +248,10 @@ def _stem_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
     return cases
 
 
-def _blocked_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
+def _blocked_cases(tmp: Path, block: int = 4) -> list[tuple[Path, Path, np.ndarray, str]]:
     """The blocked (NCHWc) window kernels with B = 4 (NEON's width): depthwise with every activation,
     max and average pooling, global average; garbage in the input's pad lanes."""
-    block, rng, cases = 4, np.random.default_rng(17), []
+    rng, cases = np.random.default_rng(17), []
     for i, case in enumerate(c for c in DW_CASES if c[2] * c[3] * c[4] <= 60_000):
         name, n, c, h, w, k, s, d, _ = case
         act = [None, *ACTS][i % (len(ACTS) + 1)]
@@ -284,14 +284,14 @@ def _blocked_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
     return cases
 
 
-def _blocked_conv_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
+def _blocked_conv_cases(tmp: Path, block: int = 4) -> list[tuple[Path, Path, np.ndarray, str]]:
     """The blocked dense conv (plain and blocked inputs, residual, every activation) and the
     conversions with B = 4, the cases of test_blocked_conv.py small enough for qemu."""
     from optcli.native.blocked_conv import pack_conv_weights
     from tests.native.test_blocked_conv import CASES
     from tests.native.test_blocked_conv import _case as conv_case
 
-    block, cases = 4, []
+    cases = []
     for i, case in enumerate(c for c in CASES if c[4] * c[5] <= 400):
         name, n, c, m, h, w, k, s, d, pads = case
         x, wt, b, _, ref = conv_case(case, i)

@@ -129,7 +129,7 @@ BW_INLINE void BW(item)(bw_t *a, int64_t it, const int K, const int S, const int
     const int64_t nl = left > 0 ? (left - 1) * sw + reach : 0, c0 = right * sw;
     const int64_t nr = right < OW ? (OW - 1) * sw + reach - c0 : 0;
     float *strip_l = s + a->KH * a->RS, *strip_r = strip_l + bd.rows * nl * BW_L;
-    if (a->direct) {
+    if (a->direct && left < right) { /* strips exist (bw_band sized them) only where a row has a middle */
         int64_t r0 = bd.oh0 * sh - a->pt;
         if (nl) BW(pad_copy)(a, xp, strip_l, r0, 1, bd.rows, 0, nl, op);
         if (nr) BW(pad_copy)(a, xp, strip_r, r0, 1, bd.rows, c0, nr, op);
