@@ -26,6 +26,7 @@ from optcli.passes.base import PassContext
 NAME = "choose_host_layout"
 DESCRIPTION = "run the host's conv regions in the channel-blocked layout (NCHWc), converting only at their borders"
 MIN_CONVS = 2  # a region of one conv would pay two conversions for it
+CONVS_PER_BORDER = 3  # and one whose convs are few for its borders pays more in conversions than it saves
 
 
 def _blocked_value(graph: Graph, name: str) -> bool:
@@ -59,6 +60,26 @@ def _regions(graph: Graph, candidates: dict[int, Node]) -> list[list[Node]]:
     return list(groups.values())
 
 
+def _worth_it(graph: Graph, group: list[Node]) -> bool:
+    """Whether a region's convs pay for its conversions: MIN_CONVS convs at least, and
+    CONVS_PER_BORDER per border value (read in from outside, or out to a plain reader or the
+    graph's outputs).  Measured (docs/design.md): MobileNets, EfficientNet and the mediapipe
+    models have one or two borders in all; BlazeFace's channel Pads, MixNet's Split/Concat and
+    RegNet's grouped convs cut theirs into pieces of two or three convs a border, which ran
+    slower blocked than plain."""
+    convs = sum(n.op_type == "Conv" for n in group)
+    if convs < MIN_CONVS:
+        return False
+    inside = {id(n) for n in group}
+    made = {o for n in group for o in n.outputs if o}
+    reads_in = {name for n in group for name in n.inputs
+                if name and name not in made and name not in graph.initializers}
+    readers = graph.consumers()
+    outputs = set(graph.output_names())
+    reads_out = {o for o in made if o in outputs or any(id(r) not in inside for r in readers.get(o, []))}
+    return convs >= CONVS_PER_BORDER * (len(reads_in) + len(reads_out))
+
+
 def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
     targets = {t.name: t for t in ctx.targets}
     candidates: dict[int, Node] = {}
@@ -68,8 +89,7 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
             continue
         if all(not o or _blocked_value(graph, o) for o in node.outputs) and target.blocked_kernel(node, graph):
             candidates[id(node)] = node
-    region = [n for group in _regions(graph, candidates)
-              if sum(n.op_type == "Conv" for n in group) >= MIN_CONVS for n in group]
+    region = [n for group in _regions(graph, candidates) if _worth_it(graph, group) for n in group]
     counts = {"regions": 0, "blocked_steps": len(region), "to_blocked": 0, "from_blocked": 0}
     if not region:
         return counts

@@ -19,7 +19,8 @@ typedef struct {
     int64_t Cbi, Mb, OP;          /* input blocks (ib lanes each), output blocks, output positions per plane */
     int64_t ow_lo, ow_hi;         /* output columns whose taps all fall inside the input's columns */
     int64_t ngroups, band, nbands;
-    int64_t kb;                   /* input blocks per pass over a band: their weights stay in L2 */
+    int64_t kc;                   /* input channels per pass over a band: their weights stay in L1 */
+    int ib_shift;                 /* log2(ib) */
     int pointwise;
     int act;
     float alpha, beta;
@@ -127,9 +128,11 @@ OPT_API int optcli_conv2d_blocked_f32(const float *x, const float *packed, const
     }
     a.band = (units + nb - 1) / nb;
     a.nbands = (units + a.band - 1) / a.band;
-    /* the weights of a group's input-channel block in about 128 KiB (L2), at least one input block */
-    a.kb = ((int64_t)128 << 10) / (obt * a.KH * a.KW * a.B * (int64_t)sizeof(float) * a.ib);
-    if (a.kb < 1) a.kb = 1;
+    /* the weights of a group's block of input channels in about 24 KiB (L1): a tile's partial sums go
+     * out to y and back once a block, 2-3% of its multiply-adds; from L2 the weights cost 20% */
+    a.kc = ((int64_t)24 << 10) / (obt * a.KH * a.KW * a.B * (int64_t)sizeof(float));
+    if (a.kc < 4) a.kc = 4;
+    a.ib_shift = a.ib == 16 ? 4 : a.ib == 8 ? 3 : a.ib == 4 ? 2 : 0;
     int64_t macs = a.N * a.M * a.OP * a.C * a.KH * a.KW;
     opt_parallel(fn, &a, a.N * a.ngroups * a.nbands, macs < (1 << 16) ? 1 : 0);
     return 0;

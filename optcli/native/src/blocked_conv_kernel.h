@@ -68,15 +68,11 @@ BC_INLINE void BC(store)(const bc_t *a, BC_V acc[BC_OB][BC_XMAX], int64_t n, int
     }
 }
 
-/* The input channels of blocks [b0, b1) (ib lanes each, fewer in the last) for one tile. */
+/* The input channels [b0, b1) for one tile: channel ci is lane ci % ib of input block ci / ib. */
 #define BC_CHANNELS(BODY)                                                            \
-    for (int64_t blk = b0; blk < b1; blk++) {                                        \
-        const int64_t lanes = ib < a->C - blk * ib ? ib : a->C - blk * ib;           \
-        for (int64_t l = 0; l < lanes; l++) {                                        \
-            const int64_t ci = blk * ib + l;                                         \
-            const float *xc = xn + blk * plane + l;                                  \
-            BODY;                                                                    \
-        }                                                                            \
+    for (int64_t ci = b0; ci < b1; ci++) {                                           \
+        const float *xc = xn + (ci >> a->ib_shift) * plane + (ci & (ib - 1));       \
+        BODY;                                                                        \
     }
 
 /* Pointwise (1x1, stride 1, no padding): X positions from p0 of the flattened plane. */
@@ -98,7 +94,7 @@ BC_INLINE void BC(pw_tile)(const bc_t *a, int64_t n, int64_t ob0, int64_t p0, in
             for (int o = 0; o < OB; o++) acc[o][x] += wv[o] * v;
         }
     });
-    BC(store)(a, acc, n, ob0, p0, OB, X, b1 == a->Cbi);
+    BC(store)(a, acc, n, ob0, p0, OB, X, b1 == a->C);
 }
 
 /* A general window: X pixels of output row oh from column ow0; every tap inside the input's
@@ -136,7 +132,7 @@ BC_INLINE void BC(tile)(const bc_t *a, int64_t n, int64_t ob0, int64_t oh, int64
             }
         }
     });
-    BC(store)(a, acc, n, ob0, oh * a->OW + ow0, OB, X, b1 == a->Cbi);
+    BC(store)(a, acc, n, ob0, oh * a->OW + ow0, OB, X, b1 == a->C);
 }
 
 /* Tiles over [first, last) of a row (or of the flattened plane: pointwise), XF pixels at a time
@@ -178,14 +174,14 @@ BC_INLINE void BC(tile)(const bc_t *a, int64_t n, int64_t ob0, int64_t oh, int64
 #define BC_CK_CALL(q, w) BC_BY_X(w, BC_CK, ob_, q)
 
 /* Work item it: image n, a group of BC_OB output blocks, a band of output rows (pointwise: of
- * flattened positions).  The input channels go in blocks of a->kb input blocks, whose weights
- * stay in the cache while every tile of the band takes them (partial sums in y in between). */
+ * flattened positions).  The input channels go in blocks of a->kc, whose weights stay in L1
+ * while every tile of the band takes them (partial sums in y in between). */
 BC_INLINE void BC(item)(bc_t *a, int64_t it) {
     const int64_t band = it % a->nbands, og = it / a->nbands % a->ngroups, n = it / a->nbands / a->ngroups;
     const int64_t ob0 = og * BC_OB, obn = a->Mb - ob0 < BC_OB ? a->Mb - ob0 : BC_OB;
     const int64_t lo = a->ow_lo, hi = a->ow_hi, OW = a->OW;
-    for (int64_t b0 = 0; b0 < a->Cbi; b0 += a->kb) {
-        const int64_t b1 = b0 + a->kb < a->Cbi ? b0 + a->kb : a->Cbi;
+    for (int64_t b0 = 0; b0 < a->C; b0 += a->kc) {
+        const int64_t b1 = b0 + a->kc < a->C ? b0 + a->kc : a->C;
         if (a->pointwise) {
             const int64_t first = band * a->band, last = first + a->band < a->OP ? first + a->band : a->OP;
             BC_BY_OB(obn, BC_SPAN(BC_XF(ob_), BC_PW_CALL));
