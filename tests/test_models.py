@@ -59,6 +59,9 @@ def test_pinned_batch_gives_static_memory_plan():
     assert_close(optcli.load(result.data).run(feeds)["output"], _ort(model, feeds)["output"])
 
 
+CONV_CHAINS = {"mobilenet_v2", "mobilenet_v3", "efficientnet_lite0", "resnet18"}
+
+
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_zoo_model_with_and_without_the_blocked_layout(name):
     """The host plan's conv regions run channel-blocked (choose_host_layout); the same model with
@@ -71,8 +74,8 @@ def test_zoo_model_with_and_without_the_blocked_layout(name):
     assert not any(".nchwc" in s.kernel for s in plain.plan.steps)
     n_blocked = sum(".nchwc" in s.kernel for s in blocked.plan.steps)
     convs = sum(s.op_type == "Conv" for s in blocked.plan.steps)
-    if convs >= 4:
-        assert n_blocked >= convs // 2, f"{name}: {n_blocked} blocked steps for {convs} convs"
+    if name in CONV_CHAINS:  # one region (the others' Concat/Split/Resize borders cost more than it saves)
+        assert n_blocked >= convs, f"{name}: {n_blocked} blocked steps for {convs} convs"
     for result in (blocked, plain):
         outputs = optcli.load(result.data).run(feeds)
         for key, want in expected.items():

@@ -12,6 +12,7 @@ import optcli
 from optcli.errors import NbFormatError
 from optcli.nb.writer import to_bytes
 from optcli.ops import blocked
+from optcli.passes import choose_host_layout
 from tests.helpers import assert_close, run_ort
 from tests.passes.ir_build import feeds_for, model, node
 
@@ -57,6 +58,13 @@ def _kernels(pred) -> collections.Counter:
     return collections.Counter(s.kernel for s in pred.plan.steps)
 
 
+@pytest.fixture(autouse=True)
+def small_regions(monkeypatch):
+    """These graphs are small: their regions run blocked whatever their borders cost (the cost
+    rule has its own test)."""
+    monkeypatch.setattr(choose_host_layout, "CONVS_PER_BORDER", 0)
+
+
 @pytest.fixture(params=[1, 4, 8, 16])
 def block(request, monkeypatch):
     """Every block width, through the numpy kernels (the native library's own widths are tested
@@ -99,6 +107,16 @@ def test_one_conv_stays_plain():
     record = next(r for r in res.report["passes"] if r["name"] == LAYOUT_PASS)
     assert record["changed"]["blocked_steps"] == 0
     assert not any("nchwc" in s.kernel for s in optcli.load(res.data).plan.steps)
+
+
+def test_regions_whose_borders_cost_more_stay_plain(monkeypatch):
+    """Three convs with two borders (the image in, the result out): kept at one conv a border,
+    plain at two (the pipeline's rule is CONVS_PER_BORDER)."""
+    m = _net()
+    for per_border, expect in ((1, True), (2, False)):
+        monkeypatch.setattr(choose_host_layout, "CONVS_PER_BORDER", per_border)
+        steps = _plan(m).plan.steps
+        assert any(".nchwc" in s.kernel for s in steps) == expect, per_border
 
 
 def test_pad_lanes_stay_out_of_real_channels(block):
