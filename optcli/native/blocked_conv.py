@@ -41,15 +41,22 @@ def from_blocked(x: np.ndarray, channels: int) -> np.ndarray:
     return y
 
 
+def group_blocks(block: int) -> int:
+    """G: the output blocks of a register tile at most (src/blocked_conv.c's BC_OB), 2 for B = 8, else 4."""
+    return 2 if block == 8 else 4
+
+
 def pack_conv_weights(w: np.ndarray, block: int) -> np.ndarray:
-    """w [M, C, KH, KW] (one group) -> float32 C-contiguous [ceil(M/B), C, KH, KW, B], zero lanes past M:
-    a register tile's output-channel vector per input channel and tap.  Made once per weight."""
+    """w [M, C, KH, KW] (one group) -> float32 C-contiguous [ceil(Mb/G), C, KH, KW, G, B] (Mb = ceil(M/B),
+    G = ``group_blocks``), zero past M: output channel (g*G + o)*B + l at [g, c, kh, kw, o, l], so a
+    register tile's G weight vectors lie side by side.  Made once per weight."""
     assert w.ndim == 4 and block in (4, 8, 16)
-    m = w.shape[0]
-    mb = -(-m // block)
-    padded = np.zeros((mb * block,) + w.shape[1:], np.float32)
+    m, rest = w.shape[0], w.shape[1:]
+    g = group_blocks(block)
+    groups = -(-m // (block * g))
+    padded = np.zeros((groups * g * block,) + rest, np.float32)
     padded[:m] = w
-    return np.ascontiguousarray(padded.reshape((mb, block) + w.shape[1:]).transpose(0, 2, 3, 4, 1))
+    return np.ascontiguousarray(padded.reshape((groups, g, block) + rest).transpose(0, 3, 4, 5, 1, 2))
 
 
 def conv2d_blocked(x: np.ndarray, packed: np.ndarray, bias: np.ndarray | None, out_channels: int,
@@ -72,10 +79,11 @@ def prepared_conv2d_blocked(xshape: tuple[int, ...], packed: np.ndarray, bias: n
                             activation: str | None, alpha: float, beta: float):
     """``conv2d_blocked`` for one plan step and input shape, worked out once: returns
     call(x, residual=None) for a C-contiguous float32 ``x`` of ``xshape``."""
-    assert _lib is not None and len(xshape) in (4, 5) and packed.ndim == 5
+    assert _lib is not None and len(xshape) in (4, 5) and packed.ndim == 6
     assert packed.dtype == np.float32 and packed.flags.c_contiguous
-    mb, c, kh, kw, blk = packed.shape
-    assert (kh, kw) == tuple(kernel) and -(-out_channels // blk) == mb
+    groups, c, kh, kw, g, blk = packed.shape
+    mb = -(-out_channels // blk)
+    assert (kh, kw) == tuple(kernel) and g == group_blocks(blk) and -(-mb // g) == groups
     n, h, w = xshape[0], xshape[2], xshape[3]
     if len(xshape) == 5:
         assert xshape[4] == blk and xshape[1] == -(-c // blk), (xshape, packed.shape)

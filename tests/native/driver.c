@@ -93,8 +93,9 @@ static int run_case(const char *in, const char *out) {
         if (fread(e, sizeof(int64_t), 3, f) != 3) { fprintf(stderr, "%s: short header\n", in); return 3; }
         memcpy(geom, g, 15 * sizeof(int64_t));
         geom[15] = e[0], geom[16] = e[1];
-        int64_t B = e[1], cbi = (g[1] + e[0] - 1) / e[0], mb = (g[4] + B - 1) / B;
-        float *x = read_floats(f, g[0] * cbi * g[2] * g[3] * e[0]), *w = read_floats(f, mb * g[1] * g[5] * g[6] * B);
+        int64_t B = e[1], G = B == 8 ? 2 : 4, cbi = (g[1] + e[0] - 1) / e[0], mb = (g[4] + B - 1) / B;
+        int64_t nw = (mb + G - 1) / G * G * g[1] * g[5] * g[6] * B; /* packed [ceil(mb / G), C, KH, KW, G, B] */
+        float *x = read_floats(f, g[0] * cbi * g[2] * g[3] * e[0]), *w = read_floats(f, nw);
         ny = g[0] * mb * g[13] * g[14] * B;
         float *r = e[2] ? read_floats(f, ny) : NULL, *b = has_bias ? read_floats(f, mb * B) : NULL;
         y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));

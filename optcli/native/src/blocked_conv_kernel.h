@@ -80,13 +80,14 @@ BC_INLINE void BC(pw_tile)(const bc_t *a, int64_t n, int64_t ob0, int64_t p0, in
                            const int X) {
     BC_V acc[BC_OB][BC_XMAX];
     BC(init)(a, acc, n, ob0, p0, OB, X, b0 == 0);
-    const int64_t ib = a->ib, plane = a->H * a->W * ib, obs = a->C * BC_L;
-    const float *xn = a->x + n * a->Cbi * plane + p0 * ib, *wg = a->w + ob0 * obs;
+    /* weights [group][C][G][B]: the tile's vectors side by side (one address, no spilled offsets) */
+    const int64_t ib = a->ib, plane = a->H * a->W * ib, G = BC_OB;
+    const float *xn = a->x + n * a->Cbi * plane + p0 * ib, *wg = a->w + ob0 * a->C * BC_L;
     BC_CHANNELS({
-        const float *wc = wg + ci * BC_L;
+        const float *wc = wg + ci * G * BC_L;
         BC_V wv[BC_OB];
         BC_UNROLL
-        for (int o = 0; o < OB; o++) wv[o] = BC(ld)(wc + o * obs);
+        for (int o = 0; o < OB; o++) wv[o] = BC(ld)(wc + o * BC_L);
         BC_UNROLL
         for (int x = 0; x < X; x++) {
             BC_V v = BC(splat)(xc[x * ib]);
@@ -103,23 +104,23 @@ BC_INLINE void BC(tile)(const bc_t *a, int64_t n, int64_t ob0, int64_t oh, int64
                         const int OB, const int X, const int CHECK) {
     BC_V acc[BC_OB][BC_XMAX];
     BC(init)(a, acc, n, ob0, oh * a->OW + ow0, OB, X, b0 == 0);
-    const int64_t ib = a->ib, plane = a->H * a->W * ib, taps = a->KH * a->KW, obs = a->C * taps * BC_L;
+    const int64_t ib = a->ib, plane = a->H * a->W * ib, taps = a->KH * a->KW, G = BC_OB;
     const int64_t sw = a->sw, iw0 = ow0 * sw - a->pl, W = a->W;
-    const float *xn = a->x + n * a->Cbi * plane, *wg = a->w + ob0 * obs;
+    const float *xn = a->x + n * a->Cbi * plane, *wg = a->w + ob0 * a->C * taps * BC_L;
     int64_t kh0 = 0, kh1 = a->KH;
     const int64_t ih0 = oh * a->sh - a->pt;
     while (kh0 < kh1 && ih0 + kh0 * a->dh < 0) kh0++;
     while (kh1 > kh0 && ih0 + (kh1 - 1) * a->dh >= a->H) kh1--;
     BC_CHANNELS({
-        const float *wc = wg + ci * taps * BC_L;
+        const float *wc = wg + ci * taps * G * BC_L;
         for (int64_t kh = kh0; kh < kh1; kh++) {
             const float *xr = xc + (ih0 + kh * a->dh) * W * ib;
             for (int64_t kw = 0; kw < a->KW; kw++) {
                 const int64_t iw = iw0 + kw * a->dw;
-                const float *wq = wc + (kh * a->KW + kw) * BC_L;
+                const float *wq = wc + (kh * a->KW + kw) * G * BC_L;
                 BC_V wv[BC_OB];
                 BC_UNROLL
-                for (int o = 0; o < OB; o++) wv[o] = BC(ld)(wq + o * obs);
+                for (int o = 0; o < OB; o++) wv[o] = BC(ld)(wq + o * BC_L);
                 BC_UNROLL
                 for (int x = 0; x < X; x++) {
                     const int64_t at = iw + x * sw;

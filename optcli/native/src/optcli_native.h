@@ -83,7 +83,8 @@ OPT_API int optcli_to_blocked_f32(const float *x, float *y, int64_t n, int64_t c
 OPT_API int optcli_from_blocked_f32(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int64_t b);
 /* A one-group 2-D conv in the blocked layout, direct (no im2col): geom N, C, H, W, M, KH, KW, stride_h,
  * stride_w, dil_h, dil_w, pad_top, pad_left, OH, OW, ib, B; x blocked [N, ceil(C / B), H, W, B] (ib = B)
- * or plain [N, C, H, W] (ib = 1); packed [ceil(M / B), C, KH, KW, B] with zero lanes past M; bias
+ * or plain [N, C, H, W] (ib = 1); packed [ceil(Mb / G), C, KH, KW, G, B] (Mb = ceil(M / B), G = 2 for
+ * B = 8, else 4: a register tile's weight vectors side by side) with zeros past M; bias
  * [ceil(M / B) * B] or NULL; res NULL or as y, added before the activation; y [N, ceil(M / B), OH, OW, B].
  * Zero padding (pads may be negative: they crop). */
 OPT_API int optcli_conv2d_blocked_f32(const float *x, const float *packed, const float *bias, const float *res,
