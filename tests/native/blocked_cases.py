@@ -73,6 +73,13 @@ def geometry(case) -> tuple[tuple[int, int], tuple[int, int]]:
     return (p[0], p[1]), (out_size(h, k[0], s[0], d[0], p[0], p[2]), out_size(w, k[1], s[1], d[1], p[1], p[3]))
 
 
+def block_widths() -> list[int]:
+    """The block widths the blocked kernels take on this CPU: 4 and 8, and 16 with AVX-512."""
+    from optcli import native
+
+    return [4, 8, 16] if native.available() and native._lib.optcli_gemm_variant(-1) == 16 else [4, 8]
+
+
 def to_blocked(x: np.ndarray, block: int, fill: float = 0.0) -> np.ndarray:
     """NCHW -> [N, ceil(C/B), H, W, B], pad lanes ``fill``."""
     n, c, h, w = x.shape

@@ -54,3 +54,11 @@ def lanes(request, native_lib):
         pytest.skip(f"no {request.param}-lane GEMM on this CPU")
     yield got
     native_lib._lib.optcli_gemm_variant(0)
+
+
+@pytest.fixture(params=[1, 2], ids=["t1", "t2"])
+def pool_threads(request, native_lib):
+    """The native pool at 1 and 2 threads (its size restored after)."""
+    old = native.set_num_threads(request.param)
+    yield request.param
+    native.set_num_threads(old)

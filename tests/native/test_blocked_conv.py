@@ -11,7 +11,7 @@ from optcli import native
 from optcli.ops.activation import activate
 from optcli.ops.conv import conv_im2col
 from tests.helpers import assert_close
-from tests.native.blocked_cases import from_blocked, to_blocked
+from tests.native.blocked_cases import block_widths, from_blocked, to_blocked
 from tests.native.cases import ACT_PARAMS
 
 GARBAGE = 1e30
@@ -36,21 +36,7 @@ CASES = [
 ]
 
 
-def _blocks() -> list[int]:
-    widths = [4, 8]
-    if native.available() and native._lib.optcli_gemm_variant(-1) == 16:
-        widths.append(16)
-    return widths
-
-
-BLOCKS = _blocks()
-
-
-@pytest.fixture(params=[1, 2], ids=["t1", "t2"])
-def threads(request, native_lib):
-    old = native.set_num_threads(request.param)
-    yield request.param
-    native.set_num_threads(old)
+BLOCKS = block_widths()
 
 
 def _bc():
@@ -72,7 +58,7 @@ def _case(case, seed):
 
 @pytest.mark.parametrize("block", BLOCKS)
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_conv_matches_numpy(case, block, threads):
+def test_conv_matches_numpy(case, block, pool_threads):
     bc = _bc()
     i = CASES.index(case)
     x, wt, b, attrs, ref = _case(case, i)
@@ -93,7 +79,7 @@ def test_conv_matches_numpy(case, block, threads):
 
 
 @pytest.mark.parametrize("block", BLOCKS)
-def test_conversions_round_trip(block, threads):
+def test_conversions_round_trip(block, pool_threads):
     bc = _bc()
     rng = np.random.default_rng(1)
     for shape in [(1, 1, 1, 1), (2, 13, 5, 7), (1, 37, 56, 56), (1, 16, 3, 3)]:

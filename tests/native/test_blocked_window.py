@@ -14,6 +14,7 @@ from tests.native.blocked_cases import (
     GAP_SHAPES,
     POOL_CASES,
     axis_counts,
+    block_widths,
     from_blocked,
     geometry,
     ref_depthwise,
@@ -26,20 +27,7 @@ ACTS = [None, *ACT_PARAMS]
 GARBAGE = 1e30  # large finite values in the input's pad lanes: they must not reach a real channel
 
 
-def _blocks() -> list[int]:
-    if not native.available():
-        return [4, 8]
-    return [4, 8, 16] if native._lib.optcli_gemm_variant(-1) == 16 else [4, 8]
-
-
-BLOCKS = _blocks()
-
-
-@pytest.fixture(params=[1, 2], ids=["t1", "t2"])
-def threads(request, native_lib):
-    old = native.set_num_threads(request.param)
-    yield request.param
-    native.set_num_threads(old)
+BLOCKS = block_widths()
 
 
 def _bw():
@@ -50,7 +38,7 @@ def _bw():
 
 @pytest.mark.parametrize("block", BLOCKS)
 @pytest.mark.parametrize("case", DW_CASES, ids=[c[0] for c in DW_CASES])
-def test_depthwise_matches_numpy(case, block, threads):
+def test_depthwise_matches_numpy(case, block, pool_threads):
     bw = _bw()
     i = DW_CASES.index(case)
     rng = np.random.default_rng(i)
@@ -77,7 +65,7 @@ def test_depthwise_matches_numpy(case, block, threads):
 @pytest.mark.parametrize("block", BLOCKS)
 @pytest.mark.parametrize("op", ["max", "avg"])
 @pytest.mark.parametrize("case", POOL_CASES, ids=[c[0] for c in POOL_CASES])
-def test_pool_matches_numpy(case, op, block, threads):
+def test_pool_matches_numpy(case, op, block, pool_threads):
     bw = _bw()
     rng = np.random.default_rng(POOL_CASES.index(case))
     _, n, c, h, w, k, s, d, _ = case
@@ -106,7 +94,7 @@ def test_max_pool_nan_and_inf(block, native_lib):
 
 @pytest.mark.parametrize("block", BLOCKS)
 @pytest.mark.parametrize("shape", GAP_SHAPES, ids=[str(s) for s in GAP_SHAPES])
-def test_global_average_matches_numpy(shape, block, threads):
+def test_global_average_matches_numpy(shape, block, pool_threads):
     bw = _bw()
     x = (np.random.default_rng(1).standard_normal(shape) + 3).astype(np.float32)
     y = bw.global_average_pool_blocked(to_blocked(x, block, GARBAGE))

@@ -64,12 +64,6 @@ typedef float v16f __attribute__((vector_size(64)));
 #define BC_TARGET BC16_ATTR
 #define BC(name) bc16_##name
 #include "blocked_conv_kernel.h"
-
-static int bc_has_avx512(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
-}
 #endif
 
 /* The item function and register-tile height of block width b; NULL where this build or CPU has none. */
@@ -77,7 +71,7 @@ static opt_item_fn variant_of(int64_t b, int64_t *ob) {
     if (b == 4) return *ob = 4, bc4_run_item;
     if (b == 8) return *ob = 2, bc8_run_item;
 #ifdef HAVE_BC16
-    if (b == 16 && bc_has_avx512()) return *ob = 4, bc16_run_item;
+    if (b == 16 && opt_cpu_has_avx512()) return *ob = 4, bc16_run_item;
 #endif
     return NULL;
 }

@@ -139,11 +139,6 @@ V4_ATTR ALWAYS_INLINE v16f vmax16(v16f v, v16f m) {
 #define BW(name) bw16_##name
 #include "blocked_window_kernel.h"
 
-static int bw_has_avx512(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
-}
 #endif
 
 /* The variant of block width b, NULL where this build or CPU has none. */
@@ -151,7 +146,7 @@ static const bw_variant_t *variant_of(int64_t b) {
     if (b == 4) return &bw4_variant;
     if (b == 8) return &bw8_variant;
 #ifdef HAVE_BW16
-    if (b == 16 && bw_has_avx512()) return &bw16_variant;
+    if (b == 16 && opt_cpu_has_avx512()) return &bw16_variant;
 #endif
     return NULL;
 }

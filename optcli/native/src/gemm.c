@@ -113,14 +113,6 @@ typedef struct {
 #include "gemm_kernel.h"
 #endif
 
-#ifdef HAVE_GK16
-static int cpu_has_avx512(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
-}
-#endif
-
 static const variant_t *_Atomic g_variant; /* set once (pthread_once), or by the tests' optcli_gemm_variant */
 static pthread_once_t g_variant_once = PTHREAD_ONCE_INIT;
 
@@ -131,7 +123,7 @@ static void pick_variant(void) {
     g_variant = &gk4_variant;
 #endif
 #ifdef HAVE_GK16
-    if (cpu_has_avx512()) g_variant = &gk16_variant;
+    if (opt_cpu_has_avx512()) g_variant = &gk16_variant;
 #endif
 }
 
@@ -143,7 +135,7 @@ OPT_API int optcli_gemm_variant(int lanes) {
         g_variant = &gk8_variant;
     } else if (lanes == 16) {
 #ifdef HAVE_GK16
-        if (!cpu_has_avx512()) return -1;
+        if (!opt_cpu_has_avx512()) return -1;
         g_variant = &gk16_variant;
 #else
         return -1;

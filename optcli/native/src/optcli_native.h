@@ -16,6 +16,8 @@
 typedef void (*opt_item_fn)(void *ctx, int64_t item);
 /* Runs fn(ctx, i) for i in [0, nitems) on the pool; max_threads <= 0 means no extra cap. */
 void opt_parallel(opt_item_fn fn, void *ctx, int64_t nitems, int max_threads);
+/* Whether the CPU runs the x86-64-v4 (AVX-512) variants: 0 elsewhere (pool.c). */
+int opt_cpu_has_avx512(void);
 /* The calling thread's scratch of at least n floats, kept between calls (window.c); NULL when out
  * of memory.  One user at a time per thread: a kernel must not hold it across another's call. */
 float *opt_scratch(size_t n);

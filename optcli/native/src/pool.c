@@ -261,3 +261,13 @@ OPT_API int64_t optcli_pool_selftest(int64_t nitems, int sleep_us, int64_t *stat
     while (atomic_load(&t.finished) < nitems) sched_yield();
     return done;
 }
+
+int opt_cpu_has_avx512(void) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
