@@ -40,20 +40,26 @@ LAYOUT = "nchwc"
 
 
 # ------------------------------------------------------------------------------- the block width
+_MODULES: list[tuple[Any, Any]] = []  # the imported native blocked modules, once
+
+
 def _native_blocked() -> tuple[Any, Any] | None:
     """The native blocked kernels as (optcli.native.blocked_conv, optcli.native.blocked_window), each
-    None where this build lacks it; None without the library."""
+    None where this build lacks it; None without the library (asked on every call: tests and the
+    benchmark's numpy-only runs set the library aside).  Imported once: kernels ask per run."""
     if not native.available():
         return None
-    try:
-        from optcli.native import blocked_conv
-    except ImportError:  # pragma: no cover - a library built before them
-        blocked_conv = None
-    try:
-        from optcli.native import blocked_window
-    except ImportError:  # pragma: no cover
-        blocked_window = None
-    return blocked_conv, blocked_window
+    if not _MODULES:
+        try:
+            from optcli.native import blocked_conv
+        except ImportError:  # pragma: no cover - a library built before them
+            blocked_conv = None
+        try:
+            from optcli.native import blocked_window
+        except ImportError:  # pragma: no cover
+            blocked_window = None
+        _MODULES.append((blocked_conv, blocked_window))
+    return _MODULES[0]
 
 
 def block_width() -> int:
@@ -233,7 +239,7 @@ def conv_blocked(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list
     if memo is not None:  # the step's native call, worked out on its first run
         hit = memo.get("nchwc call")
         if hit is not None and hit[0] is w and hit[1] is bias and hit[2] == x.shape and x.flags.c_contiguous \
-                and x.dtype == np.float32 and _native_blocked() is not None:
+                and x.dtype == np.float32 and native.available():
             return [hit[3](x)]
     plain = x.ndim == 4
     if not plain:

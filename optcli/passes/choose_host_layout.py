@@ -60,7 +60,7 @@ def _regions(graph: Graph, candidates: dict[int, Node]) -> list[list[Node]]:
     return list(groups.values())
 
 
-def _worth_it(graph: Graph, group: list[Node]) -> bool:
+def _worth_it(graph: Graph, group: list[Node], readers: dict[str, list[Node]]) -> bool:
     """Whether a region's convs pay for its conversions: MIN_CONVS convs at least, and
     CONVS_PER_BORDER per border value (read in from outside, or out to a plain reader or the
     graph's outputs).  Measured (docs/design.md): MobileNets, EfficientNet and the mediapipe
@@ -74,7 +74,6 @@ def _worth_it(graph: Graph, group: list[Node]) -> bool:
     made = {o for n in group for o in n.outputs if o}
     reads_in = {name for n in group for name in n.inputs
                 if name and name not in made and name not in graph.initializers}
-    readers = graph.consumers()
     outputs = set(graph.output_names())
     reads_out = {o for o in made if o in outputs or any(id(r) not in inside for r in readers.get(o, []))}
     return convs >= CONVS_PER_BORDER * (len(reads_in) + len(reads_out))
@@ -89,14 +88,15 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
             continue
         if all(not o or _blocked_value(graph, o) for o in node.outputs) and target.blocked_kernel(node, graph):
             candidates[id(node)] = node
-    region = [n for group in _regions(graph, candidates) if _worth_it(graph, group) for n in group]
-    counts = {"regions": 0, "blocked_steps": len(region), "to_blocked": 0, "from_blocked": 0}
+    readers = graph.consumers()
+    kept = [group for group in _regions(graph, candidates) if _worth_it(graph, group, readers)]
+    region = [n for group in kept for n in group]
+    counts = {"regions": len(kept), "blocked_steps": len(region), "to_blocked": 0, "from_blocked": 0}
     if not region:
         return counts
-    counts["regions"] = sum(1 for group in _regions(graph, {id(n): n for n in region}))
     inside = {id(n) for n in region}
     index = {id(n): i for i, n in enumerate(graph.nodes)}
-    producers, readers, outputs = graph.producers(), graph.consumers(), graph.output_names()
+    producers, outputs = graph.producers(), graph.output_names()
     inserted_after: dict[int, list[Node]] = {}  # graph position (-1: before everything) -> new nodes
 
     def value_like(name: str, new: str) -> None:

@@ -132,7 +132,7 @@ def test_pad_lanes_stay_out_of_real_channels(block):
     y = blocked.conv_blocked([xb, w, None], attrs)[0]
     ref = blocked.conv_blocked([x, w, None], attrs)[0]  # the plain input of a stem
     np.testing.assert_array_equal(blocked.from_blocked(y, 7), blocked.from_blocked(ref, 7))
-    assert np.isfinite(blocked.from_blocked(ref, blocked.from_blocked(ref, 7).shape[1])).all()
+    assert np.isfinite(ref).all() and np.isfinite(y).all()  # the pad lanes too: act(0), never garbage
 
 
 def test_crafted_layouts_are_refused():
