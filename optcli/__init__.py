@@ -6,9 +6,8 @@
     outputs = predictor.run({"input": x})
 """
 
-__version__ = "0.1.0"
-
-from optcli.errors import OptError  # noqa: E402
+from optcli._version import __version__
+from optcli.errors import OptError
 
 
 def optimize(*args, **kwargs):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from optcli import __version__
+from optcli._version import __version__
 from optcli.commands.bench import bench_command
 from optcli.commands.inspect import inspect_command
 from optcli.commands.run import run_command

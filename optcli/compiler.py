@@ -12,7 +12,7 @@ from pathlib import Path
 
 import onnx
 
-from optcli import __version__
+from optcli._version import __version__
 from optcli.advice import advise
 from optcli.errors import InternalError, ModelError, NbFormatError, UsageError
 from optcli.frontend.onnx_reader import read_model

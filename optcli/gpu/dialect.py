@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-ACTIVATION_CODES = {None: 0, "relu": 1, "clip": 2, "leaky_relu": 3, "sigmoid": 4, "tanh": 5,
-                    "hard_sigmoid": 6, "hard_swish": 7, "swish": 8, "gelu": 9, "gelu_tanh": 10}
+from optcli.activation_codes import ACTIVATION_CODES
+
 
 _KERNEL_HEAD = re.compile(r"KERNEL\(\s*(\w+)((?:\s*,\s*(?:(?:IN|OUT|INT|FLOAT)\(\s*\w+\s*\)|EPILOGUE))*)\s*\)")
 _PARAM = re.compile(r"(?:(IN|OUT|INT|FLOAT)\(\s*(\w+)\s*\)|(EPILOGUE))")

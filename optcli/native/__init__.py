@@ -26,14 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from optcli.activation_codes import ACTIVATION_CODES
+
 LOG = logging.getLogger("optcli")
 
 ABI = 2  # OPTCLI_NATIVE_ABI in src/optcli_native.h
 LIB_PREFIX = "_optcli_native"  # the extension's file name starts with this (threadpoolctl matches it)
 
-# Fused epilogue names (optcli/ops/activation.py) -> the library's codes (src/simd.h).
-ACTIVATION_CODES = {None: 0, "relu": 1, "clip": 2, "leaky_relu": 3, "sigmoid": 4, "tanh": 5,
-                    "hard_sigmoid": 6, "hard_swish": 7, "swish": 8, "gelu": 9, "gelu_tanh": 10}
 
 _i64p = ctypes.POINTER(ctypes.c_int64)
 _vp = ctypes.c_void_p

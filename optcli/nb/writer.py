@@ -16,7 +16,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from optcli import __version__
+from optcli._version import __version__
 from optcli.errors import OptError, OutputError
 from optcli.ir import Value
 from optcli.nb.layout import FORMAT_VERSION, HEADER, HEADER_SIZE, MAGIC, SUPPORTED_DTYPES, align

@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from optcli import native
+from optcli.activation_codes import ACTIVATIONS
+from optcli.ops.erf import erf
 from optcli.ops.registry import kernel
 from optcli.ops.shapes_registry import broadcast_inputs, first_input, shape_fn
 
@@ -32,8 +34,6 @@ def _hard_sigmoid(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
 
 def gelu_reference(x: np.ndarray, tanh: bool = False) -> np.ndarray:
     """GELU in float64 (Gelu-20: ``approximate`` "tanh" takes the tanh formula), returned in x's dtype."""
-    from optcli.ops.elementwise import erf  # elementwise imports this module
-
     xd = x.astype(np.float64)
     if tanh:
         inner = np.sqrt(2.0 / np.pi) * (xd + 0.044715 * xd * xd * xd)
@@ -91,10 +91,6 @@ def apply_activation(y: np.ndarray, name: str | None, alpha: float = 0.0, beta: 
     if name in ("gelu", "gelu_tanh"):
         return gelu_reference(y, name == "gelu_tanh")
     raise ValueError(f"unknown fused activation '{name}'")
-
-
-ACTIVATIONS = ("relu", "clip", "leaky_relu", "sigmoid", "tanh", "hard_sigmoid", "hard_swish", "swish", "gelu",
-               "gelu_tanh")
 
 
 _SIMPLE = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "HardSwish": "hard_swish"}

@@ -20,7 +20,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from optcli import __version__
+from optcli._version import __version__
 
 _MAGIC = b"OPTCLIBIN1"
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from optcli import __version__
+from optcli._version import __version__
 from optcli.errors import DeviceError, InputError, UsageError
 from optcli.gpu.dialect import kernel_params, load_source, render_metal
 from optcli.gpu.ops_layout import TRANSFER_OPS

@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 from optcli.ops import kernels_for
-from optcli.ops.elementwise import erf
+from optcli.ops.erf import erf
 from tests.helpers import OPSET, assert_close, run_ort, single_node_model
 
 RNG = np.random.default_rng(0)

@@ -33,7 +33,8 @@ ALWAYS_INLINE v4f splat4(float a) { v4f z = {0}; return z + a; }
 /* Lanes of a where m is set (-1), of b elsewhere. */
 ALWAYS_INLINE v4f sel4(v4i m, v4f a, v4f b) { return (v4f)((m & (v4i)a) | (~m & (v4i)b)); }
 
-/* Activation codes: the order of ACTIVATION_CODES in optcli/native/__init__.py. */
+/* Activation codes: the order of ACTIVATIONS in optcli/activation_codes.py (tests/test_activation_codes.py
+   holds them equal). */
 enum {
     ACT_NONE = 0, ACT_RELU, ACT_CLIP, ACT_LEAKY_RELU, ACT_SIGMOID, ACT_TANH,
     ACT_HARD_SIGMOID, ACT_HARD_SWISH, ACT_SWISH, ACT_GELU, ACT_GELU_TANH, ACT_COUNT
