@@ -102,7 +102,7 @@ def _unchecked_predictor(data: bytes, threads: int):
     """The plan on a ClDevice of its own whose programs are rendered with the unchecked
     accesses (LOADn / STOREn = the raw ones; the length arguments are still passed, unused)."""
     import optcli
-    import optcli.runtime.opencl as opencl
+    import optcli.runtime.opencl.device as opencl
     from optcli.gpu import dialect
 
     raw = "\n".join(f"#define {m}(p, i) RAW_{m}(p, i)" for m in ("LOAD4", "LOAD1")) + "\n" + "\n".join(
@@ -192,7 +192,7 @@ def main() -> int:
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--bounds-overhead", action="store_true", help="measure the kernels' bounds checks")
     args = parser.parse_args()
-    from optcli.runtime.opencl import ClDevice
+    from optcli.runtime.opencl.device import ClDevice
 
     device_name = ClDevice.shared().name
     if args.bounds_overhead:

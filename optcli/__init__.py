@@ -10,11 +10,12 @@ from optcli._version import __version__
 from optcli.errors import OptError
 
 
-def optimize(*args, **kwargs):
-    """Optimize an ONNX model; see ``optcli.compiler.compile_model`` for the arguments."""
+def optimize(options=None, progress=None, **fields):
+    """Optimize an ONNX model: ``optcli.compiler.CompileOptions`` (or its fields as keyword
+    arguments: ``model_file=``, ``valid_targets=``, ``quant_type=``...) -> ``CompileResult``."""
     from optcli.compiler import compile_model
 
-    return compile_model(*args, **kwargs)
+    return compile_model(options, progress, **fields)
 
 
 def load(*args, **kwargs):
@@ -26,7 +27,7 @@ def load(*args, **kwargs):
 
 def list_devices(check: bool = True):
     """OpenCL devices with their capabilities and whether each is usable (see ``optcli devices``)."""
-    from optcli.runtime.devices import list_devices as _list
+    from optcli.runtime.opencl.devices import list_devices as _list
 
     return _list(check)
 

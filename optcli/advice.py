@@ -15,14 +15,14 @@ import textwrap
 import numpy as np
 
 from optcli.gpu.layout import c4, dims4
-from optcli.passes.keep_small_islands_on_host import (
+from optcli.plan import Plan, Step
+from optcli.targets import TARGETS
+from optcli.targets.costs import (
     BUS_BYTES_PER_S,
     COPY_LATENCY_S,
     GPU_ELEMENTS_PER_S,
     GPU_MACS_PER_S,
 )
-from optcli.plan import Plan, Step
-from optcli.targets import TARGETS
 
 LAUNCH_S = 10e-6  # one kernel launch on a mobile GPU driver: dispatch and a pass over the grid
 SHAPE_OPS = ("Reshape", "Transpose", "SpaceToDepth", "DepthToSpace", "Flatten", "Squeeze", "Unsqueeze")
@@ -230,7 +230,6 @@ def _host_reason(step: Step, report: dict | None) -> str:
         for r in report.get("steps", []):
             if r["name"] == step.name and r.get("reason"):
                 return r["reason"]
-    import optcli.gpu.ops  # noqa: F401  (registers the GPU kernels)
     from optcli.gpu.registry import gpu_kernels_for
 
     if not gpu_kernels_for(step.op_type, step.domain):

@@ -168,19 +168,20 @@ def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out
     if not optimize_out and not (print_model_ops or display_kernels or advise):
         raise UsageError("no output given; use --optimize_out=NAME to write NAME.nb")
 
-    from optcli.compiler import compile_model
+    from optcli.compiler import CompileOptions, compile_model
     from optcli.nb.writer import write_atomic
 
     show = _progress(quiet)
     with silenced(quiet):
-        result = compile_model(model_file=model_file, model_dir=model_dir, valid_targets=valid_targets,
-                               input_shapes=input_shapes, disabled_passes=_split_passes(disable_pass),
-                               placement_overrides=_load_placement_config(placement_config), progress=show,
-                               precision=precision, tune=tune, calibrator=calibrator,
-                               quant_type=(quant_type or "QUANT_INT8") if quant_model else quant_type,
-                               enable_fp16=enable_fp16, verify=verify, verify_tolerance=verify_tolerance,
-                               verify_top1=verify_top1, verify_data=verify_data, calib_data=calib_data,
-                               calib_preprocess=calib_preprocess)
+        options = CompileOptions(model_file=model_file, model_dir=model_dir, valid_targets=valid_targets,
+                                 input_shapes=input_shapes, disabled_passes=_split_passes(disable_pass),
+                                 placement_overrides=_load_placement_config(placement_config),
+                                 precision=precision, tune=tune, calibrator=calibrator,
+                                 quant_type=(quant_type or "QUANT_INT8") if quant_model else quant_type,
+                                 enable_fp16=enable_fp16, verify=verify, verify_tolerance=verify_tolerance,
+                                 verify_top1=verify_top1, verify_data=verify_data, calib_data=calib_data,
+                                 calib_preprocess=calib_preprocess)
+        result = compile_model(options, progress=show)
     if show:
         click.echo("\r\033[K", nl=False, err=True)
     if not quiet:
@@ -312,7 +313,7 @@ def devices_command(as_json, no_check):
     GPU, else the first usable device.  Exits with code 2 when none is usable, and says how to get
     one.
     """
-    from optcli.runtime.devices import HOW_TO_GET_ONE, list_devices
+    from optcli.runtime.opencl.devices import HOW_TO_GET_ONE, list_devices
 
     found = list_devices(check=not no_check)
     if as_json:

@@ -15,19 +15,50 @@ import onnx
 from optcli._version import __version__
 from optcli.advice import advise
 from optcli.errors import InternalError, ModelError, NbFormatError, UsageError
+from optcli.frontend.input_shapes import parse_input_shapes
 from optcli.frontend.onnx_reader import read_model
-from optcli.frontend.shapes import parse_input_shapes
 from optcli.ir import Graph
 from optcli.nb.layout import FORMAT_VERSION, SUPPORTED_DTYPES
 from optcli.nb.reader import load_bytes
 from optcli.nb.writer import to_bytes
 from optcli.passes import pipeline
-from optcli.passes.base import PassContext
+from optcli.passes.base import Int8Settings, PassContext
 from optcli.passes.place_nodes import placement_report
-from optcli.plan import Plan, lower
+from optcli.plan import PRECISIONS, Plan, lower
 from optcli.targets import TARGETS, parse_targets
 
-PRECISIONS = ("fp32", "fp16")
+
+@dataclass
+class CompileOptions:
+    """Everything a user can ask of the optimize job: the `opt` command's flags, ``compile_model``'s
+    and ``optcli.optimize``'s keyword arguments, one record shared by all three.
+
+    The model: ``model_file``, ``model_dir`` (a folder holding one .onnx, maybe with external
+    data) or an in-memory ``model``.  ``quant_type``: QUANT_INT8 / QUANT_INT16 (weight-only, per
+    output channel) or INT8 (full int8, calibrated on ``calib_data``); ``enable_fp16``: weights
+    stored as fp16 and GPU tensors in half (``precision="fp16"``).  ``verify``: judge the result
+    against the original on ``verify_data``, else ``calib_data``, else ``verify_samples`` seeded
+    random inputs (``optcli/verify.py`` for the rule)."""
+
+    model_file: str | Path | None = None
+    model_dir: str | Path | None = None
+    model: onnx.ModelProto | None = None
+    valid_targets: str | list[str] | None = "arm"
+    input_shapes: str | dict[str, list[int]] | None = None
+    disabled_passes: tuple[str, ...] | set[str] = ()
+    placement_overrides: dict[str, str] | None = None
+    precision: str = "fp32"
+    tune: str | None = None
+    quant_type: str | None = None
+    enable_fp16: bool = False
+    verify: bool = False
+    verify_tolerance: float | None = None
+    calib_data: str | Path | None = None
+    calib_preprocess: str | None = None
+    verify_samples: int = 8
+    calibrator: str = "percentile"
+    verify_data: str | Path | None = None
+    verify_top1: float | None = None
 
 
 @dataclass
@@ -38,96 +69,75 @@ class CompileResult:
     warnings: list[str] = field(default_factory=list)
 
 
-def compile_model(
-    model_file: str | Path | None = None,
-    model_dir: str | Path | None = None,
-    model: onnx.ModelProto | None = None,
-    valid_targets: str | list[str] | None = "arm",
-    input_shapes: str | dict[str, list[int]] | None = None,
-    disabled_passes: tuple[str, ...] | set[str] = (),
-    placement_overrides: dict[str, str] | None = None,
-    progress: Callable[[str], None] | None = None,
-    precision: str = "fp32",
-    tune: str | None = None,
-    quant_type: str | None = None,
-    enable_fp16: bool = False,
-    verify: bool = False,
-    verify_tolerance: float | None = None,
-    calib_data: str | Path | None = None,
-    calib_preprocess: str | None = None,
-    verify_samples: int = 8,
-    calibrator: str = "percentile",
-    verify_data: str | Path | None = None,
-    verify_top1: float | None = None,
-) -> CompileResult:
-    """Optimize a model.  ``quant_type``: QUANT_INT8 / QUANT_INT16 (weight-only, per output channel);
-    ``enable_fp16``: weights stored as fp16 and GPU tensors in half (``precision="fp16"``).
-    ``verify``: judge the result against the original on ``verify_data``, else ``calib_data``, else
-    ``verify_samples`` seeded random inputs (``optcli/verify.py`` for the rule)."""
-    if enable_fp16:
-        precision = "fp16"
+def compile_model(options: CompileOptions | None = None, progress: Callable[[str], None] | None = None,
+                  **fields) -> CompileResult:
+    """Optimize a model: ``options``, or its fields as keyword arguments (``CompileOptions``);
+    ``progress`` is called with each pass's name as it starts."""
+    o = options if options is not None else CompileOptions(**fields)
+    precision = "fp16" if o.enable_fp16 else o.precision
     if precision not in (*PRECISIONS, "auto"):
         raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, auto; got '{precision}'")
-    full_int8 = quant_type == "INT8" or precision == "auto"
-    weight_scheme = None if full_int8 else _weight_scheme(quant_type, enable_fp16)
-    targets = parse_targets(valid_targets)
-    shapes = parse_input_shapes(input_shapes) if isinstance(input_shapes, str) or input_shapes is None \
-        else dict(input_shapes)
-    graph = read_model(str(model_file) if model_file else None, str(model_dir) if model_dir else None,
-                       shapes, model=model)
+    full_int8 = o.quant_type == "INT8" or precision == "auto"
+    weight_scheme = None if full_int8 else _weight_scheme(o.quant_type, o.enable_fp16)
+    targets = parse_targets(o.valid_targets)
+    shapes = parse_input_shapes(o.input_shapes) if isinstance(o.input_shapes, str) or o.input_shapes is None \
+        else dict(o.input_shapes)
+    graph = read_model(str(o.model_file) if o.model_file else None, str(o.model_dir) if o.model_dir else None,
+                       shapes, model=o.model)
     before = graph.op_counts()
     nodes_before = len(graph.nodes)
-    ctx = PassContext(targets=targets, options={"placement_overrides": dict(placement_overrides or {}),
-                                                "weight_scheme": weight_scheme})
+    ctx = PassContext(targets=targets, placement_overrides=dict(o.placement_overrides or {}),
+                      weight_scheme=weight_scheme)
     if full_int8:
         from optcli.calib import load_samples
 
-        if not calib_data:
+        if not o.calib_data:
             raise UsageError("int8 quantization (--quant_type=INT8 or --precision=auto) calibrates on real inputs: "
                              "give --calib_data=DIR")
-        ctx.options.update(int8_calibrator=calibrator, precision_auto=precision == "auto",
-                           auto_budget=verify_tolerance,
-                           calib_samples=load_samples(calib_data, graph.inputs, calib_preprocess))
+        ctx.int8 = Int8Settings(o.calibrator, load_samples(o.calib_data, graph.inputs, o.calib_preprocess),
+                                precision_auto=precision == "auto", auto_budget=o.verify_tolerance)
         precision = "fp32"
-    records = pipeline.optimize(graph, ctx, set(disabled_passes), progress=progress)
+    records = pipeline.optimize(graph, ctx, set(o.disabled_passes), progress=progress)
     graph.metadata["precision"] = precision
-    plan = lower(graph, [t.name for t in targets], ctx.options.get("memory"), ctx.options.get("weight_formats"))
+    plan = lower(graph, [t.name for t in targets], ctx.results.memory, ctx.results.weight_formats)
     _check_dtypes(plan, graph.metadata.get("source", "model"))
-    tuning = _tune(plan, tune) if tune else None
+    tuning = _tune(plan, o.tune) if o.tune else None
     data = to_bytes(plan)
     _check_readable(data, graph.metadata.get("source", "model"))
     report = build_report(graph, plan, ctx, records, before, nodes_before, data)
     report["advice"] = advise(plan, report)
     if tuning is not None:
         report["tuning"] = tuning
-    if full_int8:
-        report["int8"] = {"calibrator": calibrator, "samples": len(ctx.options["calib_samples"]),
-                          "kept_float": ctx.options.get("int8_kept_float", [])}
-    if verify:
-        report["verify"] = _verify(model, model_file, model_dir, plan, data, shapes, ctx, verify_tolerance, verify_top1,
-                                   verify_data, calib_data, calib_preprocess, verify_samples)
+    if ctx.int8 is not None:
+        report["int8"] = {"calibrator": o.calibrator, "samples": len(ctx.int8.samples),
+                          "kept_float": ctx.results.int8_kept_float}
+    if o.verify:
+        report["verify"] = _verify(o, plan, data, shapes, ctx)
         report["warnings"] = list(ctx.warnings)
     return CompileResult(plan, data, report, list(ctx.warnings))
 
 
-def _verify(model, model_file, model_dir, plan: Plan, data: bytes, shapes, ctx: PassContext, tolerance, top1,
-            verify_data, calib_data, calib_preprocess, count: int) -> dict:
+def _verify(o: CompileOptions, plan: Plan, data: bytes, shapes, ctx: PassContext) -> dict:
     from optcli.calib import load_samples, random_samples
     from optcli.frontend.onnx_reader import find_model_file, load_onnx
     from optcli.verify import verify
 
-    original = model if model is not None else load_onnx(find_model_file(
-        str(model_file) if model_file else None, str(model_dir) if model_dir else None))
-    if verify_data or calib_data:
-        flag = "--verify_data" if verify_data else "--calib_data"
-        samples = load_samples(verify_data or calib_data, plan.inputs, calib_preprocess, flag=flag)
+    original = o.model if o.model is not None else load_onnx(find_model_file(
+        str(o.model_file) if o.model_file else None, str(o.model_dir) if o.model_dir else None))
+    if o.verify_data or o.calib_data:
+        flag = "--verify_data" if o.verify_data else "--calib_data"
+        samples = load_samples(o.verify_data or o.calib_data, plan.inputs, o.calib_preprocess, flag=flag)
         source = flag[2:]
     else:
-        samples, source = random_samples(plan.inputs, count), "random"
-        ctx.warnings.append(f"--verify judged the model on {count} seeded random inputs, a weak verdict: random "
-                            "inputs drive many models (detectors, segmenters) into corners real data never reaches. "
+        samples, source = random_samples(plan.inputs, o.verify_samples), "random"
+        ctx.warnings.append(f"--verify judged the model on {o.verify_samples} seeded random inputs, a weak verdict: "
+                            "random inputs drive many models (detectors, segmenters) into corners real data never "
+                            "reaches. "
                             "Give real samples with --verify_data=DIR or --calib_data=DIR")
-    return verify(original, data, samples, tolerance, shapes, data=source, top1=top1)
+    def compile_reference() -> bytes:  # the float reference where onnxruntime is not installed
+        return compile_model(model=original, valid_targets="arm", input_shapes=shapes).data
+
+    return verify(original, data, samples, compile_reference, o.verify_tolerance, data=source, top1=o.verify_top1)
 
 
 WEIGHT_QUANT_TYPES = {"QUANT_INT8": "int8", "QUANT_INT16": "int16"}  # weight-only; INT8 is full int8 PTQ
@@ -145,15 +155,15 @@ def _tune(plan: Plan, level: str) -> dict:
     """Time kernel variants on this machine's GPU and write the winners into the plan."""
     if not any(TARGETS[s.target].device == "gpu" for s in plan.steps):
         raise UsageError("--tune needs GPU steps; optimize with --valid_targets=opencl,arm")
-    from optcli.runtime.gpu_plan import GpuSteps
-    from optcli.runtime.opencl import ClDevice, DeviceUnavailable
-    from optcli.runtime.tuning import tune
+    from optcli.runtime.opencl.device import ClDevice, DeviceUnavailable
+    from optcli.runtime.opencl.steps import OpenClSteps
+    from optcli.runtime.opencl.tuning import tune
 
     try:
         dev = ClDevice.shared()
     except DeviceUnavailable as exc:
         raise UsageError(f"--tune runs on the device it tunes, and this machine has none usable: {exc}") from None
-    steps = GpuSteps(plan, dev, plan.metadata.get("precision", "fp32"), {"opencl"})
+    steps = OpenClSteps(plan, dev, plan.metadata.get("precision", "fp32"), {"opencl"})
     choices = tune(steps, level)
     return {"level": level, "device": dev.name,
             "steps": {plan.steps[i].name: {"kernel": c.kernel, "local_size": c.local_size, "time_us": c.time_us}
@@ -164,7 +174,7 @@ def _check_readable(data: bytes, source: str) -> None:
     """Read the produced bytes back with the validation ``optcli.load`` applies (the reader, then
     the runtime's checks of the steps and its shape derivation): a file our own loader refuses is
     our bug, and must never reach the disk."""
-    from optcli.runtime.plan_shapes import check_at_load
+    from optcli.runtime.load_checks import check_at_load
 
     try:
         check_at_load(load_bytes(data, "<the .nb being written>")[0], "<the .nb being written>")
@@ -188,7 +198,7 @@ def _check_dtypes(plan: Plan, source: str) -> None:
 
 def build_report(graph: Graph, plan: Plan, ctx: PassContext, records: list[dict], ops_before: dict,
                  nodes_before: int, data: bytes) -> dict:
-    placement = ctx.options.get("placement", {})
+    placement = ctx.results.placement
     steps = []
     fallback_ops: dict[str, int] = {}
     for i, s in enumerate(plan.steps):
@@ -220,7 +230,7 @@ def build_report(graph: Graph, plan: Plan, ctx: PassContext, records: list[dict]
                    "dynamic": mem.arena_bytes is None},
         "sizes": {"file_bytes": len(data), "weights_bytes": weights_bytes,
                   "weights_by_dtype": _by_dtype(plan)},
-        "fold_failures": list(ctx.options.get("fold_failures", [])),
+        "fold_failures": list(ctx.results.fold_failures),
         "warnings": list(ctx.warnings),
     }
     report.update(placement_report(report))  # steps_per_target, placement_reasons

@@ -122,23 +122,9 @@ class Graph:
 
     # ---------------------------------------------------------------- rewriting
     def unique_name(self, base: str) -> str:
-        """A value or node name not used anywhere in the graph yet."""
-        taken = self._taken_names()
-        if base not in taken:
-            return base
-        i = 1
-        while f"{base}_{i}" in taken:
-            i += 1
-        return f"{base}_{i}"
-
-    def _taken_names(self) -> set[str]:
-        names = set(self.initializers) | set(self.values)
-        names |= {v.name for v in self.inputs} | {v.name for v in self.outputs}
-        for n in self.nodes:
-            names.update(n.inputs)
-            names.update(n.outputs)
-            names.add(n.name)
-        return names
+        """A value or node name not used anywhere in the graph yet (one scan of the graph per call:
+        a pass that makes many names takes a ``Names`` instead)."""
+        return Names(self).fresh(base)
 
     def add_initializer(self, base: str, array: np.ndarray) -> str:
         name = self.unique_name(base)
@@ -237,3 +223,33 @@ def subgraph_outer_refs(proto: bytes) -> frozenset[str]:
     visit(node.attribute)
     # Over-approximates when a nested scope defines a name an outer one reads: safe.
     return frozenset(used - defined)
+
+
+class Names:
+    """Fresh value and node names for one pass run: scans the graph once and remembers what it
+    handed out (``Graph.unique_name`` rescans the whole graph per call, which turns a pass over a
+    big model quadratic)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        taken = set(graph.initializers) | set(graph.values)
+        taken |= {v.name for v in graph.inputs} | {v.name for v in graph.outputs}
+        for n in graph.nodes:
+            taken.update(n.inputs)
+            taken.update(n.outputs)
+            taken.add(n.name)
+        self.taken = taken
+
+    def fresh(self, base: str) -> str:
+        name, i = base, 0
+        while name in self.taken:
+            i += 1
+            name = f"{base}_{i}"
+        self.taken.add(name)
+        return name
+
+    def initializer(self, base: str, array: np.ndarray) -> str:
+        """Add ``array`` as a new initializer under a fresh name and return the name."""
+        name = self.fresh(base)
+        self.graph.initializers[name] = array if array.flags.c_contiguous else array.copy(order="C")
+        return name

@@ -15,6 +15,10 @@ import numpy as np
 from optcli.ir import Graph, Value
 from optcli.plan_memory_core import MemoryPlan, plan_graph
 
+PRECISIONS = ("fp32", "fp16")
+"""A plan's precision (its ``precision`` metadata): how its GPU tensors are stored (float or half);
+math is float either way."""
+
 
 @dataclass
 class Step:

@@ -25,6 +25,7 @@ R`` replaces the SNR floor with -20 log10(R) dB (R: largest RMS error per RMS of
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -32,6 +33,7 @@ import onnx
 
 from optcli.errors import OptError, UsageError
 from optcli.progress import progress, stage
+from optcli.runtime.load import load
 from optcli.tolerance import VERIFY_NOISE, VERIFY_TOP1, nonfinite_match
 
 QUANTIZED_OPS = {"FakeQuant", "QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "QGemm",
@@ -91,8 +93,10 @@ def rule(precision: str, real_samples: bool, tolerance: float | None = None,
     return Rule(precision, round(-20 * math.log10(noise), 2), min_top1 or None)
 
 
-def reference_runner(model: onnx.ModelProto, input_shapes):
-    """(name, run(feeds) -> {name: array}) for the original model."""
+def reference_runner(model: onnx.ModelProto, compile_reference: Callable[[], bytes]):
+    """(name, run(feeds) -> {name: array}) for the original model: onnxruntime, or where it is not
+    installed optcli's own fp32 `arm` plan (``compile_reference()``: its .nb bytes, made by the caller,
+    which owns the compiler)."""
     try:
         import onnxruntime as ort
 
@@ -100,10 +104,7 @@ def reference_runner(model: onnx.ModelProto, input_shapes):
         names = [o.name for o in sess.get_outputs()]
         return "onnxruntime", lambda feeds: dict(zip(names, sess.run(None, feeds)))
     except ImportError:
-        import optcli
-
-        fp32 = optcli.load(optcli.optimize(model=model, valid_targets="arm", input_shapes=input_shapes).data)
-        return "optcli arm fp32", fp32.run
+        return "optcli arm fp32", load(compile_reference()).run
 
 
 def _channel_axis(shape: tuple) -> int | None:
@@ -212,15 +213,13 @@ def compare(samples: list[dict], run_ref, run_opt, r: Rule, ref_name: str = "the
     return [s.check(name, r) for name, s in stats.items()]
 
 
-def verify(model: onnx.ModelProto, nb_data: bytes, samples: list[dict], tolerance: float | None = None,
-           input_shapes=None, data: str = "random", top1: float | None = None) -> dict:
+def verify(model: onnx.ModelProto, nb_data: bytes, samples: list[dict], compile_reference: Callable[[], bytes],
+           tolerance: float | None = None, data: str = "random", top1: float | None = None) -> dict:
     """Run both sides on ``samples`` (``data``: where they came from: random, calib_data,
-    verify_data); the report's ``verify`` section."""
-    import optcli
-
-    predictor = optcli.load(nb_data)
+    verify_data); the report's ``verify`` section.  ``compile_reference``: see ``reference_runner``."""
+    predictor = load(nb_data)
     r = rule(plan_precision(predictor.plan), data != "random", tolerance, top1)
-    ref_name, run_ref = reference_runner(model, input_shapes)
+    ref_name, run_ref = reference_runner(model, compile_reference)
     checks = compare(samples, run_ref, predictor.run, r, ref_name)
     return {"reference": ref_name, "samples": len(samples), "data": data, "precision": r.precision,
             "rule": {"min_snr_db": r.min_snr_db, "min_top1": r.min_top1, "text": r.describe()},

@@ -25,7 +25,7 @@ _NEEDING_DEVICE = pytest.StashKey[int]()
 def opencl_status():
     """(ClDevice, "") for this session's OpenCL device, or (None, why none is usable); the smoke
     test runs once, here, and its verdict is the runtime's too."""
-    from optcli.runtime.opencl import ClDevice, DeviceUnavailable
+    from optcli.runtime.opencl.device import ClDevice, DeviceUnavailable
 
     try:
         return ClDevice.shared(), ""

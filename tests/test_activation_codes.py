@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from optcli import activation_codes, native
-from optcli.gpu import dialect
+from optcli.gpu import registry
 from optcli.ops import activation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,9 +40,12 @@ def test_the_c_enum_matches_the_table():
 
 
 def test_every_user_holds_the_one_table():
+    """No module keeps a table of its own: the GPU kernels' defines and the native wrappers' codes are
+    the table's."""
     assert native.ACTIVATION_CODES is activation_codes.ACTIVATION_CODES
-    assert dialect.ACTIVATION_CODES is activation_codes.ACTIVATION_CODES
-    assert activation.ACTIVATIONS is activation_codes.ACTIVATIONS
+    assert registry.ACTIVATION_CODES is activation_codes.ACTIVATION_CODES
+    assert registry.epilogue_defines({"activation": "hard_swish"})["ACTIVATION"] == \
+        activation_codes.ACTIVATION_CODES["hard_swish"]
 
 
 def test_every_activation_has_a_numpy_reference():

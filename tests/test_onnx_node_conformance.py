@@ -169,7 +169,6 @@ def test_node_case(name, node_data):
 
 def _gpu_cases() -> list[str]:
     """Cases whose every op has an OpenCL kernel (the ones the opencl target may claim)."""
-    import optcli.gpu.ops  # noqa: F401
     from optcli.gpu.registry import gpu_ops
 
     claimed = {op for domain, op in gpu_ops() if domain == ""}

@@ -144,7 +144,7 @@ def run_onnxruntime(onnx_path: str, feeds: dict, ours: dict, warmup: int, runs: 
 
 
 def _feeds(predictor, inputs: tuple[str, ...], input_shapes: str | None) -> dict:
-    from optcli.frontend.shapes import parse_input_shapes
+    from optcli.frontend.input_shapes import parse_input_shapes
 
     files = parse_inputs(inputs, [s.name for s in predictor.inputs])
     given = {name: load_npy(path) for name, path in files.items()}

@@ -52,7 +52,6 @@ class _DryLaunchContext:
 
 def launches(plan: Plan) -> dict[int, list[dict]]:
     """GPU steps' launches: kernel entry, global and local size (from the plan's shapes)."""
-    import optcli.gpu.ops  # noqa: F401  (registers the GPU kernels)
     from optcli.gpu.registry import get_gpu_kernel
 
     ctx = _DryLaunchContext(plan, plan.metadata.get("precision", "fp32"))
@@ -190,8 +189,10 @@ def inspect_command(model, as_json, advise, graph_path):
       optcli inspect model.nb --json > model.json
     """
     from optcli.nb.reader import load_file
+    from optcli.runtime.load_checks import check_at_load
 
     plan, header = load_file(model)
+    check_at_load(plan, str(model))  # what load refuses, inspect does not describe (unknown kernels...)
     info = describe(plan, header, model)
     if advise:
         from optcli.advice import advise as advise_plan

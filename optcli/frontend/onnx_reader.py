@@ -15,7 +15,7 @@ import onnx
 from onnx import external_data_helper, helper, numpy_helper
 
 from optcli.errors import ModelError
-from optcli.frontend.shapes import MAX_ELEMENTS, apply_input_shapes, infer_shapes, normalize_negative_dims
+from optcli.frontend.input_shapes import MAX_ELEMENTS, apply_input_shapes, infer_shapes, normalize_negative_dims
 from optcli.ir import Graph, Node, Value, subgraph_outer_refs
 from optcli.ops.registry import has_native_kernel
 

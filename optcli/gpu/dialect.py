@@ -42,9 +42,6 @@ from typing import Any
 
 import numpy as np
 
-from optcli.activation_codes import ACTIVATION_CODES
-
-
 _KERNEL_HEAD = re.compile(r"KERNEL\(\s*(\w+)((?:\s*,\s*(?:(?:IN|OUT|INT|FLOAT)\(\s*\w+\s*\)|EPILOGUE))*)\s*\)")
 _PARAM = re.compile(r"(?:(IN|OUT|INT|FLOAT)\(\s*(\w+)\s*\)|(EPILOGUE))")
 

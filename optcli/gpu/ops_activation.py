@@ -5,7 +5,8 @@ which activations such as Sigmoid would otherwise fill."""
 
 from __future__ import annotations
 
-from optcli.gpu.dialect import ACTIVATION_CODES, Epilogue
+from optcli.activation_codes import ACTIVATION_CODES
+from optcli.gpu.dialect import Epilogue
 from optcli.gpu.layout import dims4, packed_elements
 from optcli.gpu.registry import Launch, common_check, gpu_kernel
 from optcli.ir import Graph, Node

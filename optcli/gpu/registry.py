@@ -23,9 +23,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from optcli.gpu.dialect import ACTIVATION_CODES, Epilogue
+from optcli.activation_codes import ACTIVATION_CODES
+from optcli.gpu.dialect import Epilogue
 from optcli.ir import Graph, Node
 from optcli.ops.activation import epilogue, output_quant
+from optcli.ops.registry import Families
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,12 @@ class GpuKernel:
         return f"gpu.{self.domain or 'onnx'}.{self.op_type}.{self.variant}"
 
 
+# Every module of this package that registers GPU kernels (one per kernel family), imported on the
+# first lookup (``ops.registry.Families``: nobody imports a module for its registrations).
+FAMILIES = Families("optcli.gpu", ("ops_activation", "ops_conv", "ops_elementwise", "ops_gemm", "ops_layout",
+                                   "ops_lstm", "ops_matmul", "ops_norm", "ops_pool", "ops_quant", "ops_reduce",
+                                   "ops_resize", "ops_softmax", "ops_tensor"))
+
 _BY_OP: dict[tuple[str, str], list[GpuKernel]] = {}
 _BY_ID: dict[str, GpuKernel] = {}
 
@@ -108,18 +116,22 @@ def gpu_kernel(op_type: str | list[str], domain: str = "", variant: str = "defau
 
 
 def gpu_kernels_for(op_type: str, domain: str = "") -> list[GpuKernel]:
+    FAMILIES.ensure()
     return sorted(_BY_OP.get((domain, op_type), []), key=lambda k: -k.priority)
 
 
 def get_gpu_kernel(kid: str) -> GpuKernel | None:
+    FAMILIES.ensure()
     return _BY_ID.get(kid)
 
 
 def gpu_ops() -> list[tuple[str, str]]:
+    FAMILIES.ensure()
     return sorted(_BY_OP)
 
 
 def all_gpu_kernels() -> list[GpuKernel]:
+    FAMILIES.ensure()
     return sorted(_BY_ID.values(), key=lambda k: k.id)
 
 

@@ -21,7 +21,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from optcli.gpu.dialect import ACTIVATION_CODES, kernel_params, load_source
+from optcli.activation_codes import ACTIVATION_CODES
+from optcli.gpu.dialect import kernel_params, load_source
 
 # Sources whose launches carry the fused-epilogue defines for every activation.
 _EPILOGUE_SOURCES = ("conv.cl", "winograd.cl", "gemm.cl")

@@ -1,7 +1,10 @@
 """Validate a decoded `.nb` body and build the Plan from it.
 
 Hostile files are expected (apps download `.nb` files): every field's type and range is checked
-here before anything uses it, so the runtime can trust a Plan it is given.
+here before anything uses it.  This is the file's form only (types, ranges, extents, dataflow, the
+memory plan), so the format can be read and tested without the kernel libraries; what needs them
+(known targets and kernel ids, host/GPU borders, each step against its op, the derived shapes) is
+checked by the runtime before it runs anything (``optcli/runtime/load_checks.py``).
 """
 
 from __future__ import annotations
@@ -13,12 +16,9 @@ import numpy as np
 from optcli.errors import NbFormatError
 from optcli.ir import Value
 from optcli.nb.layout import ALIGN, SUPPORTED_DTYPES
-from optcli.nb.quant import SCHEMES, dequantize
-from optcli.ops import get_kernel
+from optcli.ops.weight_quant import SCHEMES, dequantize
 from optcli.plan import Plan, Step
 from optcli.plan_memory_core import MemoryPlan, lifetimes_of
-from optcli.targets import TARGETS
-from optcli.targets.arm import fallback_kernel_id
 
 MAX_RANK = 64
 MAX_ELEMENTS = 2**62  # per declared shape: its byte size still fits an int64 (no dim beyond int64 either)
@@ -112,9 +112,6 @@ def plan_from_body(body: dict, blob: memoryview, source: str) -> Plan:
     c = _Checker(source)
     name = c.get(body, "name", str, "body")
     targets = c.str_list(c.get(body, "targets", list, "body"), "targets")
-    for t in targets:
-        if t not in TARGETS:
-            raise c.fail("targets", f"unknown target '{t}'")
     opsets = c.get(body, "opsets", dict, "body")
     if not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and 0 < v < 10_000
                for k, v in opsets.items()):
@@ -183,20 +180,6 @@ def _step(c: _Checker, s: Any, i: int, targets: list[str]) -> Step:
                 c.str_list(c.get(s, "outputs", list, where), f"{where}.outputs"), attrs, proto, cpu_kernel)
     if proto is not None:
         _check_proto(c, step, where)
-    if TARGETS[target].device == "gpu":
-        _check_gpu_step(c, step, i, where)
-        return step
-    if cpu_kernel is not None and cpu_kernel != kid:
-        raise c.fail(where, "a host step names a second host kernel")
-    kern = get_kernel(kid)
-    if kern is not None:
-        if (kern.op_type, kern.domain) != (op, domain):
-            raise c.fail(where, f"kernel '{kid}' does not implement op {op}")
-    elif proto is not None and kid == fallback_kernel_id(op, domain):
-        pass  # the onnx reference runs the proto (checked above)
-    else:
-        raise NbFormatError(f"{c.source}: step {i} ({step.name}, {op}) needs kernel '{kid}', which this "
-                            "optcli does not have; the file was made by another optcli version")
     return step
 
 
@@ -215,21 +198,6 @@ def _check_proto(c: _Checker, step: Step, where: str) -> None:
     if node.op_type != step.op_type or domain != ("" if step.domain == "ai.onnx" else step.domain) or \
             list(node.input) != step.inputs[:explicit] or list(node.output) != step.outputs:
         raise c.fail(where, "fallback node proto does not match its step")
-
-
-def _check_gpu_step(c: _Checker, step: Step, i: int, where: str) -> None:
-    import optcli.gpu.ops  # noqa: F401  (registers the GPU kernels)
-    from optcli.gpu.registry import get_gpu_kernel
-
-    kern = get_gpu_kernel(step.kernel)
-    if kern is None:
-        raise NbFormatError(f"{c.source}: step {i} ({step.name}, {step.op_type}) needs GPU kernel '{step.kernel}', "
-                            "which this optcli does not have; the file was made by another optcli version")
-    if (kern.op_type, kern.domain) != (step.op_type, step.domain):
-        raise c.fail(where, f"kernel '{step.kernel}' does not implement op {step.op_type}")
-    host = get_kernel(step.cpu_kernel) if step.cpu_kernel else None
-    if host is None or (host.op_type, host.domain) != (step.op_type, step.domain):
-        raise c.fail(where, "GPU step without a valid host fallback kernel")
 
 
 def _check_names(c: _Checker, inputs, outputs, described, weights) -> None:
@@ -271,30 +239,6 @@ def _check_dataflow(c: _Checker, inputs, outputs, weights, steps) -> None:
     for v in outputs:
         if v.name not in known:
             raise c.fail("outputs", f"output '{v.name:.60}' is never produced")
-    _check_borders(c, outputs, weights, steps)
-
-
-def _check_borders(c: _Checker, outputs, weights, steps) -> None:
-    """Values cross between the host and a GPU only through ``Upload`` and ``Download``: a GPU
-    step's output lives in a device buffer, a host step's in host memory, and a step reading the
-    other side's value would find nothing there (or a buffer nobody wrote)."""
-    where_is: dict[str, str] = {}  # value -> "host" or the GPU target holding it; unlisted: inputs
-    for i, s in enumerate(steps):
-        gpu = TARGETS[s.target].device == "gpu"
-        if not gpu or s.op_type == "Upload":
-            wanted = "host"
-        else:
-            wanted = s.target
-        for name in s.inputs:
-            if name and name not in weights and where_is.get(name, "host") != wanted:
-                side = "the host" if wanted == "host" else f"the {wanted} device"
-                raise c.fail(f"steps[{i}]", f"reads '{name:.60}' on {side}, where it never is (values cross "
-                             "only through Upload and Download)")
-        for name in s.outputs:
-            where_is[name] = "host" if not gpu or s.op_type == "Download" else s.target
-    for v in outputs:
-        if where_is.get(v.name, "host") != "host":
-            raise c.fail("outputs", f"output '{v.name:.60}' stays on the device (no Download)")
 
 
 def _memory(c: _Checker, m: dict, inputs, outputs, weights, steps) -> MemoryPlan:

@@ -20,7 +20,7 @@ from optcli._version import __version__
 from optcli.errors import OptError, OutputError
 from optcli.ir import Value
 from optcli.nb.layout import FORMAT_VERSION, HEADER, HEADER_SIZE, MAGIC, SUPPORTED_DTYPES, align
-from optcli.nb.quant import quantize
+from optcli.ops.weight_quant import quantize
 from optcli.plan import Plan
 
 

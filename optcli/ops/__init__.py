@@ -1,27 +1,13 @@
-"""Ops: one module per op family, each registering numpy kernels (reference + `arm` kernels).
+"""Ops: one module per op family, each registering numpy kernels (reference + `arm` kernels) and
+shape functions; ``evaluate`` runs one IR node on numpy inputs (constant folding, tests), and
+``reference`` is the generic fallback through onnx's reference implementation.
 
-Importing this package registers every kernel.  ``evaluate`` runs one IR node on numpy
-inputs, used by constant folding and by tests.
+The registries fill themselves on their first lookup (``registry.FAMILIES``): importing this
+package registers nothing, and nobody needs to.
 """
 
 from __future__ import annotations
 
-from optcli.ops import (  # noqa: F401  (imported for their registrations)
-    activation,
-    blocked,
-    conv,
-    elementwise,
-    fused,
-    gemm,
-    normalization,
-    pool,
-    quant,
-    quant_contrib,
-    recurrent,
-    reduce,
-    resize,
-    tensor,
-    tensor_shapes,
-    transfer,
-)
-from optcli.ops.registry import Kernel, get_kernel, kernel, kernels_for, registered_ops  # noqa: F401
+from optcli.ops.registry import Kernel, get_kernel, kernel, kernels_for, registered_ops
+
+__all__ = ["Kernel", "get_kernel", "kernel", "kernels_for", "registered_ops"]

@@ -12,10 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from optcli import native
-from optcli.activation_codes import ACTIVATIONS
 from optcli.ops.erf import erf
 from optcli.ops.registry import kernel
-from optcli.ops.shapes_registry import broadcast_inputs, first_input, shape_fn
+from optcli.ops.shape_functions import broadcast_inputs, first_input, shape_fn
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -220,6 +219,6 @@ def prelu(inputs, attrs):
     return [np.where(x >= 0, x, x * slope).astype(x.dtype, copy=False)]
 
 
-# Shape functions (``optcli.ops.shapes_registry``): PRelu's slope broadcasts against x (as its kernel does).
+# Shape functions (``optcli.ops.shape_functions``): PRelu's slope broadcasts against x (as its kernel does).
 shape_fn(["Relu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish", "Clip"])(first_input)
 shape_fn("PRelu")(broadcast_inputs)

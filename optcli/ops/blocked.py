@@ -34,7 +34,7 @@ from optcli.ops import elementwise, pool
 from optcli.ops.activation import QUANT_ATTR, output_quant
 from optcli.ops.conv import _bias, _window_of, conv_1x1, conv_depthwise, conv_im2col
 from optcli.ops.registry import StepAttrs, kernel
-from optcli.ops.shapes_registry import Shape, ShapeArgs, ShapeDerivationError, fixed, shape_fn
+from optcli.ops.shape_functions import Shape, ShapeArgs, ShapeDerivationError, fixed, shape_fn
 
 LAYOUT = "nchwc"
 

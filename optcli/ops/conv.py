@@ -37,7 +37,7 @@ from numpy.lib.stride_tricks import as_strided
 from optcli import native
 from optcli.ops.activation import activate, apply_output_quant, epilogue, output_quant
 from optcli.ops.registry import StepAttrs, kernel
-from optcli.ops.shapes_registry import Shape, ShapeArgs, ShapeDerivationError, check_length, fixed, shape_fn
+from optcli.ops.shape_functions import Shape, ShapeArgs, ShapeDerivationError, check_length, fixed, shape_fn
 from optcli.ops.spatial import compute_dtype, conv_transpose_geometry, pad_input, prod, window, window_dims
 
 _BLOCK_BYTES = 1 << 19  # accumulator size the depthwise kernel aims for (fits a typical L2)

@@ -30,7 +30,7 @@ from optcli.ops.activation import (
 )
 from optcli.ops.erf import erf
 from optcli.ops.registry import kernel
-from optcli.ops.shapes_registry import broadcast_inputs, first_input, shape_fn
+from optcli.ops.shape_functions import broadcast_inputs, first_input, shape_fn
 
 Inputs = list[np.ndarray | None]
 Attrs = dict[str, Any]
@@ -339,7 +339,7 @@ def swish_onnx(x: np.ndarray, attrs: Attrs) -> np.ndarray:
     return x * _sigmoid(x * x.dtype.type(attrs.get("alpha", 1.0)))
 
 
-# Shape functions (``optcli.ops.shapes_registry``): element-wise ops keep their input's shape,
+# Shape functions (``optcli.ops.shape_functions``): element-wise ops keep their input's shape,
 # the others broadcast their inputs numpy-style.
 shape_fn([*_UNARY, "Neg", "Abs", "Sign", "Floor", "Ceil", "Round", "Selu", "Celu", "Erf", "Gelu", "Swish",
           "IsNaN", "IsInf", "Not"])(first_input)

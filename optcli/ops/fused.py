@@ -14,7 +14,7 @@ import numpy as np
 
 from optcli.ops.activation import _sigmoid
 from optcli.ops.registry import kernel
-from optcli.ops.shapes_registry import first_input, shape_fn
+from optcli.ops.shape_functions import first_input, shape_fn
 
 
 @kernel("Swish", domain="optcli")

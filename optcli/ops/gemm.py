@@ -20,7 +20,7 @@ from optcli import native
 from optcli.ir import OPTCLI_DOMAIN
 from optcli.ops.activation import activate, apply_output_quant, epilogue
 from optcli.ops.registry import kernel
-from optcli.ops.shapes_registry import (
+from optcli.ops.shape_functions import (
     Shape,
     ShapeArgs,
     ShapeDerivationError,

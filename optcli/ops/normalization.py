@@ -28,7 +28,7 @@ from optcli import native
 from optcli.ir import OPTCLI_DOMAIN
 from optcli.ops.activation import apply_activation, apply_output_quant, epilogue
 from optcli.ops.registry import kernel
-from optcli.ops.shapes_registry import Shape, ShapeArgs, check_length, first_input, norm_axis, shape_fn
+from optcli.ops.shape_functions import Shape, ShapeArgs, check_length, first_input, norm_axis, shape_fn
 from optcli.ops.spatial import compute_dtype, prod
 
 

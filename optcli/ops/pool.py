@@ -26,7 +26,7 @@ import numpy as np
 from optcli import native
 from optcli.ops.activation import apply_output_quant
 from optcli.ops.registry import kernel
-from optcli.ops.shapes_registry import Shape, ShapeArgs, ShapeDerivationError, shape_fn
+from optcli.ops.shape_functions import Shape, ShapeArgs, ShapeDerivationError, shape_fn
 from optcli.ops.spatial import Window, compute_dtype, pad_input, prod, window, window_dims
 
 

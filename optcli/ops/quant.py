@@ -22,7 +22,7 @@ from optcli.ir import OPTCLI_DOMAIN
 from optcli.ops.activation import fake_quantize
 from optcli.ops.conv import _is_depthwise, _is_pointwise, conv_1x1, conv_depthwise, conv_im2col
 from optcli.ops.registry import kernel
-from optcli.ops.shapes_registry import Shape, ShapeArgs, check_length, first_input, shape_fn
+from optcli.ops.shape_functions import Shape, ShapeArgs, check_length, first_input, shape_fn
 
 _RANGES = {np.dtype(np.uint8): (0, 255), np.dtype(np.int8): (-128, 127), np.dtype(np.uint16): (0, 65535),
            np.dtype(np.int16): (-32768, 32767), np.dtype(np.int32): (-(2**31), 2**31 - 1)}

@@ -15,7 +15,7 @@ from optcli.ops.activation import _sigmoid
 from optcli.ops.pool import average_pool
 from optcli.ops.quant import int_matmul, quantize, requantize
 from optcli.ops.registry import kernel
-from optcli.ops.shapes_registry import Shape, ShapeArgs, broadcast, first_input, shape_fn
+from optcli.ops.shape_functions import Shape, ShapeArgs, broadcast, first_input, shape_fn
 
 MS = "com.microsoft"
 
@@ -176,7 +176,7 @@ def _qlinear_pool_shape(args: ShapeArgs) -> list[Shape]:
 
 @shape_fn("QLinearConcat", domain=MS)
 def _qlinear_concat_shape(args: ShapeArgs) -> list[Shape]:
-    from optcli.ops.tensor_shapes import concat_shape
+    from optcli.ops.tensor_shape_functions import concat_shape
 
     return [concat_shape([args.shape(k) for k in range(2, len(args.shapes), 3)], int(args.attrs.get("axis", 1)))]
 

@@ -6,7 +6,7 @@ The host runs LSTM through the reference fallback (no numpy kernel here); the GP
 
 from __future__ import annotations
 
-from optcli.ops.shapes_registry import Shape, ShapeArgs, ShapeDerivationError, fixed, same_dim, shape_fn
+from optcli.ops.shape_functions import Shape, ShapeArgs, ShapeDerivationError, fixed, same_dim, shape_fn
 
 
 @shape_fn("LSTM")

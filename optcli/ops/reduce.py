@@ -21,7 +21,7 @@ import numpy as np
 
 from optcli import native
 from optcli.ops.registry import kernel
-from optcli.ops.shapes_registry import Shape, ShapeArgs, norm_axis, shape_fn, unknown
+from optcli.ops.shape_functions import Shape, ShapeArgs, norm_axis, shape_fn, unknown
 
 Inputs = list[np.ndarray | None]
 Attrs = dict[str, Any]

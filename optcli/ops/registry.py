@@ -8,10 +8,15 @@ An op may have several variants (``Conv``: 1x1, depthwise, im2col).  Each varian
 applies (a predicate on the node and the graph, so on static attributes and constant inputs)
 and a priority; kernel selection records the chosen variant's id in the plan, and the runtime
 looks the function up by that id.  The `.nb` never carries code, only these ids.
+
+The registry fills itself: the first lookup imports every op family module (``FAMILIES``), so
+a caller never has to import a module for its registrations, and never sees half a registry.
 """
 
 from __future__ import annotations
 
+import importlib
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +53,7 @@ class Kernel:
 
 
 class StepAttrs(dict):
-    """A bound step's kernel attributes (``runtime.evaluate.kernel_attrs``): one dict per step for
+    """A bound step's kernel attributes (``ops.evaluate.kernel_attrs``): one dict per step for
     the life of a plan, passed on every run.  It cannot change (every mutation raises), so kernels
     keep what they derive from it in its ``memo`` (ops/conv.py: the window, the prepared native
     call), which lives and dies with the bound step: no process-wide cache holds a dropped
@@ -72,6 +77,38 @@ class StepAttrs(dict):
 def kernel_id(op_type: str, domain: str, variant: str) -> str:
     return f"{domain or 'onnx'}.{op_type}.{variant}"
 
+
+class Families:
+    """The modules that register into a registry, imported once, on the registry's first lookup.
+
+    Why lazily: a registry filled by whoever happened to import its modules first answers
+    "no such kernel" to a caller that forgot one (and a `.nb` file would be refused as "made by
+    another optcli version").  Lookups call ``ensure()``; it costs one attribute test once filled."""
+
+    def __init__(self, package: str, modules: tuple[str, ...]):
+        self.names = tuple(f"{package}.{m}" for m in modules)
+        self.filled = False
+        self._lock = threading.RLock()  # re-entrant: a module being imported may look something up
+
+    def ensure(self) -> None:
+        if self.filled:
+            return
+        with self._lock:
+            if self.filled:
+                return
+            self.filled = True  # set first: a lookup made while the modules import must not recurse
+            try:
+                for name in self.names:
+                    importlib.import_module(name)
+            except BaseException:
+                self.filled = False
+                raise
+
+
+# Every module of this package that registers kernels or shape functions (one per op family).
+FAMILIES = Families("optcli.ops", ("activation", "blocked", "conv", "elementwise", "fused", "gemm", "normalization",
+                                   "pool", "quant", "quant_contrib", "recurrent", "reduce", "resize", "tensor",
+                                   "tensor_shape_functions", "transfer"))
 
 _KERNELS: dict[tuple[str, str], list[Kernel]] = {}
 _BY_ID: dict[str, Kernel] = {}
@@ -111,6 +148,7 @@ def kernel(
 def kernels_for(op_type: str, domain: str = "", blocked: bool = False) -> list[Kernel]:
     """Variants registered for an op, highest priority first: the plain-layout ones, or with
     ``blocked`` those of the channel-blocked host layout."""
+    FAMILIES.ensure()
     return sorted((k for k in _KERNELS.get((domain, op_type), []) if k.is_blocked == blocked),
                   key=lambda k: -k.priority)
 
@@ -122,13 +160,16 @@ def has_native_kernel(op_type: str, domain: str, outputs: list[str]) -> bool:
 
 
 def get_kernel(kid: str) -> Kernel | None:
+    FAMILIES.ensure()
     return _BY_ID.get(kid)
 
 
 def registered_ops() -> list[tuple[str, str]]:
     """(domain, op_type) pairs that have at least one native kernel, sorted."""
+    FAMILIES.ensure()
     return sorted(_KERNELS)
 
 
 def all_kernels() -> list[Kernel]:
+    FAMILIES.ensure()
     return sorted(_BY_ID.values(), key=lambda k: k.id)

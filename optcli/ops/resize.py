@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from optcli.ops.registry import kernel
-from optcli.ops.shapes_registry import Shape, ShapeArgs, ShapeDerivationError, fixed, norm_axis, shape_fn
+from optcli.ops.shape_functions import Shape, ShapeArgs, ShapeDerivationError, fixed, norm_axis, shape_fn
 
 
 def _str(attrs: dict[str, Any], name: str, default: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from optcli.ir import OPTCLI_DOMAIN
 from optcli.ops.registry import kernel
-from optcli.ops.shapes_registry import first_input, shape_fn
+from optcli.ops.shape_functions import first_input, shape_fn
 
 
 @kernel(["Upload", "Download", "Pack", "Unpack"], domain=OPTCLI_DOMAIN)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from optcli.ir import OPTCLI_DOMAIN, Graph
-from optcli.passes import util
+from optcli.ir import OPTCLI_DOMAIN, Graph, Names
+from optcli.passes._helpers import graph_queries
+from optcli.passes._helpers.graph_queries import become, rank_of
 from optcli.passes.fuse_conv_bn import bn_scale_shift
-from optcli.passes.util import Names, become, rank_of
 
 NAME = "batchnorm_to_affine"
 DESCRIPTION = "stand-alone BatchNormalization (constant params) -> optcli.ChannelAffine(x, scale, shift)"
@@ -21,7 +21,7 @@ DESCRIPTION = "stand-alone BatchNormalization (constant params) -> optcli.Channe
 
 def run(graph: Graph, ctx: Any) -> dict[str, int]:
     converted = 0
-    consumers = util.consumers(graph)
+    consumers = graph_queries.consumers(graph)
     names = Names(graph)
     for bn in list(graph.nodes):
         if bn.op_type != "BatchNormalization":

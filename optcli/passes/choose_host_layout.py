@@ -20,7 +20,7 @@ from __future__ import annotations
 from optcli.ir import OPTCLI_DOMAIN, Graph, Node, Value
 from optcli.ops import get_kernel
 from optcli.ops.blocked import LAYOUT
-from optcli.ops.shapes_registry import fixed
+from optcli.ops.shape_functions import fixed
 from optcli.passes.base import PassContext
 
 NAME = "choose_host_layout"

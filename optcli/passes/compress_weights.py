@@ -3,11 +3,11 @@
 With ``--quant_model --quant_type=QUANT_INT8`` (or ``QUANT_INT16``) the weights of Conv,
 ConvTranspose, Gemm, MatMul and FullyConnected are stored as integers, symmetric, one scale per
 output channel; with ``--enable_fp16`` every float weight is stored as half.  The loader turns
-them back into float32 once (``optcli/nb/quant.py``), so kernels and targets are unchanged: this
+them back into float32 once (``optcli/ops/weight_quant.py``), so kernels and targets are unchanged: this
 shrinks what an app downloads (about 4x for int8, 2x for int16 and fp16) at the cost of the
 rounding error, which ``opt --verify`` measures.
 
-The choice is recorded in ``ctx.options["weight_formats"]``: {initializer name: (scheme, axis)}.
+The choice is recorded in ``ctx.results.weight_formats``: {initializer name: (scheme, axis)}.
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ def _gemm_axis(node) -> tuple[int, int]:
 
 
 def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
-    scheme = ctx.options.get("weight_scheme")  # "int8", "int16", "fp16" or None
+    scheme = ctx.weight_scheme  # "int8", "int16", "fp16" or None
     # Weights that arrived quantized (fold_qdq) keep their own integers and scales.
-    formats: dict[str, tuple] = {k: v for k, v in ctx.options.get("weight_hints", {}).items()
+    formats: dict[str, tuple] = {k: v for k, v in ctx.results.weight_hints.items()
                                  if k in graph.initializers}
     if not scheme:
-        ctx.options["weight_formats"] = formats
+        ctx.results.weight_formats = formats
         return {"weights": len(formats)} if formats else {}
     readers = graph.consumers()
     if scheme == "fp16":
@@ -61,5 +61,5 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
                    for r in readers.get(name, [])):
                 continue
             formats[name] = (scheme, spec[1] % w.ndim)
-    ctx.options["weight_formats"] = formats
+    ctx.results.weight_formats = formats
     return {"weights": len(formats)}

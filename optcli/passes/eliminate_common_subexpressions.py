@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 
 from optcli.ir import Graph, Node
-from optcli.passes.util import drop_values, implicit_inputs, implicit_refs
+from optcli.passes._helpers.graph_queries import drop_values, implicit_inputs, implicit_refs
 
 NAME = "eliminate_common_subexpressions"
 DESCRIPTION = "merge nodes with the same op, inputs and attributes (repeated shape chains, casts, scales)"

@@ -15,7 +15,7 @@ import numpy as np
 from onnx import helper
 
 from optcli.ir import Graph, Node
-from optcli.passes.util import (
+from optcli.passes._helpers.graph_queries import (
     broadcast_keeps_shape,
     consumers,
     drop_values,

@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from optcli.ir import OPTCLI_DOMAIN, Graph, Node
+from optcli.ir import OPTCLI_DOMAIN, Graph, Names, Node
 from optcli.ops.activation import QUANT_ATTR
-from optcli.passes import util
+from optcli.passes._helpers import graph_queries
+from optcli.passes._helpers.graph_queries import drop_values, has_epilogue, is_float, rank_of, sole_consumer, sync_proto
 from optcli.passes.fuse_conv_bn import scale_conv
-from optcli.passes.util import Names, drop_values, has_epilogue, is_float, rank_of, sole_consumer, sync_proto
 
 NAME = "fold_affine_into_concat"
 DESCRIPTION = "ChannelAffine (+ activation) after a channel Concat of convs -> folded into each conv"
@@ -90,7 +90,7 @@ def _fold(graph: Graph, names: Names, consumers: dict[str, list[Node]], affine: 
 
 def run(graph: Graph, ctx: Any) -> dict[str, int]:
     # One fold changes only its own Concat's and convs' readers, so one snapshot serves all.
-    consumers = util.consumers(graph)
+    consumers = graph_queries.consumers(graph)
     names = Names(graph)
     gone: set[int] = set()
     for node in list(graph.nodes):

@@ -9,12 +9,12 @@ the same numpy kernels the runtime uses; ``Constant`` nodes become initializers;
 never folded, nor are nodes with subgraphs, nor results larger than ``MAX_ELEMENTS``.
 
 Folding runs to a fixpoint: when a sweep folds nothing more, shapes are inferred again
-(``passes/shape_inference.py``), and if that made any shape more static, the next sweep can fold
+(``passes/_helpers/shape_inference.py``), and if that made any shape more static, the next sweep can fold
 the ``Shape`` nodes that read it (run-time 'same' padding arithmetic folds away this way).
 
 A node that cannot be evaluated is never dropped silently: the kernel raised on constant inputs,
 so either the model's constants are wrong for the op or our kernel is.  Either way the node stays,
-a warning names it, and ``ctx.options["fold_failures"]`` (the report's ``fold_failures``) lists it.
+a warning names it, and ``ctx.results.fold_failures`` (the report's ``fold_failures``) lists it.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from onnx import numpy_helper
 from optcli.errors import OptError
 from optcli.ir import Graph, Node
 from optcli.ops.registry import has_native_kernel
-from optcli.passes.partial_shapes import static_part
-from optcli.passes.shape_inference import reinfer_shapes
-from optcli.passes.util import drop_values, remove_unused_initializers, static_shape
+from optcli.passes._helpers.graph_queries import drop_values, remove_unused_initializers, static_shape
+from optcli.passes._helpers.partial_shapes import static_part
+from optcli.passes._helpers.shape_inference import reinfer_shapes
 
 NAME = "fold_constants"
 DESCRIPTION = "evaluate nodes over constants, Constant nodes and static Shape/Size into initializers"
@@ -152,7 +152,7 @@ def _fold(graph: Graph, node: Node, failed: set[int], failures: list[dict],
     expected = _expected_elements(graph, node)
     if expected is not None and expected > MAX_ELEMENTS:
         return None
-    from optcli.runtime.evaluate import evaluate_node
+    from optcli.ops.evaluate import evaluate_node
 
     try:
         results = evaluate_node(node, [graph.const(i) if i else None for i in node.inputs], graph.opsets)
@@ -209,7 +209,7 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
 def _report(ctx: Any, failures: list[dict]) -> None:
     if ctx is None:
         return
-    recorded = ctx.options.setdefault("fold_failures", [])
+    recorded = ctx.results.fold_failures
     for f in failures:
         if f not in recorded:
             recorded.append(f)

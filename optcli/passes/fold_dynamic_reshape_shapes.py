@@ -25,8 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from optcli.ir import Dim, Graph, Node
-from optcli.passes.util import Names
+from optcli.ir import Dim, Graph, Names, Node
 
 NAME = "fold_dynamic_reshape_shapes"
 DESCRIPTION = "Reshape(x, Concat(Shape/Gather dims, constants)) -> Reshape(x, constant target with 0/-1)"

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from optcli.ir import Graph, Node
-from optcli.passes.util import (
+from optcli.passes._helpers.graph_queries import (
     consumers,
     drop_values,
     opset,

@@ -5,7 +5,7 @@ wrap every op in QuantizeLinear/DequantizeLinear pairs.  This pass rewrites them
 runs them, the GPU included, and the file stays small:
 
 * ``DequantizeLinear`` of a constant integer weight with zero point 0 becomes the float weight,
-  remembered as int8/int16 with its own scales (``ctx.options["weight_hints"]``) so the `.nb`
+  remembered as int8/int16 with its own scales (``ctx.results.weight_hints``) so the `.nb`
   stores the original integers exactly (see ``compress_weights``);
 * a per-tensor ``QuantizeLinear`` -> ``DequantizeLinear`` pair on an activation becomes one
   ``optcli.FakeQuant`` (quantize then dequantize, the same rounding and saturation), which the
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from optcli.ir import OPTCLI_DOMAIN, Graph, Node, Value
+from optcli.ir import OPTCLI_DOMAIN, Graph, Names, Node, Value
+from optcli.passes._helpers.graph_queries import drop_values
 from optcli.passes.base import PassContext
-from optcli.passes.util import Names, drop_values
 
 NAME = "fold_qdq"
 DESCRIPTION = "fold QuantizeLinear/DequantizeLinear pairs into FakeQuant and dequantized weights into int8 storage"
@@ -184,7 +184,7 @@ def _hoist_dequantize(graph: Graph, dq: Node, producers: dict, consumers: dict, 
 
 
 def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
-    hints = ctx.options.setdefault("weight_hints", {})
+    hints = ctx.results.weight_hints
     weights = pairs = hoisted = 0
     names, edits = Names(graph), _Edits()
     for node in graph.nodes:

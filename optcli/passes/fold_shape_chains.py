@@ -19,7 +19,14 @@ from typing import Any
 import numpy as np
 
 from optcli.ir import Dim, Graph, Node
-from optcli.passes.util import consumers, drop_values, remove_nodes, replace_node, sole_consumer, sync_proto
+from optcli.passes._helpers.graph_queries import (
+    consumers,
+    drop_values,
+    remove_nodes,
+    replace_node,
+    sole_consumer,
+    sync_proto,
+)
 
 NAME = "fold_shape_chains"
 DESCRIPTION = "compose Transposes; size-1-only Transpose -> Reshape; reshape-like chains -> one Reshape"

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from optcli.ir import OPTCLI_DOMAIN, Graph, Node
-from optcli.passes.util import become, consumers, is_close, scalar_const, sole_consumer
+from optcli.passes._helpers.graph_queries import become, consumers, is_close, scalar_const, sole_consumer
 
 NAME = "fuse_activation_patterns"
 DESCRIPTION = "x*Sigmoid(x) -> Swish; x*Clip(x+3,0,6)/6 and x*HardSigmoid(x) -> HardSwish"

@@ -20,11 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from optcli.ir import OPTCLI_DOMAIN, Graph, Node
+from optcli.ir import OPTCLI_DOMAIN, Graph, Names, Node
 from optcli.ops.activation import activation_as_epilogue
-from optcli.passes import util
-from optcli.passes.util import (
-    Names,
+from optcli.passes._helpers import graph_queries
+from optcli.passes._helpers.graph_queries import (
     activation_allowed,
     channel_vector,
     drop_values,
@@ -103,7 +102,7 @@ def run(graph: Graph, ctx: Any) -> dict[str, int]:
     counts = {"bias": 0, "activation": 0}
     # Readers are recorded by value name; absorbing an Add or activation never changes who reads
     # another producer's output, so one snapshot serves the whole pass.
-    consumers = util.consumers(graph)
+    consumers = graph_queries.consumers(graph)
     names = Names(graph)
     gone: set[int] = set()
     for node in list(graph.nodes):

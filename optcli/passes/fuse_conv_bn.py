@@ -15,10 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from optcli.ir import Graph, Node
-from optcli.passes import util
-from optcli.passes.util import (
-    Names,
+from optcli.ir import Graph, Names, Node
+from optcli.passes._helpers import graph_queries
+from optcli.passes._helpers.graph_queries import (
     drop_values,
     has_epilogue,
     is_float,
@@ -92,7 +91,7 @@ def scale_conv(graph: Graph, names: Names, conv: Node, scale: np.ndarray, shift:
 
 def run(graph: Graph, ctx: Any) -> dict[str, int]:
     # Folding one BN never changes who reads another conv's output, so one snapshot serves all.
-    consumers = util.consumers(graph)
+    consumers = graph_queries.consumers(graph)
     names = Names(graph)
     folded: set[int] = set()
     for conv in list(graph.nodes):

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from optcli.ir import Graph
-from optcli.passes import util
+from optcli.ir import Graph, Names
+from optcli.passes._helpers import graph_queries
+from optcli.passes._helpers.graph_queries import channel_vector, has_epilogue, is_float, rank_of, sole_consumer
 from optcli.passes.fuse_conv_bn import fold_scale_shift
-from optcli.passes.util import Names, channel_vector, has_epilogue, is_float, rank_of, sole_consumer
 
 NAME = "fuse_conv_scale"
 DESCRIPTION = "fold Mul by a per-output-channel constant into the preceding Conv/ConvTranspose weights"
@@ -29,7 +29,7 @@ DESCRIPTION = "fold Mul by a per-output-channel constant into the preceding Conv
 
 def run(graph: Graph, ctx: Any) -> dict[str, int]:
     # Folding one Mul never changes who reads another conv's output, so one snapshot serves all.
-    consumers = util.consumers(graph)
+    consumers = graph_queries.consumers(graph)
     names = Names(graph)
     folded: set[int] = set()
     for conv in list(graph.nodes):

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from optcli.ir import OPTCLI_DOMAIN, Graph, Node
-from optcli.passes import util
-from optcli.passes.util import Names, channel_vector, drop_values, is_float, rank_of, sole_consumer
+from optcli.ir import OPTCLI_DOMAIN, Graph, Names, Node
+from optcli.passes._helpers import graph_queries
+from optcli.passes._helpers.graph_queries import channel_vector, drop_values, is_float, rank_of, sole_consumer
 
 NAME = "fuse_dynamic_quant_matmul"
 DESCRIPTION = ("DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul(scales) (-> Add bias) "
@@ -94,7 +94,7 @@ def _match(graph: Graph, mm: Node, producers: dict, consumers: dict) -> tuple[li
 def run(graph: Graph, ctx: Any) -> dict[str, int]:
     if not any(_onnx(n, "MatMulInteger") for n in graph.nodes):
         return {"fused": 0}
-    consumers, producers, names = util.consumers(graph), graph.producers(), Names(graph)
+    consumers, producers, names = graph_queries.consumers(graph), graph.producers(), Names(graph)
     gone: set[int] = set()
     replace: dict[int, Node] = {}  # last node of a chain -> the fused op, in its place
     for mm in graph.nodes:

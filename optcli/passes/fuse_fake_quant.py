@@ -31,8 +31,8 @@ import numpy as np
 
 from optcli.ir import OPTCLI_DOMAIN, Graph, Node, Value
 from optcli.ops.activation import QUANT_ATTR, fake_quantize
-from optcli.passes import util
-from optcli.passes.util import drop_values
+from optcli.passes._helpers import graph_queries
+from optcli.passes._helpers.graph_queries import drop_values
 
 NAME = "fuse_fake_quant"
 DESCRIPTION = ("fold FakeQuant into the epilogue of the Conv/Gemm/FC/Add/... before it; "
@@ -104,7 +104,7 @@ def _fusable(graph: Graph, consumers: dict[str, list[Node]], producer: Node | No
         return False
     if QUANT_ATTR in producer.attrs or len(producer.outputs) != 1:
         return False
-    if util.sole_consumer(graph, consumers, producer.outputs[0]) is not fq:
+    if graph_queries.sole_consumer(graph, consumers, producer.outputs[0]) is not fq:
         return False
     return graph.dtype_of(producer.outputs[0]) in _FLOATS and graph.dtype_of(fq.outputs[0]) in _FLOATS
 
@@ -114,7 +114,7 @@ def _pad_before(graph: Graph, consumers: dict[str, list[Node]], producer: Node |
     quantizing before padding gives the same tensor (the FakeQuant works value by value)."""
     if producer is None or producer.op_type != "Pad" or producer.domain not in ("", "ai.onnx") or producer.proto:
         return False
-    if len(producer.outputs) != 1 or util.sole_consumer(graph, consumers, producer.outputs[0]) is not fq:
+    if len(producer.outputs) != 1 or graph_queries.sole_consumer(graph, consumers, producer.outputs[0]) is not fq:
         return False
     mode = producer.attrs.get("mode", "constant")
     if (mode.decode() if isinstance(mode, bytes) else mode) != "constant":
@@ -144,7 +144,7 @@ def walk(graph: Graph, fuse: bool) -> dict[str, int]:
     others into the epilogue of the node before them."""
     if not any(_is_fake_quant(n) for n in graph.nodes):
         return {"fused": 0, "removed": 0, "moved_before_pad": 0} if fuse else {"removed": 0, "moved_before_pad": 0}
-    consumers = util.consumers(graph)
+    consumers = graph_queries.consumers(graph)
     producers = graph.producers()
     outputs = graph.output_names()
     grid: dict[str, Grid] = {}

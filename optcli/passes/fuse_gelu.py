@@ -21,7 +21,7 @@ import math
 from typing import Any
 
 from optcli.ir import Graph, Node
-from optcli.passes.util import become, consumers, drop_values, is_close, scalar_const, sole_consumer
+from optcli.passes._helpers.graph_queries import become, consumers, drop_values, is_close, scalar_const, sole_consumer
 
 NAME = "fuse_gelu"
 DESCRIPTION = "x*0.5*(1+Erf(x/sqrt2)) -> Gelu; 0.5*x*(1+Tanh(sqrt(2/pi)*(x+0.044715*x^3))) -> Gelu(tanh)"

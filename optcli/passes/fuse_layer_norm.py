@@ -26,16 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from optcli.ir import Graph, Node
-from optcli.passes.util import (
-    Names,
-    become,
-    consumers,
-    drop_values,
-    is_close,
-    scalar_const,
-    sole_consumer,
-)
+from optcli.ir import Graph, Names, Node
+from optcli.passes._helpers.graph_queries import become, consumers, drop_values, is_close, scalar_const, sole_consumer
 
 NAME = "fuse_layer_norm"
 DESCRIPTION = "ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div[/Mul/Add] -> LayerNormalization"

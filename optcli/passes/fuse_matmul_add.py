@@ -18,11 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from optcli.ir import OPTCLI_DOMAIN, Graph, Node
-from optcli.passes import util
-from optcli.passes.util import (
+from optcli.ir import OPTCLI_DOMAIN, Graph, Names, Node
+from optcli.passes._helpers import graph_queries
+from optcli.passes._helpers.graph_queries import (
     EPILOGUE_ATTRS,
-    Names,
     become,
     channel_vector,
     drop_values,
@@ -98,7 +97,7 @@ def _fuse_gemm(graph: Graph, gemm: Node, names: Names) -> str:
 def run(graph: Graph, ctx: Any) -> dict[str, int]:
     counts = {"matmul_add": 0, "matmul": 0, "gemm": 0}
     # Absorbing one Add never changes who reads another MatMul's output: one snapshot serves all.
-    consumers = util.consumers(graph)
+    consumers = graph_queries.consumers(graph)
     names = Names(graph)
     gone: set[int] = set()
     for node in list(graph.nodes):

@@ -1,14 +1,15 @@
 """Cost-aware placement: a small group of GPU nodes stranded between host nodes ("island") goes
 back to the host when copying its data over and back costs more than the GPU would save.
 
-An island is a connected group of GPU-placed nodes.  Its transfer cost is a fixed latency per
+An island is a connected group of GPU-placed nodes. Its transfer cost is a fixed latency per
 crossing plus the bytes that would cross divided by a bus bandwidth; its saving is the work it
-does (multiply-adds, or elements for memory-bound ops) times the difference between host and
-GPU throughput.  The constants are deliberately rough (a mobile GPU against one big CPU core):
-the point is to avoid the obvious losses, e.g. a lone Relu between two host-only ops costing
-two copies and two layout conversions.  Symbolic dims count at nominal sizes (a batch as 1, any
-other dynamic dim as 64; ``optcli.targets.nominal``), or at ``--input_shapes`` when given (the
-frontend pins them).  Off with ``opt --disable_pass=keep_small_islands_on_host``.
+does (multiply-adds, or elements for memory-bound ops) times the difference between host and GPU
+throughput. The constants (``optcli/targets/costs.py``) are deliberately rough (a mobile GPU
+against one big CPU core): the point is to avoid the obvious losses, e.g. a lone Relu between
+two host-only ops costing two copies and two layout conversions. Symbolic dims count at nominal
+sizes (a batch as 1, any other dynamic dim as 64; ``optcli.targets.nominal``), or at
+``--input_shapes`` when given (the frontend pins them). Off with ``opt
+--disable_pass=keep_small_islands_on_host``.
 """
 
 from __future__ import annotations
@@ -17,17 +18,19 @@ import numpy as np
 
 from optcli.ir import Graph, Node
 from optcli.passes.base import PassContext
+from optcli.targets.costs import (
+    BUS_BYTES_PER_S,
+    COPY_LATENCY_S,
+    GPU_ELEMENTS_PER_S,
+    GPU_MACS_PER_S,
+    HOST_ELEMENTS_PER_S,
+    HOST_MACS_PER_S,
+)
 from optcli.targets.nominal import nominal_views
 
 NAME = "keep_small_islands_on_host"
 DESCRIPTION = "move GPU islands whose host<->device copies cost more than they save back to the host"
 
-COPY_LATENCY_S = 50e-6  # per crossing: an enqueued copy plus a layout conversion kernel
-BUS_BYTES_PER_S = 4e9
-HOST_MACS_PER_S = 20e9
-GPU_MACS_PER_S = 200e9
-HOST_ELEMENTS_PER_S = 2e9  # memory-bound ops
-GPU_ELEMENTS_PER_S = 20e9
 
 
 def _shape(graph: Graph, name: str) -> tuple[int, ...] | None:
@@ -95,7 +98,7 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
     host = next((t for t in ctx.targets if t.device == "cpu"), None)
     if not gpu or host is None:
         return {"islands_moved": 0}
-    overrides = ctx.options.get("placement_overrides", {})
+    overrides = ctx.placement_overrides
     consumers = graph.consumers()
     outputs = graph.output_names()
     moved = nodes_moved = 0
@@ -120,7 +123,7 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
         saving_s = (macs * (1 / HOST_MACS_PER_S - 1 / GPU_MACS_PER_S)
                     + elements * (1 / HOST_ELEMENTS_PER_S - 1 / GPU_ELEMENTS_PER_S))
         if transfer_s > saving_s:
-            decisions = ctx.options.setdefault("placement", {})
+            decisions = ctx.results.placement
             for n in island:
                 n.target = host.name
                 decisions[n.name] = {"target": host.name, "reason": (

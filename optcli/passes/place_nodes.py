@@ -2,7 +2,7 @@
 listed, the host CPU last), that can run it.
 
 Every decision keeps its reason (for the report and ``--print_model_ops``).  A node no target
-can run is a user error naming the node and op.  ``ctx.options["placement_overrides"]`` maps
+can run is a user error naming the node and op.  ``ctx.placement_overrides`` maps
 node names or op types to a target name for people who know better.
 
 A GPU target's refusals are warned about grouped: one line per (target, op type, kind of
@@ -36,8 +36,8 @@ class Refusal:
 
 
 def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
-    overrides: dict[str, str] = ctx.options.get("placement_overrides", {})
-    decisions = ctx.options.setdefault("placement", {})
+    overrides = ctx.placement_overrides
+    decisions = ctx.results.placement
     counts: dict[str, int] = {}
     refusals: list[Refusal] = []
     for node in graph.nodes:

@@ -20,7 +20,7 @@ __all__ = ["ALIGN", "MemoryPlan", "_align", "lifetimes_of", "plan_graph", "plan_
 
 def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
     plan = plan_graph(graph)
-    ctx.options["memory"] = plan
+    ctx.results.memory = plan
     if plan.arena_bytes is None:
         return {"values": len(plan.lifetimes)}
     return {"values": len(plan.lifetimes), "arena_bytes": plan.arena_bytes, "naive_bytes": plan.naive_bytes}

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from optcli.ir import Graph, Node, Value
+from optcli.ir import Graph, Names, Node, Value
 from optcli.passes import fold_constants
 from optcli.passes.base import PassContext
-from optcli.passes.util import Names
 
 NAME = "qoperator_to_qdq"
 DESCRIPTION = "rewrite QLinearConv/QLinearMatMul/QLinearAdd/... as DequantizeLinear -> float op -> QuantizeLinear"
@@ -132,7 +131,7 @@ def fill_shapes_by_running(graph: Graph) -> int:
     GPU placement needs static shapes."""
     if not all(v.is_static for v in graph.inputs):
         return 0
-    from optcli.runtime.evaluate import evaluate_node
+    from optcli.ops.evaluate import evaluate_node
 
     env = {**graph.initializers, **{v.name: np.zeros(v.shape, v.dtype if v.dtype != "unknown" else "float32")
                                     for v in graph.inputs}}

@@ -22,11 +22,11 @@ import numpy as np
 
 from optcli.errors import UsageError
 from optcli.ir import OPTCLI_DOMAIN, Graph, Node, Value
-from optcli.nb.quant import dequantize, quantize
+from optcli.ops.evaluate import evaluate_node
 from optcli.ops.quant import fake_quant
+from optcli.ops.weight_quant import dequantize, quantize
 from optcli.passes.base import PassContext
 from optcli.progress import progress
-from optcli.runtime.evaluate import evaluate_node
 from optcli.tolerance import RELATIVE, max_error
 
 NAME = "quantize_int8"
@@ -199,12 +199,12 @@ def choose_ops(graph: Graph, ops: list[Node], plan: dict, samples: list[dict], b
 
 
 def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
-    method = ctx.options.get("int8_calibrator")
-    if not method:
+    if ctx.int8 is None:
         return {}
+    method = ctx.int8.calibrator
     if method not in CALIBRATORS:
         raise UsageError(f"--calibrator must be one of {', '.join(CALIBRATORS)}, got '{method}'")
-    samples = ctx.options.get("calib_samples") or []
+    samples = ctx.int8.samples
     if not samples:
         raise UsageError("--quant_type=INT8 needs calibration inputs: give --calib_data=DIR")
     ops = quantizable(graph)
@@ -214,16 +214,16 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
     plan = {id(n): (act[n.inputs[0]], _quantized_weight(graph.const(n.inputs[1]), _weight_axis(n, graph.const(
         n.inputs[1])))) for n in ops}
     kept: list[dict] = []
-    if ctx.options.get("precision_auto"):
-        budget = ctx.options.get("auto_budget") or RELATIVE["int8"]
+    if ctx.int8.precision_auto:
+        budget = ctx.int8.auto_budget or RELATIVE["int8"]
         ops, kept = choose_ops(graph, ops, plan, samples, budget)
-    ctx.options["int8_kept_float"] = kept
+    ctx.results.int8_kept_float = kept
     for name in kept:
         ctx.warn(f"node '{name['node']}' ({name['op']}) stays in float: int8 there would bring the output error "
                  f"to {name['with_others']:.2e}")
     # Rewrite: one FakeQuant per quantized activation, int8 storage for the weights.
     inserted: dict[str, str] = {}
-    formats = ctx.options.setdefault("weight_hints", {})
+    formats = ctx.results.weight_hints
     for node in ops:
         x = node.inputs[0]
         if x not in inserted:

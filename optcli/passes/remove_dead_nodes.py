@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from optcli.ir import Graph
-from optcli.passes.util import drop_values, implicit_inputs, remove_unused_initializers
+from optcli.passes._helpers.graph_queries import drop_values, implicit_inputs, remove_unused_initializers
 
 NAME = "remove_dead_nodes"
 DESCRIPTION = "remove nodes that do not contribute to any graph output, then unused initializers"

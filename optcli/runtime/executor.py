@@ -20,8 +20,8 @@ import numpy as np
 from optcli.errors import KernelError, OptError
 from optcli.ops.spatial import WindowDoesNotFit
 from optcli.plan import Plan
-from optcli.runtime.cpu import StepError, StepFn, bind_step
-from optcli.runtime.host_memory import keep_freed_memory
+from optcli.runtime.host.memory import keep_freed_memory
+from optcli.runtime.host.steps import StepError, StepFn, bind_step
 
 
 def _host(value):
@@ -30,7 +30,7 @@ def _host(value):
 
 class _Step(NamedTuple):
     index: int
-    fn: StepFn | None  # None: a GPU step (GpuSteps.run_step)
+    fn: StepFn | None  # None: a GPU step (OpenClSteps.run_step)
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     used: int  # outputs the model uses (the kernel must give at least this many)
@@ -41,7 +41,7 @@ class _Step(NamedTuple):
 class Executor:
     def __init__(self, plan: Plan, gpu=None):
         self.plan = plan
-        self.gpu = gpu  # runtime.gpu_plan.GpuSteps or None
+        self.gpu = gpu  # runtime.opencl.steps.OpenClSteps or None
         on_gpu = set(gpu.gpu_indices) if gpu is not None else set()
         self.on_gpu = on_gpu
         self.free_after = plan.memory.free_after

@@ -7,7 +7,7 @@ a symbolic dim has one size across all inputs), executes the plan and returns th
 Plans with dynamic dims are re-planned per new input shape (memory offsets from the observed
 sizes) and the result cached, so a repeated shape costs nothing extra; their GPU steps are bound
 per input shape too (shapes derived by the runtime, buffers and launches cached for the last
-``GpuSteps.MAX_BINDINGS`` shapes, no program built again).
+``OpenClSteps.MAX_BINDINGS`` shapes, no program built again).
 
 Threads: a Predictor may be shared by threads.  ``run`` holds the predictor's lock for the whole
 run (the GPU queue, the device buffers and the BLAS thread limit are per predictor), so calls on
@@ -22,16 +22,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from optcli.errors import DeviceError, InputError, KernelError, NbFormatError, TargetError, UsageError
+from optcli.errors import DeviceError, InputError, KernelError, TargetError, UsageError
 from optcli.ir import Value
-from optcli.plan import Plan
+from optcli.plan import PRECISIONS, Plan
 from optcli.plan_memory_core import MemoryPlan, plan_offsets
-from optcli.runtime.bind_shapes import GpuRefusal
+from optcli.runtime import backends
 from optcli.runtime.executor import Executor
-from optcli.runtime.plan_shapes import check_at_load
+from optcli.runtime.gpu_common.bind_shapes import GpuRefusal
+from optcli.runtime.load_checks import check_at_load
 from optcli.targets import TARGETS, get_target
 
-PRECISIONS = ("fp32", "fp16")
 _WARNED: set[str] = set()
 # Notices about where the GPU steps run go to the "optcli" logger: with no logging set up, Python
 # prints them as the bare message, one line on stderr (a warnings.warn line would show our source
@@ -75,8 +75,8 @@ class Predictor:
         self.derivation = check_at_load(plan, source)
         self.gpu = self._start_gpu(require_gpu, device)
         self.tuning = {}
-        if tune is not None and self.gpu is not None and getattr(self.gpu, "tunable", True):
-            from optcli.runtime.tuning import tune as run_tuning
+        if tune is not None and self.gpu is not None and self.gpu.tunable:
+            from optcli.runtime.opencl.tuning import tune as run_tuning
 
             self.tuning = run_tuning(self.gpu, tune)
         self._executor = Executor(plan, self.gpu)
@@ -86,9 +86,10 @@ class Predictor:
         self._limiter = _thread_limiter(threads)
 
     def _start_gpu(self, require_gpu: bool, device: str | None):
-        """Prepare the plan's GPU steps on an OpenCL or Metal device, or say why the CPU runs them."""
+        """Prepare the plan's GPU steps with the first backend (``runtime.backends.BACKENDS``) that
+        runs here, or say why the CPU runs them."""
         gpu_targets = {s.target for s in self.plan.steps if TARGETS[s.target].device == "gpu"}
-        usable = {t for t in gpu_targets if t in self.targets and t in ("opencl", "metal")}
+        usable = {t for t in gpu_targets if t in self.targets and t in backends.BACKENDS}
         if not gpu_targets:
             if require_gpu:
                 raise TargetError(f"{self.source}: require_gpu=True, but the plan has no GPU steps; optimize "
@@ -99,39 +100,13 @@ class Predictor:
             why = ("load(targets=...) leaves out" if not gpu_targets & set(self.targets)
                    else "this runtime cannot drive on this machine")
             reason = f"the plan's GPU steps are for {', '.join(sorted(gpu_targets))}, which {why}"
-        elif "opencl" in usable:
-            from optcli.runtime.devices import failure_text
-            from optcli.runtime.gpu_plan import GpuSteps
-            from optcli.runtime.opencl import ClDevice, DeviceUnavailable
-
-            try:
-                dev = ClDevice.shared(device)
-            except DeviceUnavailable as exc:
-                reason = str(exc)
-            else:
-                try:
-                    return GpuSteps(self.plan, dev, self.precision, usable, self.source, self.derivation)
-                except NbFormatError:
-                    raise
-                except GpuRefusal as exc:  # a device value sized by data, too many programs...
-                    reason = f"the GPU cannot run this plan: {exc}"
-                except Exception as exc:  # build failure, out of device memory, lost device
-                    reason = f"the OpenCL device {dev.describe()} failed ({failure_text(exc)})"
         else:
-            from optcli.runtime.metal import DeviceUnavailable as MetalUnavailable
-            from optcli.runtime.metal import MetalDevice, MetalSteps
-
+            target = next(t for t in backends.BACKENDS if t in usable)
             try:
-                mtl = MetalDevice.shared(device)
-            except MetalUnavailable as exc:
-                reason = f"the plan's GPU steps are for metal, and {exc}"
-            else:
-                derived = {k: tuple(v) for k, v in self.derivation.shapes.items()
-                           if v is not None and all(isinstance(d, int) for d in v)}
-                try:
-                    return MetalSteps(self.plan, mtl, self.precision, usable, derived)
-                except Exception as exc:  # library build failure, out of device memory
-                    reason = f"the Metal device {mtl.name} failed ({type(exc).__name__}: {_first_line(exc)})"
+                return backends.start(target, self.plan, self.precision, usable, self.source, self.derivation,
+                                      device)
+            except backends.BackendUnavailable as exc:
+                reason = str(exc)
         if require_gpu:
             raise TargetError(f"{self.source}: require_gpu=True, but {reason}")
         _warn_once(f"optcli: running the GPU steps on the CPU: {reason}")
@@ -182,7 +157,7 @@ class Predictor:
         broadcast), it is the input's, an ``InputError``; else ours (``KernelError``)."""
         if all(v.is_static for v in self.plan.inputs):
             return exc
-        from optcli.runtime.bind_shapes import describe_inputs
+        from optcli.runtime.gpu_common.bind_shapes import describe_inputs
         from optcli.runtime.plan_shapes import derive
 
         shapes = {v.name: tuple(getattr(arrays[v.name], "shape", ())) for v in self.plan.inputs}
@@ -217,6 +192,7 @@ class Predictor:
             if failure is None:
                 raise
         reason = f"{_describe_gpu(self.gpu)} failed during run ({type(failure).__name__}: {_first_line(failure)})"
+        self.gpu.release()
         self.gpu = None  # later calls, and this one, run on the CPU: the device state is unknown
         self._executor = Executor(self.plan, None)
         on_device = outputs_on_device or any(_is_device_buffer(a) or _is_device_array(a) for a in arrays.values())
@@ -230,16 +206,13 @@ class Predictor:
         return self._executor.run(arrays, record)
 
     def _bind_gpu(self, arrays: dict, outputs_on_device: bool) -> str:
-        """Bind the GPU steps to these input shapes (plans with dynamic dims; ``GpuSteps.bind_inputs``).
+        """Bind the GPU steps to these input shapes (plans with dynamic dims; ``OpenClSteps.bind_inputs``).
         '' when the device runs the call, else why the host runs it (warned once per reason)."""
-        bind = getattr(self.gpu, "bind_inputs", None)
-        if bind is None:
-            return ""
         shapes = {v.name: tuple(getattr(arrays[v.name], "shape", ())) for v in self.plan.inputs}
-        refusal = bind(shapes)
+        refusal = self.gpu.bind_inputs(shapes)
         if not refusal:
             return ""
-        from optcli.runtime.bind_shapes import describe_inputs
+        from optcli.runtime.gpu_common.bind_shapes import describe_inputs
 
         self._refuse_call(f"{self.source}: the GPU plan cannot run input shapes {describe_inputs(shapes)}: {refusal}",
                           arrays, outputs_on_device, "optimize with --input_shapes set to these shapes to get a "

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from optcli.activation_codes import ACTIVATIONS
 from optcli.ir import Graph, Node
-from optcli.ops.activation import ACTIVATIONS
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ from optcli.targets.base import Target
 
 
 def _kernels(node: Node):
-    import optcli.gpu.ops  # noqa: F401  (registers the GPU kernels on first use)
     from optcli.gpu.registry import gpu_kernels_for
 
     return gpu_kernels_for(node.op_type, node.domain)
@@ -216,7 +215,6 @@ class GpuTarget(Target):
         return None
 
     def supported_ops(self) -> list[tuple[str, str]]:
-        import optcli.gpu.ops  # noqa: F401
         from optcli.gpu.registry import gpu_ops
 
         hidden = {("optcli", op) for op in ("Upload", "Download", "Pack", "Unpack")}

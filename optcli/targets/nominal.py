@@ -16,7 +16,7 @@ none, so the compiler derives the graph's shapes at *nominal* input sizes and ju
 
 The runtime does not trust this judgment: it derives the real shapes at each new input shape,
 runs every GPU step's ``check`` on them again, and runs that call on the host when one refuses
-(``optcli.runtime.bind_shapes``).
+(``optcli.runtime.gpu_common.bind_shapes``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import dataclasses
 import weakref
 
 from optcli.ir import Dim, Graph, Value
-from optcli.ops.shape_rules import derive_shapes, is_concrete
+from optcli.ops.shape_derivation import derive_shapes, is_concrete
 
 NOMINAL_BATCH = (1, 2)
 NOMINAL_SIZE = (64, 96)
@@ -107,7 +107,7 @@ def _derive_with_data_points(graph: Graph, pinned: dict[str, tuple[int, ...]], w
     A node whose inputs all have sizes but whose output's size does not follow from them (a
     Slice or Range whose bounds are run-time values, NonZero, a Reshape to a computed shape) is a
     *data point*: the runtime learns that size when the node has run, and binds the GPU steps
-    after it then (``runtime.gpu_plan``).  Here its unknown dims are given the nominal size
+    after it then (``runtime.opencl.steps``).  Here its unknown dims are given the nominal size
     (``NOMINAL_SIZE[which]``) and the derivation goes on from there, so the GPU nodes downstream
     are judged like those of any dynamic graph.  At most ``MAX_DATA_POINTS`` are pinned."""
     inputs = {v.name: (v.dtype, pinned.get(v.name, v.shape)) for v in graph.inputs}

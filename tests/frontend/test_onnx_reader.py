@@ -8,8 +8,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from optcli.errors import ModelError, UsageError
+from optcli.frontend.input_shapes import parse_input_shapes
 from optcli.frontend.onnx_reader import read_model
-from optcli.frontend.shapes import parse_input_shapes
 
 
 def _matmul_model(dynamic: bool = True) -> onnx.ModelProto:

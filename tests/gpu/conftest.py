@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from optcli.runtime.opencl import ClLaunchContext
+from optcli.runtime.opencl.device import ClLaunchContext
 from tests.gpu.harness import LAUNCHED
 
 COVERAGE_TEST = "test_kernel_coverage.py::test_every_kernel_runs_at_fp32_and_fp16"

@@ -18,8 +18,8 @@ from optcli.frontend.onnx_reader import read_model
 from optcli.gpu.layout import pack, packed_elements, unpack
 from optcli.gpu.registry import get_gpu_kernel, gpu_kernels_for
 from optcli.ir import Graph, Node
-from optcli.runtime.evaluate import evaluate_node
-from optcli.runtime.opencl import ClDevice, ClLaunchContext, cl, packed_nbytes
+from optcli.ops.evaluate import evaluate_node
+from optcli.runtime.opencl.device import ClDevice, ClLaunchContext, cl, packed_nbytes
 
 # (kernel id, kernel source, entry, precision) of every launch bound in tests/gpu ("" for the id
 # where a test binds launches itself without naming the kernel)
@@ -84,7 +84,7 @@ def run_gpu(graph: Graph, node: Node, inputs: dict[str, np.ndarray], precision: 
         if name:
             buffers[name] = cl.Buffer(dev.context, cl.mem_flags.READ_WRITE, packed_nbytes(shapes[name], precision))
     ctx = ClLaunchContext(dev, shapes, dict(graph.initializers), buffers, precision)
-    ctx.namespace = kern.id  # as GpuSteps does: names the kernel in LAUNCHED
+    ctx.namespace = kern.id  # as OpenClSteps does: names the kernel in LAUNCHED
     for launch in kern.launch(ctx, node):
         ctx.bind(launch, node.name).enqueue(dev.queue)
     results = []

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import optcli.gpu.ops  # noqa: F401  (registers the kernels)
 from tests.gpu.harness import check_gpu, one_node_graph
 
 X = np.random.default_rng(0).standard_normal((2, 6, 5, 7)).astype(np.float32) * 3
@@ -33,7 +32,7 @@ def test_padding_channels_stay_zero():
     """Sigmoid(0) = 0.5: the kernel must still write zeros into the padding lanes (5 channels -> 3 pads)."""
     from optcli.gpu.layout import pack
     from optcli.gpu.registry import gpu_kernels_for
-    from optcli.runtime.opencl import ClLaunchContext, cl
+    from optcli.runtime.opencl.device import ClLaunchContext, cl
     from tests.gpu.harness import device
 
     x = X[:, :5]

@@ -10,11 +10,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import optcli
-import optcli.gpu.ops  # noqa: F401  (registers the kernels)
 from optcli.gpu.layout import pack, packed_elements, unpack
 from optcli.gpu.registry import get_gpu_kernel
-from optcli.runtime.cl_cache import ProgramCache
-from optcli.runtime.opencl import ClDevice, ClLaunchContext, cl
+from optcli.runtime.opencl.device import ClDevice, ClLaunchContext, cl
+from optcli.runtime.opencl.program_cache import ProgramCache
 from tests.gpu.harness import device, reference
 from tests.gpu.test_conv import conv_case, ir_graph
 from tests.helpers import assert_close

@@ -7,11 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import optcli.gpu.ops  # noqa: F401  (registers the kernels)
+from optcli.activation_codes import ACTIVATIONS
 from optcli.gpu.registry import get_gpu_kernel, gpu_kernels_for
 from optcli.ir import Graph, Node, Value
-from optcli.ops.activation import ACTIVATIONS
-from optcli.runtime.evaluate import evaluate_node
+from optcli.ops.evaluate import evaluate_node
 from optcli.targets.gpu import OPENCL
 from tests.gpu.harness import check_gpu
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import optcli.gpu.ops  # noqa: F401  (registers the kernels)
 from optcli.gpu.registry import gpu_kernels_for
 from tests.gpu.harness import check_gpu, one_node_graph, run_gpu
 
@@ -115,7 +114,7 @@ def test_rejects():
 def _raw_outputs(graph, node, inputs):
     """Run a node's GPU kernel with its outputs pre-filled with garbage; the raw packed data."""
     from optcli.gpu.layout import pack, packed_elements
-    from optcli.runtime.opencl import ClLaunchContext, cl
+    from optcli.runtime.opencl.device import ClLaunchContext, cl
     from tests.gpu.harness import device
 
     dev = device()

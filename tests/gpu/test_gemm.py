@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import optcli.gpu.ops  # noqa: F401  (registers the kernels)
 from optcli.gpu.registry import get_gpu_kernel
 from tests.gpu.harness import check_gpu
 from tests.gpu.test_conv import EPILOGUES, ir_graph

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-import optcli.gpu.ops  # noqa: F401  (registers the kernels)
 from optcli.gpu.registry import all_gpu_kernels
 from optcli.gpu.variants import kernel_entries
 from tests.gpu import conftest

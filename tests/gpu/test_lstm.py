@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import optcli.gpu.ops  # noqa: F401  (registers the kernels)
 from optcli.gpu.layout import pack, packed_elements, unpack
 from optcli.gpu.registry import gpu_kernels_for
-from optcli.runtime.opencl import ClLaunchContext, cl, packed_nbytes
+from optcli.runtime.opencl.device import ClLaunchContext, cl, packed_nbytes
 from tests.gpu.harness import check_gpu, device, one_node_graph, reference
 from tests.helpers import assert_close
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import optcli.gpu.ops  # noqa: F401  (registers the kernels)
 from optcli.gpu.registry import get_gpu_kernel
 from optcli.targets.gpu import OPENCL
 from tests.gpu.harness import check_gpu, one_node_graph

@@ -14,12 +14,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import optcli.gpu.ops  # noqa: F401  (registers the kernels)
 from optcli.gpu.layout import pack, packed_elements
 from optcli.gpu.registry import Launch, TensorRef, get_gpu_kernel
 from optcli.ir import Node
-from optcli.runtime.devices import is_simulator
-from optcli.runtime.opencl import ClLaunchContext, cl
+from optcli.runtime.opencl.device import ClLaunchContext, cl
+from optcli.runtime.opencl.devices import is_simulator
 from tests.gpu.harness import device
 
 SENTINEL = 7.0

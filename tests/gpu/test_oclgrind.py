@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from optcli.runtime.opencl import DEVICE_ENV
+from optcli.runtime.opencl.device import DEVICE_ENV
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent

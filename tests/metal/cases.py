@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import optcli.gpu.ops  # noqa: F401  (registers the kernels)
 from optcli.gpu.ops_elementwise import BINARY_CODES, UNARY_CODES
 from tests.gpu import (
     test_conv,

@@ -1,6 +1,6 @@
 """A stand-in for PyObjC's ``Metal`` module whose "GPU" is the host, through the Metal shim.
 
-It implements the calls ``optcli.runtime.metal`` makes, with PyObjC's conventions (selectors
+It implements the calls ``optcli.runtime.metal.device`` makes, with PyObjC's conventions (selectors
 as ``name_with_`` methods, NSError out-parameters returned in a tuple), so that the backend's
 own code -- buffer planning, binding by argument index, encoding, committing at Downloads,
 reading shared buffers -- runs end to end on Linux.  Libraries are compiled from the text the

@@ -11,7 +11,6 @@ import re
 import numpy as np
 import pytest
 
-import optcli.gpu.ops  # noqa: F401  (registers the kernels)
 from optcli.gpu.dialect import (
     METAL_PRELUDE,
     OPENCL_PRELUDE,

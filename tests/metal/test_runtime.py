@@ -1,4 +1,4 @@
-"""The Metal backend's own code (``optcli.runtime.metal``) run end to end on Linux against a
+"""The Metal backend's own code (``optcli.runtime.metal.device``) run end to end on Linux against a
 fake ``Metal`` module whose GPU is the host through the shim (``fake_metal.py``): a model
 optimized for `metal,arm` loads on the Metal backend, runs, and matches the CPU."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 import optcli
-from optcli.runtime import metal
+from optcli.runtime.metal import device as metal
+from optcli.runtime.metal import steps as metal_steps
 from optcli.zoo import build, sample_inputs
 from tests.helpers import assert_close
 from tests.metal import fake_metal, shim
@@ -36,7 +37,7 @@ def nb(tmp_path_factory):
 def test_model_runs_on_the_metal_backend(fake, nb, precision):
     path, feeds = nb
     p = optcli.load(path, precision=precision, require_gpu=True)
-    assert isinstance(p.gpu, metal.MetalSteps) and p.gpu.dev.name == "Fake Metal device (host shim)"
+    assert isinstance(p.gpu, metal_steps.MetalSteps) and p.gpu.dev.name == "Fake Metal device (host shim)"
     cpu = optcli.load(path, targets=["arm"])
     before = fake.waits
     for _ in range(2):  # buffers and pipelines are reused across runs
@@ -53,7 +54,7 @@ def test_real_metal_device(nb, precision):
     """On a Mac: the real PyObjC backend, against the CPU."""
     path, feeds = nb
     p = optcli.load(path, precision=precision, require_gpu=True)
-    assert isinstance(p.gpu, metal.MetalSteps)
+    assert isinstance(p.gpu, metal_steps.MetalSteps)
     got, want = p.run(feeds), optcli.load(path, targets=["arm"]).run(feeds)
     for name in want:
         assert_close(got[name], want[name], precision, what=f"{name} (Metal, {precision})")

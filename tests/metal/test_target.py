@@ -69,7 +69,7 @@ def test_metal_plan_loads_on_the_cpu_here(model_file, tmp_path, capsys, optcli_n
 
 
 def test_runtime_reports_unavailable_without_importing_metal():
-    from optcli.runtime import metal
+    from optcli.runtime.metal import device as metal
 
     ok, why = metal.available()
     if sys.platform != "darwin":

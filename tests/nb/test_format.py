@@ -12,6 +12,7 @@ import optcli
 from optcli.errors import NbFormatError
 from optcli.nb.layout import ALIGN, CHECKSUM_SIZE, FORMAT_VERSION, HEADER, HEADER_SIZE, MAGIC
 from optcli.nb.reader import load_bytes, load_file
+from optcli.runtime.load_checks import check_at_load
 
 
 def _reseal(data: bytes) -> bytes:
@@ -102,8 +103,11 @@ def test_unknown_kernel_is_rejected(small_cnn):
     header = HEADER.pack(MAGIC, FORMAT_VERSION, 0, b"0.1.0", HEADER_SIZE, len(new_body), new_blob_off, blob_len)
     rebuilt = header + new_body + b"\0" * (new_blob_off - HEADER_SIZE - len(new_body)) + \
         data[blob_off:blob_off + blob_len]
+    plan, _ = load_bytes(rebuilt + hashlib.sha256(rebuilt).digest())  # the form is fine: the reader takes it
     with pytest.raises(NbFormatError, match="does not have"):
-        load_bytes(rebuilt + hashlib.sha256(rebuilt).digest())
+        check_at_load(plan, "<bytes>")  # this optcli has no such kernel
+    with pytest.raises(NbFormatError, match="does not have"):
+        optcli.load(rebuilt + hashlib.sha256(rebuilt).digest())
 
 
 def test_missing_and_empty_files(tmp_path):

@@ -17,8 +17,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from optcli.frontend.onnx_reader import to_ir
-from optcli.ops.shape_rules import ShapeDerivationError, derive_shapes
-from optcli.ops.shapes_registry import shape_fn_for
+from optcli.ops.shape_derivation import ShapeDerivationError, derive_shapes
+from optcli.ops.shape_functions import shape_fn_for
 
 SMALL_INT = 64  # numeric inputs up to this many elements are given by value (shape-like inputs)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from optcli.activation_codes import ACTIVATIONS
 from optcli.ir import Graph, Node, Value
 from optcli.ops import kernels_for
-from optcli.ops.activation import ACTIVATIONS
 from tests.helpers import assert_close, gelu_ref, run_ort, run_variants, single_node_model
 
 RNG = np.random.default_rng(0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from optcli.activation_codes import ACTIVATIONS
 from optcli.ir import OPTCLI_DOMAIN
-from optcli.ops.activation import ACTIVATIONS
 from tests.helpers import assert_close, run_ort, run_variants, single_node_model
 from tests.ops.test_conv import act_attrs, act_ref
 

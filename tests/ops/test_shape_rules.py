@@ -1,5 +1,5 @@
-"""Shape derivation from input shapes (``optcli.ops.shape_rules`` and the per-op shape functions of
-``optcli.ops.shapes_registry``), which the runtime's load check and per-shape GPU binding and the
+"""Shape derivation from input shapes (``optcli.ops.shape_derivation`` and the per-op shape functions of
+``optcli.ops.shape_functions``), which the runtime's load check and per-shape GPU binding and the
 compiler's placement of dynamic dims use: the hard rules one by one."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from optcli.ir import Node
-from optcli.ops.shape_rules import ShapeDerivationError, derive_shapes
+from optcli.ops.shape_derivation import ShapeDerivationError, derive_shapes
 
 
 def _position_slice():
@@ -207,9 +207,8 @@ def test_lenient_derivation_reports_the_first_problem_and_goes_on():
 
 
 def test_every_op_with_a_kernel_has_a_shape_function():
-    import optcli.gpu.ops  # noqa: F401
     from optcli.gpu.registry import gpu_ops
     from optcli.ops.registry import registered_ops
-    from optcli.ops.shapes_registry import shape_fn_ops
+    from optcli.ops.shape_functions import shape_fn_ops
 
     assert set(registered_ops()) | set(gpu_ops()) <= set(shape_fn_ops())

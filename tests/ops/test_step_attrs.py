@@ -11,8 +11,8 @@ import pytest
 
 from optcli import native
 from optcli.ops.conv import _window_of
+from optcli.ops.evaluate import kernel_attrs
 from optcli.ops.registry import StepAttrs
-from optcli.runtime.evaluate import kernel_attrs
 
 
 def test_bound_attributes_cannot_change_but_copies_can():

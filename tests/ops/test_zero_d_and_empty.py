@@ -22,8 +22,8 @@ from onnx.reference import ReferenceEvaluator
 
 import optcli
 from optcli.frontend.onnx_reader import to_ir
+from optcli.ops.evaluate import kernel_attrs
 from optcli.ops.registry import Kernel, all_kernels, registered_ops
-from optcli.runtime.evaluate import kernel_attrs
 from tests.helpers import assert_matches, run_ort
 from tests.ops.zero_d_empty_cases import CASES, NO_EMPTY, NO_ZERO_D, NOT_APPLICABLE, Case, attribute_protos
 

@@ -12,8 +12,8 @@ from onnx import helper, numpy_helper
 
 from optcli.frontend.onnx_reader import read_model
 from optcli.ir import Graph
+from optcli.ops.evaluate import evaluate_node
 from optcli.passes.base import PassContext
-from optcli.runtime.evaluate import evaluate_node
 from tests.helpers import assert_close, run_ort
 
 OPSET = 17

@@ -5,9 +5,9 @@ import pytest
 from onnx import helper
 
 import optcli
+from optcli.ops import evaluate
 from optcli.passes import fold_constants
 from optcli.passes.base import PassContext
-from optcli.runtime import evaluate
 from tests.helpers import assert_close, run_ort
 from tests.passes.ir_build import const, model, node, ops, run_pass, to_graph
 from tests.passes.tf_same_padding import tf_same_padding_model
@@ -184,7 +184,7 @@ def test_a_kernel_raising_while_folding_is_reported(monkeypatch, exc, kind):
     ctx = PassContext()
     fold_constants.run(graph, ctx)
     assert ops(graph) == ["Neg", "Add"]
-    [failure] = ctx.options["fold_failures"]
+    [failure] = ctx.results.fold_failures
     assert failure["node"] == graph.nodes[0].name and failure["op"] == "Neg" and failure["kind"] == kind
     assert any("could not fold node" in w and "Neg" in w for w in ctx.warnings)
 

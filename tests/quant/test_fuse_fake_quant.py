@@ -167,7 +167,7 @@ def test_fake_quant_moves_before_a_pad_with_a_value_of_its_grid(value, moved):
 def test_shape_inference_sees_through_fake_quant():
     """A FakeQuant between a Pad and the Shape of run-time 'same' padding must not hide the
     Pad's shape once its pads are folded (a QDQ model's Shape reads a dequantized tensor)."""
-    from optcli.passes.shape_inference import reinfer_shapes
+    from optcli.passes._helpers.shape_inference import reinfer_shapes
 
     pad = Node("Pad", ["x", "pads"], ["p"], {}, "pad")
     graph = _graph([pad, _fq("p", "q"), Node("Relu", ["q"], ["y"], {}, "relu")],

@@ -7,7 +7,7 @@ import pytest
 
 import optcli
 from optcli.errors import NbFormatError
-from optcli.nb.quant import dequantize, quantize
+from optcli.ops.weight_quant import dequantize, quantize
 from optcli.tolerance import RELATIVE, max_error
 from optcli.zoo import build, sample_inputs
 

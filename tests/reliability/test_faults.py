@@ -15,7 +15,8 @@ import pytest
 
 import optcli
 from optcli.errors import DeviceError, InputError, OptError
-from optcli.runtime import gpu_plan, opencl
+from optcli.runtime.opencl import device as opencl
+from optcli.runtime.opencl import steps as opencl_steps
 from optcli.zoo import build, sample_inputs
 from tests.helpers import assert_close
 
@@ -61,7 +62,7 @@ def test_device_lost_in_the_blocking_download_falls_back_to_the_cpu(model, monke
     p = _gpu_predictor(data)
     device = p.gpu.dev.describe()
     lost = opencl.cl.RuntimeError("clEnqueueReadBuffer failed: DEVICE_NOT_AVAILABLE (test)")
-    calls = _fail_on_call(monkeypatch, gpu_plan.cl, "enqueue_copy", lost, lambda n, a, k: k.get("is_blocking"))
+    calls = _fail_on_call(monkeypatch, opencl_steps.cl, "enqueue_copy", lost, lambda n, a, k: k.get("is_blocking"))
     out = p.run(feeds)
     assert optcli_notices() == [f"optcli: <bytes>: the OpenCL device {device} failed during run (RuntimeError: "
                                 "clEnqueueReadBuffer failed: DEVICE_NOT_AVAILABLE (test)); this predictor now runs "
@@ -99,7 +100,7 @@ def test_device_lost_with_outputs_on_device_is_a_clear_error(model, monkeypatch)
     data, feeds, expected = model
     p = _gpu_predictor(data)
     lost = opencl.cl.RuntimeError("DEVICE_NOT_AVAILABLE (test)")
-    _fail_on_call(monkeypatch, gpu_plan.cl, "enqueue_copy", lost, lambda n, a, k: n == 2)
+    _fail_on_call(monkeypatch, opencl_steps.cl, "enqueue_copy", lost, lambda n, a, k: n == 2)
     with pytest.raises(DeviceError, match="live on the device"):
         p.run(feeds, outputs_on_device=True)
     monkeypatch.undo()

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import optcli
 from optcli.errors import InputError, TargetError, UsageError
-from optcli.runtime import gpu_plan
+from optcli.runtime.opencl import steps as opencl_steps
 from tests.reliability.nbfuzz import alloc_bound
 
 KEEP_ON_GPU = {"keep_small_islands_on_host"}
@@ -137,7 +137,7 @@ def test_programs_beyond_the_cap_run_the_gpu_steps_on_the_cpu(monkeypatch, optcl
     data = _two_programs()
     x = np.random.default_rng(0).standard_normal((1, 4, 8, 8)).astype(np.float32)
     assert len(optcli.load(data, require_gpu=True).gpu.programs) >= 2
-    monkeypatch.setattr(gpu_plan, "MAX_PROGRAMS", 1)
+    monkeypatch.setattr(opencl_steps, "MAX_PROGRAMS", 1)
     monkeypatch.setattr("optcli.runtime.predictor._WARNED", set())
     p = optcli.load(data)
     assert p.gpu is None
@@ -152,7 +152,7 @@ def test_steps_differing_only_in_a_float_attribute_build_a_bounded_number_of_pro
     """100 LeakyRelu steps, each with its own alpha: the load builds at most MAX_PROGRAMS programs
     (once alphas are kernel arguments, one), and the result is right wherever it runs."""
     monkeypatch.setenv("OPTCLI_CACHE_DIR", str(tmp_path))  # a cold binary cache: every program is built
-    monkeypatch.setattr(gpu_plan, "MAX_PROGRAMS", 8)
+    monkeypatch.setattr(opencl_steps, "MAX_PROGRAMS", 8)
     nodes, previous = [], "x"
     for i in range(100):
         nodes.append(helper.make_node("LeakyRelu", [previous], [f"l{i}"], alpha=0.5 + i / 1000))

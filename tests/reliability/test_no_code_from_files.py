@@ -26,8 +26,9 @@ from onnx import helper
 
 import optcli
 from optcli.errors import NbFormatError
-from optcli.runtime.cl_cache import ProgramCache, private_dir, read_entry, write_entry
-from optcli.runtime.tuning import Choice, TuningCache
+from optcli.runtime.gpu_common.disk_cache import private_dir, read_entry, write_entry
+from optcli.runtime.opencl.program_cache import ProgramCache
+from optcli.runtime.opencl.tuning import Choice, TuningCache
 from tests.reliability.nbfuzz import parts, rebuild, seed_models
 
 PAYLOAD = pickle.dumps(types.SimpleNamespace(x=1), protocol=2)  # what a hostile writer might plant

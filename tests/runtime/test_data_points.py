@@ -5,7 +5,7 @@ tells.  Placement judges the GPU nodes after such a *data point* at nominal size
 (``optcli.targets.nominal``); at ``run``, once the host steps before it have run, the runtime
 derives the later device values' shapes from the data (``runtime.bind_shapes``), binds buffers
 and launches for them (cached per shape), and carries the device values alive across the point
-into the new buffers (``runtime.gpu_plan``)."""
+into the new buffers (``runtime.opencl.steps``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import optcli
 from optcli.errors import TargetError
-from optcli.runtime.cpu import StepError
+from optcli.runtime.host.steps import StepError
 from tests.helpers import assert_close
 
 RNG = np.random.default_rng(11)

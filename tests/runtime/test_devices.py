@@ -21,7 +21,8 @@ import pyopencl as cl
 import pytest
 
 import optcli
-from optcli.runtime import devices, opencl
+from optcli.runtime.opencl import device as opencl
+from optcli.runtime.opencl import devices
 from optcli.zoo import build
 from tests.commands.conftest import cli
 
@@ -138,7 +139,7 @@ def test_cpu_fallback_notice_is_one_line_without_source_paths(tmp_path):
     nb.write_bytes(optcli.optimize(model=m, valid_targets="opencl,arm",
                                    disabled_passes={"keep_small_islands_on_host"}).data)
     run = _python(f"""
-        from optcli.runtime import devices
+        from optcli.runtime.opencl import devices
         devices._smoke_test = lambda device: {SIMULATED!r}
         import optcli
         for _ in range(2):  # once per process
@@ -156,7 +157,7 @@ def test_cpu_fallback_notice_is_one_line_without_source_paths(tmp_path):
 def test_gpu_tests_skip_with_the_reason_when_the_device_is_broken(tmp_path):
     """The tests of tests/gpu on a machine whose OpenCL device cannot build kernels: skipped, with
     the device's failure as the reason, and the session header says so."""
-    (tmp_path / "break_opencl.py").write_text(f"from optcli.runtime import devices\n"
+    (tmp_path / "break_opencl.py").write_text(f"from optcli.runtime.opencl import devices\n"
                                               f"devices._smoke_test = lambda device: {SIMULATED!r}\n")
     env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     run = subprocess.run([sys.executable, "-m", "pytest", "-p", "break_opencl", "-p", "no:cacheprovider", "-rs",

@@ -1,7 +1,7 @@
 """Dynamic dims on the GPU: plans keep symbolic dims, the runtime binds them per input shape.
 
 Placement judges symbolic dims at nominal sizes (``optcli.targets.nominal``); at ``run`` the
-runtime derives every device value's shape from the inputs (``optcli.runtime.bind_shapes``),
+runtime derives every device value's shape from the inputs (``optcli.runtime.gpu_common.bind_shapes``),
 builds buffers and launches for them (no new program: sizes are kernel arguments) and caches the
 binding per input shape."""
 
@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import optcli
 from optcli.errors import InputError, TargetError
-from optcli.runtime.gpu_plan import GpuSteps
+from optcli.runtime.opencl.steps import OpenClSteps
 from optcli.zoo import build
 from tests.helpers import assert_close
 
@@ -115,7 +115,7 @@ def test_shapes_the_model_cannot_take_are_input_errors():
 
 @pytest.mark.opencl
 def test_bindings_are_bounded(monkeypatch):
-    monkeypatch.setattr(GpuSteps, "MAX_BINDINGS", 2)
+    monkeypatch.setattr(OpenClSteps, "MAX_BINDINGS", 2)
     p = optcli.load(_optimize(build("dynamic_cnn")).data, require_gpu=True)
     for size in (16, 20, 24):
         p.run([np.zeros((1, 3, size, size), np.float32)])

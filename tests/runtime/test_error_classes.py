@@ -13,7 +13,7 @@ from optcli import compiler
 from optcli.cli import opt_main, optcli_main
 from optcli.errors import InternalError, KernelError, OptError
 from optcli.runtime import executor
-from optcli.runtime.cpu import StepError
+from optcli.runtime.host.steps import StepError
 from tests.helpers import run_cli, single_node_model
 
 

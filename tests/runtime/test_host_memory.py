@@ -1,4 +1,4 @@
-"""The malloc tuning of runtime/host_memory.py: applied once, where glibc is, and only then."""
+"""The malloc tuning of runtime/host/memory.py: applied once, where glibc is, and only then."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 CHILD = """
 import ctypes, numpy as np, optcli
-from optcli.runtime import host_memory
+from optcli.runtime.host import memory
 from optcli.zoo.models import build, sample_inputs
 model = build("mobilenet_v2")
 pred = optcli.load(optcli.optimize(model=model, valid_targets="arm").data, threads=1)
@@ -23,7 +23,7 @@ class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
 libc.mallinfo2.restype = Info
-print(host_memory.keep_freed_memory(), "|", libc.mallinfo2().hblkhd >= 24 << 20)
+print(memory.keep_freed_memory(), "|", libc.mallinfo2().hblkhd >= 24 << 20)
 """
 
 

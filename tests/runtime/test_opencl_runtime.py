@@ -15,8 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import optcli
 from optcli.errors import TargetError
-from optcli.runtime import opencl
-from optcli.runtime.cl_cache import ProgramCache
+from optcli.runtime.opencl import device as opencl
+from optcli.runtime.opencl.program_cache import ProgramCache
 from tests.helpers import assert_close
 
 # These tests are about the GPU path itself: keep even tiny islands on the GPU.
@@ -156,7 +156,7 @@ def test_device_array_of_another_context_is_refused(mixed):
 
 @pytest.mark.opencl
 def test_tuning_picks_a_variant_and_a_tuned_load_reuses_it(tmp_path, monkeypatch):
-    from optcli.runtime import tuning
+    from optcli.runtime.opencl import tuning
 
     monkeypatch.setenv("OPTCLI_CACHE_DIR", str(tmp_path))
     w = np.random.default_rng(1).standard_normal((8, 8, 3, 3)).astype(np.float32)

@@ -1,4 +1,4 @@
-"""What ``optcli.load`` checks beyond the file's form (``runtime/plan_check.py``,
+"""What ``optcli.load`` checks beyond the file's form (``runtime/step_checks.py``,
 ``runtime/plan_shapes.py``): steps against their ops, the recorded shapes against the runtime's
 own derivation, and whose fault a run's failure is.  Each case is a crafted body resealed."""
 
@@ -125,7 +125,7 @@ def test_the_runtime_imports_no_pass(conv, tmp_path):
 def test_a_host_step_out_of_memory_is_a_step_error(conv):
     """Sizes follow the inputs (shapes, and data such as a Range's bounds): a result too big to hold
     is the input's fault (exit 2), not a KernelError."""
-    from optcli.runtime.cpu import StepError
+    from optcli.runtime.host.steps import StepError
 
     def no_memory(inputs):
         raise MemoryError("Unable to allocate 6.00 GiB (test)")

@@ -1,6 +1,6 @@
 """The Metal backend (macOS, Apple GPUs) through PyObjC's Metal bindings (``optcli[metal]``).
 
-It mirrors the OpenCL backend (``opencl.py`` + ``gpu_plan.py``): the system default device, one
+It mirrors the OpenCL backend (``runtime/opencl/``: ``device.py`` + ``steps.py``): the system default device, one
 library per (kernel source, defines) compiled from ``render_metal`` text at load, one compute
 pipeline per kernel entry, buffers from the plan's liveness (``device_buffers``) in shared
 storage, weights uploaded once.  A run encodes every GPU step of a segment into one command
@@ -8,7 +8,7 @@ buffer with one (serial) compute encoder and waits once: at a ``Download`` (a ta
 where the host needs the data) and at the end of the run.
 
 Compiled pipelines are cached on disk in a Metal binary archive per library, in the same private,
-integrity-checked cache as the OpenCL binaries (``cl_cache``), keyed on the library text, the
+integrity-checked cache as the OpenCL binaries (``runtime/gpu_common/disk_cache.py``), keyed on the library text, the
 device, the OS version and the optcli version.
 
 Nothing here is imported on Linux except ``available()`` / ``DeviceUnavailable``, and this module
@@ -31,15 +31,11 @@ from typing import Any
 import numpy as np
 
 from optcli._version import __version__
-from optcli.errors import DeviceError, InputError, UsageError
 from optcli.gpu.dialect import kernel_params, load_source, render_metal
-from optcli.gpu.ops_layout import TRANSFER_OPS
-from optcli.gpu.registry import Launch, get_gpu_kernel
+from optcli.gpu.registry import Launch
 from optcli.gpu.variants import check_program
-from optcli.plan import Plan, Step
-from optcli.runtime.cl_cache import cache_root, private_dir, read_entry, write_entry
-from optcli.runtime.device_buffers import device_values, share_buffers, to_storage
-from optcli.runtime.launch_context import LaunchContextBase
+from optcli.runtime.gpu_common.disk_cache import cache_root, private_dir, read_entry, write_entry
+from optcli.runtime.gpu_common.launch_context import LaunchContextBase
 
 
 class DeviceUnavailable(RuntimeError):
@@ -299,111 +295,3 @@ class MetalLaunchContext(LaunchContextBase):
                 args.append(("bytes", np.asarray(value, "<f4").tobytes()))
         grid = (tuple(int(g) for g in launch.global_size) + (1, 1, 1))[:3]
         return BoundDispatch(pipeline, args, grid, _threadgroup(pipeline, grid, launch.local_size), label)
-
-
-
-def _view(buffer, dtype, count: int) -> np.ndarray:
-    """A numpy view of a shared-storage buffer's memory (no copy)."""
-    raw = buffer.contents().as_buffer(buffer.length())
-    return np.frombuffer(raw, dtype=dtype, count=count)
-
-
-class MetalSteps:
-    """The prepared GPU steps of one plan on one Metal device (the ``GpuSteps`` of Metal)."""
-
-    tunable = False  # work-group tuning is OpenCL's (``optcli.runtime.tuning``)
-
-    def __init__(self, plan: Plan, dev: MetalDevice, precision: str, gpu_targets: set[str],
-                 shapes: dict[str, tuple[int, ...]] | None = None):
-        self.plan, self.dev, self.precision = plan, dev, precision
-        self.Metal = dev.Metal
-        self.queue = dev.queue
-        self.storage = np.dtype(np.float16 if precision == "fp16" else np.float32)
-        self.gpu_indices = [i for i, s in enumerate(plan.steps) if s.target in gpu_targets]
-        # The runtime's derived shapes (``runtime.plan_shapes``), never the recorded ones, size buffers.
-        self.shapes = shapes if shapes is not None else {
-            k: tuple(v.shape) for k, v in plan.values.items() if v.is_static}
-        self.buffers, self.device_bytes = self._allocate()
-        self.ctx = MetalLaunchContext(dev, self.shapes, plan.weights, self.buffers, precision)
-        self.bound: dict[int, list[BoundDispatch]] = {}
-        for i in self.gpu_indices:
-            step = plan.steps[i]
-            if step.op_type not in TRANSFER_OPS:
-                kern = get_gpu_kernel(step.kernel)
-                self.ctx.namespace = kern.id
-                self.bound[i] = [self.ctx.bind(launch, f"step {i} {step.name}")
-                                 for launch in kern.launch(self.ctx, step)]
-        self.outputs_on_device = False
-        self._command = None  # (command buffer, encoder) being filled
-        self._pending: list = []  # committed command buffers not yet waited on
-
-    def _allocate(self) -> tuple[dict[str, Any], int]:
-        """Liveness-shared buffers, except the ``Upload`` targets: the host writes those while
-        earlier dispatches are encoded but not yet run, so no other value may share them."""
-        values = device_values(self.plan, self.gpu_indices, self.shapes, self.storage.itemsize)
-        uploads = {o for i in self.gpu_indices for o in self.plan.steps[i].outputs
-                   if self.plan.steps[i].op_type == "Upload"}
-
-        def new(nbytes: int):
-            buf = self.dev.device.newBufferWithLength_options_(nbytes, self.Metal.MTLResourceStorageModeShared)
-            if buf is None:
-                raise DeviceError(f"the Metal device cannot allocate a buffer of {nbytes} bytes")
-            return buf
-
-        buffers, total = share_buffers({k: v for k, v in values.items() if k not in uploads}, new)
-        for name in sorted(uploads & set(values)):
-            buffers[name] = new(values[name][2])
-            total += values[name][2]
-        return buffers, total
-
-    # ------------------------------------------------------------------------- running
-    def _encoder(self):
-        if self._command is None:
-            command = self.queue.commandBuffer()
-            self._command = (command, command.computeCommandEncoder())
-        return self._command[1]
-
-    def _commit(self) -> None:
-        if self._command is not None:
-            command, encoder = self._command
-            encoder.endEncoding()
-            command.commit()
-            self._pending.append(command)
-            self._command = None
-
-    def _wait(self) -> None:
-        self._commit()
-        pending, self._pending = self._pending, []
-        for command in pending:
-            command.waitUntilCompleted()
-            if command.status() == self.Metal.MTLCommandBufferStatusError:
-                raise DeviceError(f"a Metal command buffer failed: {_error_text(command.error())}")
-
-    def run_step(self, i: int, step: Step, env: dict[str, Any]) -> None:
-        if step.op_type == "Upload":
-            value = env[step.inputs[0]]
-            if not isinstance(value, np.ndarray):
-                raise InputError(f"input '{step.inputs[0]}': the Metal backend takes numpy arrays "
-                                 f"(got {type(value).__name__})")
-            count = int(np.prod(self.shapes[step.outputs[0]], dtype=np.int64))
-            np.copyto(_view(self.buffers[step.outputs[0]], self.storage, count),
-                      to_storage(value, self.storage).reshape(-1), casting="unsafe")  # bool -> 0/1
-        elif step.op_type == "Download":
-            if self.outputs_on_device and step.outputs[0] in {v.name for v in self.plan.outputs}:
-                raise UsageError("outputs_on_device=True is an OpenCL feature; the Metal backend returns numpy arrays")
-            self._wait()  # the host needs the data: run what is encoded
-            shape = self.shapes[step.outputs[0]]
-            count = int(np.prod(shape, dtype=np.int64))
-            host = _view(self.buffers[step.inputs[0]], self.storage, count).reshape(shape)
-            dtype = self.plan.values[step.outputs[0]].dtype  # float32, or bool stored as 0/1
-            env[step.outputs[0]] = host.astype(dtype if dtype != "unknown" else np.float32)  # a copy
-        else:
-            encoder = self._encoder()
-            for dispatch in self.bound[i]:
-                dispatch.encode(self.Metal, encoder)
-
-    def finish(self) -> None:
-        try:
-            self._wait()
-        finally:
-            self._command = None

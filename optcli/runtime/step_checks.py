@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from optcli.activation_codes import ACTIVATIONS
 from optcli.errors import NbFormatError
-from optcli.ops.activation import ACTIVATIONS, QUANT_ATTR
+from optcli.ops.activation import QUANT_ATTR
 from optcli.plan import Plan, Step
 
 INT64 = (-(2**63), 2**63 - 1)

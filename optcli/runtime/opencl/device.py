@@ -19,8 +19,8 @@ from optcli.gpu.dialect import render_opencl
 from optcli.gpu.layout import packed_elements
 from optcli.gpu.registry import Launch
 from optcli.gpu.variants import check_program
-from optcli.runtime.cl_cache import ProgramCache
-from optcli.runtime.devices import (
+from optcli.runtime.gpu_common.launch_context import LaunchContextBase
+from optcli.runtime.opencl.devices import (
     HOW_TO_GET_ONE,
     describe_device,
     device_id,
@@ -29,7 +29,7 @@ from optcli.runtime.devices import (
     failure_text,
     is_simulator,
 )
-from optcli.runtime.launch_context import LaunchContextBase
+from optcli.runtime.opencl.program_cache import ProgramCache
 
 GET_ONE = f"{HOW_TO_GET_ONE} (`optcli devices` checks each device)"
 

@@ -26,7 +26,8 @@ from optcli.gpu.ops_layout import TRANSFER_OPS
 from optcli.gpu.registry import gpu_kernels_for
 from optcli.ir import Graph, Node, Value
 from optcli.progress import progress
-from optcli.runtime.cl_cache import cache_root, device_key, private_dir, read_entry, write_entry
+from optcli.runtime.gpu_common.disk_cache import cache_root, private_dir, read_entry, write_entry
+from optcli.runtime.opencl.program_cache import device_key
 
 LEVELS = ("fast", "normal", "exhaustive")
 _LOCAL_SIZES = {

@@ -4,9 +4,9 @@ The compiler needs sizes for a graph whose inputs have symbolic dims (GPU kernel
 cost model judge nominal sizes, ``optcli.targets.nominal``), and the runtime needs every value's
 shape: at ``load`` symbolically, to compare with what the file records
 (``optcli.runtime.plan_shapes``), and at ``run`` from the concrete input shapes before it sizes a
-buffer or a launch grid (``optcli.runtime.bind_shapes``).  Both come from ``derive_shapes``: one
+buffer or a launch grid (``optcli.runtime.gpu_common.bind_shapes``).  Both come from ``derive_shapes``: one
 pass over the nodes in order, each node's outputs from its op's shape function
-(``optcli.ops.shapes_registry``, registered beside each op), with the inputs pinned and *nothing*
+(``optcli.ops.shape_functions``, registered beside each op), with the inputs pinned and *nothing*
 recorded about intermediate values used (a file's recorded shapes are checked against the
 derivation, never its source).  No onnx here: the derivation is ours, bounded, and the same on
 the compiler and the runtime side.
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from optcli.ir import Dim, Node
-from optcli.ops.shapes_registry import ShapeArgs, ShapeDerivationError, is_int, shape_fn_for
+from optcli.ops.shape_functions import ShapeArgs, ShapeDerivationError, is_int, shape_fn_for
 
 __all__ = ["SMALL_CONSTANT", "ShapeDerivationError", "derive_shapes", "is_concrete"]
 

@@ -34,16 +34,21 @@ from optcli.errors import InputError, NbFormatError
 from optcli.gpu.ops_layout import TRANSFER_OPS
 from optcli.gpu.registry import get_gpu_kernel
 from optcli.plan import Plan, Step
-from optcli.runtime.bind_shapes import DataPointRefusal, GpuRefusal, derive_at_data_point, derive_device_shapes
-from optcli.runtime.cpu import StepError
-from optcli.runtime.device_buffers import LINEAR_OPS, device_values, share_buffers, to_storage
-from optcli.runtime.opencl import BoundLaunch, ClDevice, ClLaunchContext, cl
+from optcli.runtime.gpu_common.bind_shapes import (
+    DataPointRefusal,
+    GpuRefusal,
+    derive_at_data_point,
+    derive_device_shapes,
+)
+from optcli.runtime.gpu_common.device_buffers import LINEAR_OPS, device_values, share_buffers, to_storage
+from optcli.runtime.host.steps import StepError
+from optcli.runtime.opencl.device import BoundLaunch, ClDevice, ClLaunchContext, cl
 from optcli.runtime.plan_shapes import Derivation
 
 if cl is not None:
     import pyopencl.array as cl_array
 
-__all__ = ["GpuRefusal", "GpuSteps", "LINEAR_OPS", "LOAD_BIND_BYTES", "MAX_PROGRAMS"]
+__all__ = ["GpuRefusal", "OpenClSteps", "LINEAR_OPS", "LOAD_BIND_BYTES", "MAX_PROGRAMS"]
 
 MAX_PROGRAMS = 64  # distinct programs (kernel source + defines) one plan may build
 LOAD_BIND_BYTES = 256 << 20  # device buffers a static plan may allocate at load; beyond, at its first run
@@ -53,7 +58,7 @@ class TooManyPrograms(GpuRefusal):
     """The plan asks for more than ``MAX_PROGRAMS`` distinct programs."""
 
 
-class GpuSteps:
+class OpenClSteps:
     """The prepared GPU steps of one plan on one device.
 
     A plan whose device values all have static shapes is bound once, at load.  A plan with
@@ -64,6 +69,7 @@ class GpuSteps:
     weights are uploaded once and shared by every binding whose launch re-lays them the same.
     ``shapes``, ``buffers``, ``ctx``, ``bound`` and ``device_bytes`` are the current binding's."""
 
+    tunable = True  # opencl.tuning times its kernel variants
     MAX_BINDINGS = 8  # input shapes whose buffers and bound launches are kept (least recently used go)
 
     def __init__(self, plan: Plan, dev: ClDevice, precision: str, gpu_targets: set[str], source: str = "model",
@@ -334,6 +340,14 @@ class GpuSteps:
     def finish(self) -> None:
         self.queue.finish()
         self._keep.clear()
+
+    def release(self) -> None:
+        """Drop every device buffer, bound launch and uploaded weight (the predictor stopped using
+        this device): their memory goes back as soon as nothing else holds them."""
+        self._bindings.clear()
+        self.shared_weights.clear()
+        self._keep.clear()
+        self.buffers, self.bound, self.ctx, self.device_bytes = {}, {}, None, 0
 
 
 @dataclass

@@ -1,6 +1,8 @@
-"""On-disk caches of compiled OpenCL program binaries (warm start) and of tuning results.
+"""The private on-disk cache folder shared by the GPU backends: OpenCL program binaries
+(``opencl/program_cache.py``), tuning results (``opencl/tuning.py``) and Metal binary archives
+(``metal/device.py``).
 
-Both live in a per-user directory (``$OPTCLI_CACHE_DIR``, else ``$XDG_CACHE_HOME/optcli``, else
+All live in a per-user directory (``$OPTCLI_CACHE_DIR``, else ``$XDG_CACHE_HOME/optcli``, else
 ``~/.cache/optcli``), created owner-only (0700).  The caches trust nothing they did not write: a
 symlinked or foreign directory is not used, one that others could write to is tightened and
 emptied, and an entry is read only when it is a regular file of this user that others cannot
@@ -19,8 +21,6 @@ import stat
 import tempfile
 import warnings
 from pathlib import Path
-
-from optcli._version import __version__
 
 _MAGIC = b"OPTCLIBIN1"
 
@@ -124,52 +124,3 @@ def read_entry(path: Path) -> bytes | None:
             pass
         return None
     return data[head:]
-
-
-def device_key(device) -> str:
-    return "|".join([device.name.strip(), device.driver_version.strip(), device.platform.version.strip(),
-                     device.version.strip(), __version__])
-
-
-class ProgramCache:
-    """Compiled program binaries per (source, options, device, driver, tool version)."""
-
-    def __init__(self, root: Path | None):
-        self.dir = private_dir(root / "programs") if root is not None and private_dir(root) else None
-        self.hits = 0
-        self.misses = 0
-
-    @classmethod
-    def default(cls) -> ProgramCache:
-        return cls(cache_root())
-
-    def _path(self, device, text: str, options: str) -> Path | None:
-        if self.dir is None:
-            return None
-        key = hashlib.sha256("\0".join([text, options, device_key(device)]).encode()).hexdigest()
-        return self.dir / f"{key}.bin"
-
-    def build(self, context, device, text: str, options: str = ""):
-        """(built program, 1 if compiled from source else 0)."""
-        import pyopencl as cl
-
-        path = self._path(device, text, options)
-        if path is not None:
-            binary = read_entry(path)
-            if binary is not None:
-                try:
-                    prog = cl.Program(context, [device], [binary]).build(options=options)
-                    self.hits += 1
-                    return prog, 0
-                except Exception:
-                    path.unlink(missing_ok=True)  # stale for this driver: rebuild below
-        self.misses += 1
-        prog = cl.Program(context, text).build(options=options)
-        if path is not None:
-            try:
-                binary = prog.get_info(cl.program_info.BINARIES)[0]
-                if binary:
-                    write_entry(path, bytes(binary))
-            except Exception:  # some drivers give no binaries: then there is simply no warm start
-                pass
-        return prog, 1

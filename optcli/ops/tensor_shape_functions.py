@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from optcli.ir import Dim
-from optcli.ops.shapes_registry import (
+from optcli.ops.shape_functions import (
     Shape,
     ShapeArgs,
     ShapeDerivationError,

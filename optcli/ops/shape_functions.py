@@ -2,7 +2,7 @@
 
 The runtime derives every value's shape itself (issue 12): at ``load`` symbolically, to compare
 with what a file records, and at ``run`` from the concrete input shapes, to size buffers and
-launch grids.  ``optcli.ops.shape_rules.derive_shapes`` walks a plan once in step order and asks
+launch grids.  ``optcli.ops.shape_derivation.derive_shapes`` walks a plan once in step order and asks
 each step's shape function, registered here with ``@shape_fn("Conv")`` beside the op's kernel
 (``optcli/ops/conv.py`` and the other op files).
 
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from optcli.ir import Dim
+from optcli.ops.registry import FAMILIES
 
 Shape = tuple[Dim, ...] | None
 
@@ -105,10 +106,12 @@ def shape_fn(op_type: str | Sequence[str], domain: str = "") -> Callable[[ShapeF
 
 
 def shape_fn_for(op_type: str, domain: str = "") -> ShapeFn | None:
+    FAMILIES.ensure()
     return _SHAPE_FNS.get(("" if domain == "ai.onnx" else domain, op_type))
 
 
 def shape_fn_ops() -> list[tuple[str, str]]:
+    FAMILIES.ensure()
     return sorted(_SHAPE_FNS)
 
 

@@ -3,7 +3,7 @@
 A plan keeps its symbolic dims (``N``, ``H``, ``unk__3``); its GPU steps are placed on the
 device for any size their kernels handle.  At ``run``, with the inputs' concrete shapes, the
 runtime needs every device value's shape before it sizes a buffer or a launch grid.  It derives
-them itself (``optcli.ops.shape_rules``: each step's shape function, the plan's inputs pinned,
+them itself (``optcli.ops.shape_derivation``: each step's shape function, the plan's inputs pinned,
 nothing recorded about intermediate values used), then
 
 * refuses input shapes the model cannot take (the steps' shape rules find them
@@ -16,7 +16,7 @@ nothing recorded about intermediate values used), then
   is an error);
 * lists the device values whose shapes do not follow from the input shapes but from data
   (``Derived.unknown``): the GPU steps that touch them are derived, checked and bound the same
-  way once the host steps that make that data have run (``GpuSteps``' data points).
+  way once the host steps that make that data have run (``OpenClSteps``' data points).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 
 from optcli.errors import InputError
 from optcli.ir import Graph, Node, Value
-from optcli.ops.shape_rules import is_concrete
+from optcli.ops.shape_derivation import is_concrete
 from optcli.plan import Plan
 from optcli.runtime.plan_shapes import Derivation, derive
 
@@ -49,7 +49,7 @@ class Derived:
     reason: str = ""  # why the device cannot serve these shapes
     # Device values whose shapes follow from data, not from the input shapes (a Range or Slice
     # bound by a run-time value, NonZero...): ``shapes`` holds the others, and the GPU steps that
-    # touch these are bound once the data exists (``GpuSteps``, at the plan's data point).
+    # touch these are bound once the data exists (``OpenClSteps``, at the plan's data point).
     unknown: tuple[str, ...] = ()
 
 
@@ -145,7 +145,7 @@ def derive_at_data_point(plan: Plan, k: int, env: dict, device_shapes: dict[str,
     as for input shapes apply, except that steps the data makes inconsistent are the input values'
     fault (``StepError``), and the result may list values that follow from later data."""
     from optcli.ir import Value
-    from optcli.runtime.cpu import StepError
+    from optcli.runtime.host.steps import StepError
 
     rest = plan.steps[k:]
     written_before = {n for s in plan.steps[:k] for n in s.outputs if n} | {v.name for v in plan.inputs}

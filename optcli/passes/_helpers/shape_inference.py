@@ -9,7 +9,7 @@ what onnxsim and onnxruntime's basic level do.
 
 This module is a helper of that pass, not a pass of its own, and the one place left that derives
 shapes with onnx's inference (compiler side only: the runtime, and the nominal sizes of
-``optcli.targets.nominal``, use our own per-op shape functions, ``optcli.ops.shape_rules``).
+``optcli.targets.nominal``, use our own per-op shape functions, ``optcli.ops.shape_derivation``).
 onnx's inference is kept here because it also refines dtypes and reads the model's own
 ``value_info``, which the frontend keeps in the IR.  It writes the IR out as an in-memory ONNX
 graph (small constants as initializers so data propagation can read them, big
@@ -25,7 +25,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from optcli.ir import Dim, Graph, Node, Value
-from optcli.ops.shape_rules import SMALL_CONSTANT
+from optcli.ops.shape_derivation import SMALL_CONSTANT
 
 _DOMAIN_OPSET = {"optcli": 1}
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from optcli.gpu.dialect import kernel_arguments, kernel_params, load_source
 from optcli.gpu.registry import Launch, TempRef, TensorRef, WeightRef
-from optcli.runtime.device_buffers import to_storage
+from optcli.runtime.gpu_common.device_buffers import to_storage
 
 
 class LaunchContextBase:

@@ -10,8 +10,8 @@ import numpy as np
 
 from optcli.ir import Node
 from optcli.ops import get_kernel, kernels_for
+from optcli.ops.reference import run_reference
 from optcli.ops.registry import StepAttrs
-from optcli.runtime.reference import run_reference
 
 
 def kernel_attrs(attrs: dict, n_outputs: int, opsets: dict[str, int]) -> dict:

@@ -155,35 +155,6 @@ def sync_proto(node: Node) -> None:
     node.proto = new.SerializeToString(deterministic=True)
 
 
-class Names:
-    """Fresh value names for one pass run: ``Graph.unique_name`` rescans the whole graph per call,
-    which turns a pass over a big model quadratic; this scans once and remembers what it handed out."""
-
-    def __init__(self, graph: Graph) -> None:
-        self.graph = graph
-        taken = set(graph.initializers) | set(graph.values)
-        taken |= {v.name for v in graph.inputs} | {v.name for v in graph.outputs}
-        for n in graph.nodes:
-            taken.update(n.inputs)
-            taken.update(n.outputs)
-            taken.add(n.name)
-        self.taken = taken
-
-    def fresh(self, base: str) -> str:
-        name, i = base, 0
-        while name in self.taken:
-            i += 1
-            name = f"{base}_{i}"
-        self.taken.add(name)
-        return name
-
-    def initializer(self, base: str, array: np.ndarray) -> str:
-        """Add ``array`` as a new initializer under a fresh name and return the name."""
-        name = self.fresh(base)
-        self.graph.initializers[name] = array if array.flags.c_contiguous else array.copy(order="C")
-        return name
-
-
 # ---------------------------------------------------------------- values read by subgraphs
 # The IR lists a node's explicit inputs only, but the subgraphs of If/Loop/Scan (kept in
 # ``node.proto``) may read outer values by name.  Such a value must not be renamed, removed, or

@@ -12,9 +12,9 @@ import numpy as np
 
 from optcli.errors import OptError
 from optcli.ops import get_kernel
+from optcli.ops.evaluate import kernel_attrs
+from optcli.ops.reference import run_reference
 from optcli.plan import Step
-from optcli.runtime.evaluate import kernel_attrs
-from optcli.runtime.reference import run_reference
 
 StepFn = Callable[[list[np.ndarray | None]], list[np.ndarray]]
 
