@@ -309,9 +309,11 @@ optcli_group.add_command(bench_command)
 def devices_command(as_json, no_check):
     """List OpenCL devices, the capabilities optcli relies on, and whether each is usable.
 
-    A device is usable when it builds and runs a test kernel; GPU steps run on the first usable
-    GPU, else the first usable device.  Exits with code 2 when none is usable, and says how to get
-    one.
+    Each device is labelled gpu, cpu, accelerator or simulator.  A device is usable when it builds
+    and runs a test kernel; GPU steps run on the best ranked usable device: a discrete GPU, an
+    integrated GPU, another accelerator, then OpenCL on the CPU.  A simulator (Oclgrind) runs
+    only when named with --device / device=.  Exits with code 2 when no device but a simulator is
+    usable, and says how to get one.
     """
     from optcli.runtime.opencl.devices import HOW_TO_GET_ONE, list_devices
 
@@ -323,21 +325,24 @@ def devices_command(as_json, no_check):
             state = "usable" if d["usable"] else "NOT usable: " + "; ".join(d["problems"])
             if d["usable"] and no_check:
                 state = "not checked (--no-check)"
-            click.echo(f"[{i}] {d['name']} ({d['kind']}, {d['platform']}) - {state}")
+            if d["usable"] and d["simulator"]:
+                state += " when named (a simulator: never picked unasked)"
+            click.echo(f"[{i}] {d['label']}: {d['name']} ({d['kind']}, {d['platform']}) - {state}")
             click.echo(f"    {d['version']}, driver {d['driver']}, {d['compute_units']} compute units, "
                        f"{d['global_mem_mb']} MB memory ({d['max_alloc_mb']} MB per buffer)")
             click.echo(f"    work-group <= {d['max_work_group_size']}, local memory {d['local_mem_kb']} KB, "
                        f"fp16 {'native' if d['fp16_native'] else 'storage only'}, images "
                        f"{d['image2d_max'] if d['image_support'] else 'no'}")
             click.echo(f"    recommended: --precision={d['recommended']['precision']} ({d['recommended']['why']})")
-    usable = [i for i, d in enumerate(found) if d["usable"]]
-    if usable and not as_json and not no_check:
-        # the runtime's order: GPUs, then the rest; simulators (oclgrind) only when nothing else is usable
-        pick = min(usable, key=lambda i: (found[i]["simulator"], found[i]["kind"] != "GPU", i))
-        click.echo(f"GPU steps run on [{pick}] {found[pick]['name']} ({found[pick]['kind']}), unless "
-                   "--device / device= names another")
-    if not usable:
-        what = "no usable OpenCL device" if found else "no OpenCL platform or device found"
+    chosen = [i for i, d in enumerate(found) if d["runs_gpu_steps"]]
+    if chosen and not as_json:
+        d = found[chosen[0]]
+        click.echo(f"GPU steps run on [{chosen[0]}] {d['name']}: the best ranked usable device ({d['rank']}; the "
+                   "order: discrete GPU, integrated GPU, accelerator, OpenCL on the CPU), unless --device / device= "
+                   "names another")
+    if not no_check and not chosen:
+        what = ("no usable OpenCL device but a simulator" if any(d["usable"] for d in found) else
+                "no usable OpenCL device" if found else "no OpenCL platform or device found")
         raise TargetError(f"{what}: GPU steps will run on the CPU; {HOW_TO_GET_ONE}")
 
 

@@ -33,9 +33,12 @@ SIMULATED = "fails to build a test kernel (simulated: unknown target CPU 'generi
 class FakeDevice:
     """Enough of a pyopencl Device for choosing and describing (its smoke test is replaced)."""
 
-    def __init__(self, name: str, kind=cl.device_type.GPU, version: str = "OpenCL 3.0 fake"):
+    def __init__(self, name: str, kind=cl.device_type.GPU, version: str = "OpenCL 3.0 fake",
+                 platform: str = "Fake Platform", unified: bool = False):
         self.name, self.type, self.version = name, kind, version
-        self.platform = types.SimpleNamespace(name="Fake Platform")
+        self.platform = types.SimpleNamespace(name=platform)
+        self.vendor = "Fake Vendor"
+        self.host_unified_memory = unified
         self.int_ptr = id(self)
 
 
@@ -123,7 +126,7 @@ def test_devices_command_exits_2_and_says_how_to_get_one(fresh, monkeypatch, cap
 @pytest.mark.opencl
 def test_devices_command_names_the_device_the_runtime_picks(capsys, opencl_device):
     code, out, _ = cli(["devices"], capsys)
-    assert code == 0 and "GPU steps run on [" in out and f"] {opencl_device.name} ({opencl_device.kind})" in out
+    assert code == 0 and "GPU steps run on [" in out and f"] {opencl_device.name}: the best ranked usable device" in out
     if opencl_device.device.type & cl.device_type.CPU:
         assert opencl_device.kind == "OpenCL on the CPU" and "(OpenCL on the CPU, " in out
 

@@ -26,6 +26,7 @@ from optcli.runtime.opencl.devices import (
     device_id,
     device_kind,
     device_problems,
+    device_rank,
     failure_text,
     is_simulator,
 )
@@ -47,10 +48,11 @@ DEVICE_ENV = "OPTCLI_OPENCL_DEVICE"  # part of a device's name: the device to us
 
 
 def _candidates(name: str | None = None) -> list:
-    """The OpenCL devices in the order the runtime tries them: GPUs first, then the rest in
-    platform order (a system ICD before pip's PoCL: the loader lists /etc/OpenCL/vendors first),
-    simulators (Oclgrind, which calls itself a GPU and runs kernels thousands of times slower)
-    last.  ``name`` (else ``$OPTCLI_OPENCL_DEVICE``) keeps the devices whose name contains it."""
+    """The OpenCL devices in the order the runtime tries them (``devices.device_rank``: discrete
+    GPUs, integrated GPUs, accelerators, CPU OpenCL; a system ICD before pip's PoCL within a rank,
+    as the loader lists /etc/OpenCL/vendors first).  Simulators (Oclgrind: thousands of times
+    slower) are left out unless named: ``name`` (else ``$OPTCLI_OPENCL_DEVICE``) keeps the devices
+    whose name contains it, simulators included."""
     name = name or os.environ.get(DEVICE_ENV) or None
     if cl is None:
         raise DeviceUnavailable(f"pyopencl cannot be imported; {GET_ONE}")
@@ -72,7 +74,15 @@ def _candidates(name: str | None = None) -> list:
             found = ", ".join(describe_device(d) for d in devices)
             raise DeviceUnavailable(f"no OpenCL device matches '{name}' (found: {found})")
         devices = matches
-    return sorted(devices, key=lambda d: (is_simulator(d), not int(d.type) & cl.device_type.GPU))
+    else:
+        real = [d for d in devices if not is_simulator(d)]
+        if not real:
+            found = ", ".join(describe_device(d) for d in devices)
+            raise DeviceUnavailable(f"only a simulated OpenCL device was found ({found}), which runs kernels "
+                                    "thousands of times slower than the CPU and is used only when named "
+                                    f"(--device / device=); {GET_ONE}")
+        devices = real
+    return sorted(devices, key=lambda d: device_rank(d)[0])
 
 
 def _pick_device(name: str | None = None):

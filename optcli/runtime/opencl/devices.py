@@ -113,16 +113,59 @@ def device_problems(device, check: bool = True) -> list[str]:
     return [failure] if failure else []
 
 
-SIMULATORS = ("Oclgrind",)  # platforms that simulate a device to debug kernels: never picked unasked
+SIMULATORS = ("oclgrind", "simulator", "emulator", "emulation")  # in a platform or device name: never picked unasked
 
 
 def is_simulator(device) -> bool:
-    """A simulated device (oclgrind: it calls itself a GPU and runs kernels thousands of times
-    slower than a CPU device); the runtime takes one only when it is named."""
+    """A simulated or emulated device (Oclgrind: it calls itself a GPU and runs kernels thousands of
+    times slower than a CPU device; any device whose platform, name or vendor says it simulates or
+    emulates); the runtime takes one only when it is named (``--device`` / ``device=``)."""
+    names = []
+    for read in (lambda: device.platform.name, lambda: device.name, lambda: device.vendor):
+        try:
+            names.append(str(read()))
+        except Exception:  # a name the driver cannot tell: judged by the others
+            continue
+    text = " ".join(names).lower()
+    return any(word in text for word in SIMULATORS)
+
+
+def _integrated(device) -> bool:
+    """A GPU sharing the host's memory (an integrated or mobile GPU), as the driver reports it."""
     try:
-        return any(s.lower() in device.platform.name.lower() for s in SIMULATORS)
-    except Exception:  # a platform that cannot tell its name is no simulator we know
+        return bool(device.host_unified_memory)
+    except Exception:  # OpenCL 2.0 deprecated the query; a driver that refuses it: count it discrete
         return False
+
+
+def device_label(device) -> str:
+    """One word for ``optcli devices``: gpu, cpu, accelerator, simulator or other."""
+    import pyopencl as cl
+
+    if is_simulator(device):
+        return "simulator"
+    kind = int(device.type)
+    for flag, label in ((cl.device_type.GPU, "gpu"), (cl.device_type.ACCELERATOR, "accelerator"),
+                        (cl.device_type.CPU, "cpu")):
+        if kind & flag:
+            return label
+    return "other"
+
+
+# The order the runtime tries devices in when none is named: the device most likely to be fast first.
+RANKS = ("discrete GPU", "integrated GPU", "accelerator", "OpenCL on the CPU", "other OpenCL device", "simulator")
+
+
+def device_rank(device) -> tuple[int, str]:
+    """(place in ``RANKS``, its name): discrete GPUs, integrated GPUs, other accelerators, CPU OpenCL,
+    then the rest; simulators last, and only ever used when named."""
+    label = device_label(device)
+    if label == "gpu":
+        name = "integrated GPU" if _integrated(device) else "discrete GPU"
+    else:
+        name = {"accelerator": "accelerator", "cpu": "OpenCL on the CPU", "simulator": "simulator"}.get(
+            label, "other OpenCL device")
+    return RANKS.index(name), name
 
 
 def list_devices(check: bool = True) -> list[dict[str, Any]]:
@@ -148,6 +191,8 @@ def list_devices(check: bool = True) -> list[dict[str, Any]]:
                 "vendor": d.vendor.strip(),
                 "type": cl.device_type.to_string(d.type),
                 "kind": device_kind(d),
+                "label": device_label(d),
+                "rank": device_rank(d)[1],
                 "simulator": is_simulator(d),
                 "version": d.version.strip(),
                 "driver": d.driver_version.strip(),
@@ -161,6 +206,7 @@ def list_devices(check: bool = True) -> list[dict[str, Any]]:
                 "image2d_max": [int(d.image2d_max_width), int(d.image2d_max_height)] if d.image_support else None,
                 "fp16_native": fp16,
                 "usable": not problems,
+                "runs_gpu_steps": False,
                 "checked": check,
                 "problems": problems,
                 "recommended": {
@@ -170,4 +216,13 @@ def list_devices(check: bool = True) -> list[dict[str, Any]]:
                             "fp32 is the safer default, fp16 still saves memory"),
                 },
             })
+    _mark_choice(result)
     return result
+
+
+def _mark_choice(found: list[dict[str, Any]]) -> None:
+    """Set ``runs_gpu_steps`` on the device the runtime picks when none is named (the best ranked
+    usable one that is no simulator), as ``opencl.device`` does."""
+    usable = [d for d in found if d["usable"] and d["checked"] and not d["simulator"]]
+    if usable:
+        min(usable, key=lambda d: RANKS.index(d["rank"]))["runs_gpu_steps"] = True
