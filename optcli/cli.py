@@ -265,6 +265,17 @@ def _moved_to_host(report: dict) -> str | None:
             f"{record['copy_ns'] / 1e3:.1f} us (keep them on the GPU with --disable_pass={NAME})")
 
 
+def _interrupted(prog: str) -> None:
+    """Ctrl-C: one line and exit 130 at once.  Every ``finally`` has run by now (an output file is
+    never half-written); what is left is the interpreter's teardown, where releasing the OpenCL
+    objects of a run left early waits for the device to finish what was queued (seconds on a slow
+    device), so it is skipped."""
+    click.echo(f"{prog}: interrupted", err=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
+
+
 def _run_cli(command: click.Command, prog: str) -> None:
     """Run a click command with our exit-code contract."""
     try:
@@ -272,16 +283,15 @@ def _run_cli(command: click.Command, prog: str) -> None:
     except OptError as exc:
         click.echo(f"{prog}: error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo(f"{prog}: aborted", err=True)
-        sys.exit(1)
+    except click.exceptions.Abort:  # what click makes of Ctrl-C (KeyboardInterrupt): the conventional 130
+        _interrupted(prog)
     except click.ClickException as exc:
         exc.show()
         sys.exit(2)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        sys.exit(130)
+        _interrupted(prog)
     except Exception as exc:  # internal error: say so, keep the traceback for OPTCLI_DEBUG=1
         if os.environ.get("OPTCLI_DEBUG"):
             traceback.print_exc()

@@ -43,6 +43,13 @@ class DeviceError(TargetError):
     finished on the CPU instead (``require_gpu=True``, or inputs/outputs living on the device)."""
 
 
+class Cancelled(OptError):
+    """A run stopped on request: ``Predictor.cancel()`` from another thread.  The CLI exits 130, as
+    for Ctrl-C."""
+
+    exit_code = 130
+
+
 class InternalError(Exception):
     """A bug in optcli, not in the user's input: the CLI says "internal error ... please report"
     and exits 1.  Deliberately not an ``OptError``: code that catches bad input must not hide it."""

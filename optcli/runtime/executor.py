@@ -13,11 +13,12 @@ and only when the plan has a GPU).  Errors are sorted out only when one is raise
 
 from __future__ import annotations
 
+import threading
 from typing import NamedTuple
 
 import numpy as np
 
-from optcli.errors import KernelError, OptError
+from optcli.errors import Cancelled, KernelError, OptError
 from optcli.ops.spatial import WindowDoesNotFit
 from optcli.plan import Plan
 from optcli.runtime.host.memory import keep_freed_memory
@@ -74,15 +75,21 @@ class Executor:
                                  fn is not None and any(n in graph_inputs for n in step.inputs)))
         return program
 
-    def run(self, feeds: dict[str, np.ndarray], record_sizes: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    def run(self, feeds: dict[str, np.ndarray], record_sizes: dict[str, int] | None = None,
+            cancel: threading.Event | None = None) -> dict[str, np.ndarray]:
+        """Run the steps; ``cancel`` (set by another thread) stops the run between steps, and in the
+        GPU steps' waits, with ``Cancelled``."""
         if self._program is None:  # first run, or fns replaced
             self._program = self._compile()
         steps, gpu = self.plan.steps, self.gpu
         env: dict[str, object] = dict(self.plan.weights)
         env.update(feeds)
         ndarray = np.ndarray
+        finished = False
         try:
             for index, fn, inputs, outputs, used, free, device_inputs in self._program:
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(f"the run was cancelled (Predictor.cancel) before step {index}")
                 step = steps[index]  # the progress lines read the running step from this frame
                 if fn is None:
                     gpu.run_step(index, step, env)
@@ -109,9 +116,10 @@ class Executor:
                                 record_sizes[name] = arr.nbytes
                 for name in free:
                     env.pop(name, None)
+            finished = True
         finally:
-            if gpu is not None:
-                gpu.finish()
+            if gpu is not None:  # a run left early (an error, Ctrl-C, cancel) does not wait for the device
+                gpu.finish() if finished else gpu.abandon()
         return {v.name: env[v.name] for v in self.plan.outputs}
 
 

@@ -82,6 +82,7 @@ class Predictor:
         self._executor = Executor(plan, self.gpu)
         self._cpu_executor: Executor | None = None  # calls whose input shapes the GPU plan cannot run
         self._lock = threading.Lock()  # one run at a time: kernels share nothing, but BLAS limits do
+        self._running: threading.Event | None = None  # the cancel flag of the run in progress
         self._shape_plans: dict[tuple, MemoryPlan] = {}
         self._limiter = _thread_limiter(threads)
 
@@ -142,10 +143,13 @@ class Predictor:
         key = tuple(tuple(getattr(arrays[v.name], "shape", v.shape)) for v in self.plan.inputs)
         record = {} if self.plan.memory.arena_bytes is None and key not in self._shape_plans else None
         with self._lock, self._limiter():
+            self._running = cancel = threading.Event()
             try:
-                outputs = self._run_locked(arrays, record, outputs_on_device)
+                outputs = self._run_locked(arrays, record, outputs_on_device, cancel)
             except KernelError as exc:
                 raise self._blame(arrays, exc) from exc
+            finally:
+                self._running = None
         if record is not None:
             self._replan(key, arrays, record)
         return {k: _owned(v) for k, v in outputs.items()}
@@ -167,26 +171,36 @@ class Predictor:
         return InputError(f"{self.source}: input shapes {describe_inputs(shapes)} do not fit the model: "
                           f"{derived.strict_error}")
 
-    def _run_locked(self, arrays, record, outputs_on_device: bool) -> dict:
+    def cancel(self) -> None:
+        """Stop the run in progress, from another thread (as onnxruntime's ``RunOptions.terminate``):
+        it raises ``Cancelled`` between two steps, or within 10 ms while it waits for the OpenCL
+        device (the device finishes what was queued in the background; the predictor stays usable).
+        A host kernel already running finishes first.  With no run in progress it does nothing."""
+        running = self._running
+        if running is not None:
+            running.set()
+
+    def _run_locked(self, arrays, record, outputs_on_device: bool, cancel: threading.Event) -> dict:
         """One run; a device failure mid-run (lost device, out of resources) never yields a partial
         or wrong answer: the predictor drops its GPU for good, warns, and runs the call again on the
         CPU, or raises ``DeviceError`` where the CPU cannot stand in (``require_gpu=True``, inputs or
         outputs on the device)."""
         if self.gpu is None:
-            return self._executor.run(arrays, record)
+            return self._executor.run(arrays, record, cancel)
         self.gpu.outputs_on_device = outputs_on_device
+        self.gpu.cancel = cancel
         try:
             refusal = self._bind_gpu(arrays, outputs_on_device)
             if refusal:
-                return self._host_executor().run(arrays, record)
+                return self._host_executor().run(arrays, record, cancel)
             try:
-                return self._executor.run(arrays, record)
+                return self._executor.run(arrays, record, cancel)
             except GpuRefusal as exc:  # at a data point: the sizes the data gave do not fit the device
                 self._refuse_call(f"{self.source}: the sizes computed at run time cannot run on the GPU: {exc}",
                                   arrays, outputs_on_device, "run it without require_gpu to let the CPU take it")
                 if record is not None:
                     record.clear()  # sizes from the abandoned run are incomplete
-                return self._host_executor().run(arrays, record)
+                return self._host_executor().run(arrays, record, cancel)
         except Exception as exc:
             failure = _device_failure(exc)
             if failure is None:
@@ -203,7 +217,7 @@ class Predictor:
         LOG.warning(f"optcli: {self.source}: {reason}; this predictor now runs on the CPU")
         if record is not None:
             record.clear()  # sizes from the failed run are incomplete
-        return self._executor.run(arrays, record)
+        return self._executor.run(arrays, record, cancel)
 
     def _bind_gpu(self, arrays: dict, outputs_on_device: bool) -> str:
         """Bind the GPU steps to these input shapes (plans with dynamic dims; ``OpenClSteps.bind_inputs``).

@@ -57,12 +57,14 @@ def _gpu_predictor(data, **kwargs):
     return p
 
 
-def test_device_lost_in_the_blocking_download_falls_back_to_the_cpu(model, monkeypatch, optcli_notices):
+def test_device_lost_in_the_download_falls_back_to_the_cpu(model, monkeypatch, optcli_notices):
     data, feeds, expected = model
     p = _gpu_predictor(data)
     device = p.gpu.dev.describe()
     lost = opencl.cl.RuntimeError("clEnqueueReadBuffer failed: DEVICE_NOT_AVAILABLE (test)")
-    calls = _fail_on_call(monkeypatch, opencl_steps.cl, "enqueue_copy", lost, lambda n, a, k: k.get("is_blocking"))
+    # the read of the output into host memory (the Download's copy: its destination is a numpy array)
+    calls = _fail_on_call(monkeypatch, opencl_steps.cl, "enqueue_copy", lost,
+                          lambda n, a, k: isinstance(a[1], np.ndarray))
     out = p.run(feeds)
     assert optcli_notices() == [f"optcli: <bytes>: the OpenCL device {device} failed during run (RuntimeError: "
                                 "clEnqueueReadBuffer failed: DEVICE_NOT_AVAILABLE (test)); this predictor now runs "

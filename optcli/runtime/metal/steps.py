@@ -49,6 +49,7 @@ class MetalSteps:
                 self.bound[i] = [self.ctx.bind(launch, f"step {i} {step.name}")
                                  for launch in kern.launch(self.ctx, step)]
         self.outputs_on_device = False
+        self.cancel = None  # Predictor.cancel's flag: seen between steps (Metal's waits do not poll it yet)
         self._command = None  # (command buffer, encoder) being filled
         self._pending: list = []  # committed command buffers not yet waited on
 
@@ -126,6 +127,8 @@ class MetalSteps:
             self._wait()
         finally:
             self._command = None
+
+    abandon = finish  # Metal's waits are not interruptible yet: a run left early still waits here
 
     def release(self) -> None:
         """Drop every buffer and bound dispatch (the predictor stopped using this device)."""

@@ -24,6 +24,7 @@ copy.  Sizes the device cannot take (an empty value) run that call on the host i
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,7 @@ from optcli.runtime.gpu_common.bind_shapes import (
 from optcli.runtime.gpu_common.device_buffers import LINEAR_OPS, device_values, share_buffers, to_storage
 from optcli.runtime.host.steps import StepError
 from optcli.runtime.opencl.device import BoundLaunch, ClDevice, ClLaunchContext, cl
+from optcli.runtime.opencl.waits import drain, wait_for
 from optcli.runtime.plan_shapes import Derivation
 
 if cl is not None:
@@ -78,7 +80,9 @@ class OpenClSteps:
         self.queue = dev.new_queue()  # one queue per predictor
         self.storage = np.dtype(np.float16 if precision == "fp16" else np.float32)
         self.gpu_indices = [i for i, s in enumerate(plan.steps) if s.target in gpu_targets]
-        self._keep: list[np.ndarray] = []
+        self._keep: list[Any] = []  # host arrays (and their copies' events) the queued commands use
+        self._abandoned: list[tuple[Any, list[Any]]] = []  # (marker, what _keep held) of runs left early
+        self.cancel: threading.Event | None = None  # the run's cancel flag (Predictor.cancel), seen in waits
         self.events: list | None = None  # (step index, cl.Event) of every enqueue, while profiling
         self.outputs_on_device = False
         self.graph_outputs = {v.name for v in plan.outputs}
@@ -278,7 +282,7 @@ class OpenClSteps:
     def enable_profiling(self) -> None:
         """Enqueue on a profiling queue from now on and keep each step's events in ``events``
         (``optcli bench`` reads their device times)."""
-        self.queue.finish()
+        self.finish()
         self.queue = self.dev.new_queue(profiling=True)
         self.events = []
 
@@ -315,8 +319,13 @@ class OpenClSteps:
                 env[step.outputs[0]] = out
                 return
             host = np.empty(shape, dtype=self.storage)
-            record(cl.enqueue_copy(queue, host, self.buffers[step.inputs[0]], is_blocking=True))
-            self._keep.clear()
+            event = cl.enqueue_copy(queue, host, self.buffers[step.inputs[0]], is_blocking=False)
+            # Both kept until the copy is done, even if the wait is left: the device writes ``host``, and
+            # dropping pyopencl's event of a copy to host memory waits for the copy (a wait we left).
+            self._keep += [host, event]
+            record(event)
+            wait_for(queue, event, self.cancel)  # comes back to Python: Ctrl-C and cancel work here
+            self._keep.clear()  # the queue is in order: every copy before this one is done too
             described = self.plan.values.get(step.outputs[0])
             dtype = described.dtype if described is not None else "float32"  # float32, or bool stored as 0/1
             env[step.outputs[0]] = host.astype(dtype if dtype != "unknown" else np.float32, copy=False)
@@ -338,15 +347,35 @@ class OpenClSteps:
         return value if value.flags.c_contiguous else value.copy()
 
     def finish(self) -> None:
-        self.queue.finish()
+        """Wait for the run's commands (coming back to Python while waiting: ``waits``)."""
+        try:
+            drain(self.queue, self.cancel)
+        except BaseException:  # cancelled, interrupted, or the device failed: never free what it may use
+            self.abandon()
+            raise
         self._keep.clear()
+        self._abandoned.clear()  # in order: what earlier runs left queued is done too
+
+    def abandon(self) -> None:
+        """Leave a run without waiting (it raised, or was cancelled): the host arrays its queued
+        commands read or write stay alive, behind a marker, until a later wait sees them done (for
+        good where the device cannot take a marker any more: a lost device)."""
+        if self._keep:
+            try:
+                marker = cl.enqueue_marker(self.queue)
+                self.queue.flush()
+            except Exception:  # the device is gone: the arrays live as long as this object
+                marker = None
+            self._abandoned.append((marker, self._keep))
+            self._keep = []
+        self._abandoned = [(m, a) for m, a in self._abandoned if not _done(m)]
 
     def release(self) -> None:
         """Drop every device buffer, bound launch and uploaded weight (the predictor stopped using
         this device): their memory goes back as soon as nothing else holds them."""
+        self.abandon()  # host arrays still queued stay alive (a lost device may still touch them)
         self._bindings.clear()
         self.shared_weights.clear()
-        self._keep.clear()
         self.buffers, self.bound, self.ctx, self.device_bytes = {}, {}, None, 0
 
 
@@ -368,6 +397,14 @@ class _AnyShape(dict):
 
     def __missing__(self, key):
         return (1,)
+
+
+def _done(marker) -> bool:
+    """Whether a marker's commands are complete (no: a lost device's, which may never say)."""
+    try:
+        return marker is not None and marker.command_execution_status == cl.command_execution_status.COMPLETE
+    except Exception:
+        return False
 
 
 def _ignore(event) -> None:

@@ -28,6 +28,7 @@ from optcli.ir import Graph, Node, Value
 from optcli.progress import progress
 from optcli.runtime.gpu_common.disk_cache import cache_root, private_dir, read_entry, write_entry
 from optcli.runtime.opencl.program_cache import device_key
+from optcli.runtime.opencl.waits import drain
 
 LEVELS = ("fast", "normal", "exhaustive")
 _LOCAL_SIZES = {
@@ -103,12 +104,12 @@ def plan_graph(plan) -> Graph:
 def _time(bound, queue, repeats: int) -> float:
     for b in bound:
         b.enqueue(queue)
-    queue.finish()
+    drain(queue)
     start = time.perf_counter()
     for _ in range(repeats):
         for b in bound:
             b.enqueue(queue)
-    queue.finish()
+    drain(queue)
     return (time.perf_counter() - start) / repeats * 1e6
 
 
