@@ -25,7 +25,8 @@ def cli_markdown() -> str:
              "Generated from the click commands by `python -m optcli.docgen > docs/cli.md`; a test keeps it",
              "current. Every command prints the same text with `--help`.", "",
              "Exit codes of every command: 0 success, 2 a user error (one line: what, where, what to do), 3 a",
-             "check failed (`opt --verify`, `optcli bench --max_diff`), 1 an internal error.", ""]
+             "check failed (`opt --verify`, `optcli bench --max_diff`), 130 interrupted (Ctrl-C: within a second,",
+             "on the host or while waiting for an OpenCL device; nothing half-written), 1 an internal error.", ""]
     parts += ["## `opt`", "", "The optimizer, with Paddle Lite's flags (also `optcli opt`).", "", "```text",
               _help(opt_command, "opt"), "```", ""]
     settings = {**optcli_group.context_settings, "terminal_width": WIDTH, "max_content_width": WIDTH}

@@ -50,6 +50,12 @@ class Cancelled(OptError):
     exit_code = 130
 
 
+class RunLimitError(OptError):
+    """A run went past a limit set to keep a file from running forever: its deadline
+    (``run(timeout_s=)``, ``optcli run --timeout``) or the iterations allowed to a fallback ``Loop``
+    or ``Scan`` (``OPTCLI_MAX_LOOP_ITERATIONS``)."""
+
+
 class InternalError(Exception):
     """A bug in optcli, not in the user's input: the CLI says "internal error ... please report"
     and exits 1.  Deliberately not an ``OptError``: code that catches bad input must not hide it."""

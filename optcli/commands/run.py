@@ -73,7 +73,11 @@ def top_k_rows(scores: np.ndarray, k: int, labels: list[str] | None) -> list[lis
 @click.option("--labels", type=click.Path(exists=True, dir_okay=False), metavar="FILE.txt",
               help="Class names for --top_k, one per line.")
 @load_options
-def run_command(model, inputs, preprocess, output_dir, top_k, labels, targets, precision, device, threads):
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Stop the run after this many seconds (exit 2): a file whose control flow would run for ever "
+                   "ends. A fallback Loop or Scan also stops past OPTCLI_MAX_LOOP_ITERATIONS iterations (default "
+                   "1000000).")
+def run_command(model, inputs, preprocess, output_dir, top_k, labels, timeout, targets, precision, device, threads):
     """Run a .nb model once on the given inputs, save the outputs as .npy and print their shapes
     and statistics.
 
@@ -88,7 +92,7 @@ def run_command(model, inputs, preprocess, output_dir, top_k, labels, targets, p
     loaded = time.perf_counter() - start
     feeds = read_inputs(predictor, inputs, preprocess)
     start = time.perf_counter()
-    outputs = predictor.run(feeds)
+    outputs = predictor.run(feeds, timeout_s=timeout)
     ran = time.perf_counter() - start
     where = f"{predictor.gpu.dev.name} ({getattr(predictor.gpu.dev, 'kind', 'GPU')})" if predictor.gpu else "the CPU"
     click.echo(f"{model}: loaded in {loaded * 1e3:.0f} ms, ran in {ran * 1e3:.1f} ms on {where} "

@@ -7,12 +7,72 @@ distinct node is built once and cached.  Protobuf parsing executes no code from 
 
 from __future__ import annotations
 
+import contextvars
+import os
 import threading
 from functools import lru_cache
 
 import numpy as np
 
+from optcli.errors import RunLimitError
+
 _LOCK = threading.Lock()
+
+MAX_LOOP_ITERATIONS = int(os.environ.get("OPTCLI_MAX_LOOP_ITERATIONS", "1000000"))
+"""Iterations one fallback ``Loop`` or ``Scan`` may run (``OPTCLI_MAX_LOOP_ITERATIONS``): a file
+cannot make a run go on forever (a trip count of 10**12, a condition that stays true).  Real
+models iterate thousands of times (a decoder's 501 steps), each iteration a Python-level run of
+the body: a million of them is hours."""
+
+RUN_STOP: contextvars.ContextVar = contextvars.ContextVar("optcli_run_stop", default=None)
+"""The running call's stop flag (``runtime.run_control.RunStop``: ``check(where)`` raises once it
+is cancelled or past its deadline), seen at every iteration of a fallback ``Loop``/``Scan``."""
+
+_ITERATIONS = threading.local()  # per thread: the running Loop/Scan invocations' iteration counts
+
+
+def _guarded(base):
+    """``base`` (onnx.reference's Loop or Scan) counting its iterations against
+    ``MAX_LOOP_ITERATIONS`` and checking the run's stop flag at each one."""
+
+    class Guarded(base):
+        op_domain = ""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            run_body = self._run_body  # onnx.reference binds it per instance, from the ``body`` attribute
+
+            def counted(*body_args, **body_kwargs):
+                counts = _ITERATIONS.stack
+                counts[-1] += 1
+                if counts[-1] > MAX_LOOP_ITERATIONS:
+                    raise RunLimitError(f"a {base.__name__} runs more than {MAX_LOOP_ITERATIONS} iterations, the "
+                                        "limit (OPTCLI_MAX_LOOP_ITERATIONS) that keeps a file from running forever")
+                stop = RUN_STOP.get()
+                if stop is not None:
+                    stop.check(f"in a {base.__name__}'s iteration {counts[-1]}")
+                return run_body(*body_args, **body_kwargs)
+
+            self._run_body = counted
+
+        def _run(self, *args, **kwargs):
+            counts = _ITERATIONS.__dict__.setdefault("stack", [])
+            counts.append(0)
+            try:
+                return super()._run(*args, **kwargs)
+            finally:
+                counts.pop()
+
+    Guarded.__name__ = base.__name__
+    return Guarded
+
+
+@lru_cache(maxsize=1)
+def _guarded_ops() -> list:
+    from onnx.reference.ops.op_loop import Loop
+    from onnx.reference.ops.op_scan import Scan
+
+    return [_guarded(Loop), _guarded(Scan)]
 
 
 @lru_cache(maxsize=512)
@@ -30,7 +90,7 @@ def _evaluator(proto: bytes, opsets: tuple[tuple[str, int], ...],
     outputs = [helper.make_tensor_value_info(n, onnx.TensorProto.UNDEFINED, None) for n in node.output if n]
     graph = helper.make_graph([node], "fallback", inputs, outputs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
-    return ReferenceEvaluator(model), list(node.output)
+    return ReferenceEvaluator(model, new_ops=_guarded_ops()), list(node.output)
 
 
 def run_reference(proto: bytes, opsets: dict[str, int], inputs: list[np.ndarray | None],

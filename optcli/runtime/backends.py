@@ -35,7 +35,7 @@ class DeviceSteps(Protocol):
     storage: Any  # numpy dtype of device tensors (float32, or float16 with precision fp16)
     tunable: bool  # whether ``opencl.tuning`` can time its kernel variants
     outputs_on_device: bool
-    cancel: Any  # the running call's threading.Event (Predictor.cancel), or None
+    stop: Any  # the running call's runtime.run_control.RunStop (cancel, deadline), or None
 
     def bind_inputs(self, input_shapes: dict[str, tuple[int, ...]]) -> str: ...
 

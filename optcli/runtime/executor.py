@@ -13,16 +13,17 @@ and only when the plan has a GPU).  Errors are sorted out only when one is raise
 
 from __future__ import annotations
 
-import threading
 from typing import NamedTuple
 
 import numpy as np
 
-from optcli.errors import Cancelled, KernelError, OptError
+from optcli.errors import KernelError, OptError
+from optcli.ops.reference import RUN_STOP
 from optcli.ops.spatial import WindowDoesNotFit
 from optcli.plan import Plan
 from optcli.runtime.host.memory import keep_freed_memory
 from optcli.runtime.host.steps import StepError, StepFn, bind_step
+from optcli.runtime.run_control import RunStop
 
 
 def _host(value):
@@ -76,9 +77,9 @@ class Executor:
         return program
 
     def run(self, feeds: dict[str, np.ndarray], record_sizes: dict[str, int] | None = None,
-            cancel: threading.Event | None = None) -> dict[str, np.ndarray]:
-        """Run the steps; ``cancel`` (set by another thread) stops the run between steps, and in the
-        GPU steps' waits, with ``Cancelled``."""
+            stop: RunStop | None = None) -> dict[str, np.ndarray]:
+        """Run the steps; ``stop`` (a cancel from another thread, a deadline) ends the run between
+        steps, in the GPU steps' waits and in a fallback Loop's iterations."""
         if self._program is None:  # first run, or fns replaced
             self._program = self._compile()
         steps, gpu = self.plan.steps, self.gpu
@@ -86,10 +87,12 @@ class Executor:
         env.update(feeds)
         ndarray = np.ndarray
         finished = False
+        flag = stop.event if stop is not None else None
+        scope = RUN_STOP.set(stop)  # the fallback Loop/Scan look at it on every iteration
         try:
             for index, fn, inputs, outputs, used, free, device_inputs in self._program:
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled(f"the run was cancelled (Predictor.cancel) before step {index}")
+                if flag is not None and flag.is_set():
+                    stop.check(f"before step {index}")
                 step = steps[index]  # the progress lines read the running step from this frame
                 if fn is None:
                     gpu.run_step(index, step, env)
@@ -118,6 +121,7 @@ class Executor:
                     env.pop(name, None)
             finished = True
         finally:
+            RUN_STOP.reset(scope)
             if gpu is not None:  # a run left early (an error, Ctrl-C, cancel) does not wait for the device
                 gpu.finish() if finished else gpu.abandon()
         return {v.name: env[v.name] for v in self.plan.outputs}

@@ -30,6 +30,7 @@ from optcli.runtime import backends
 from optcli.runtime.executor import Executor
 from optcli.runtime.gpu_common.bind_shapes import GpuRefusal
 from optcli.runtime.load_checks import check_at_load
+from optcli.runtime.run_control import RunStop
 from optcli.targets import TARGETS, get_target
 
 _WARNED: set[str] = set()
@@ -82,7 +83,7 @@ class Predictor:
         self._executor = Executor(plan, self.gpu)
         self._cpu_executor: Executor | None = None  # calls whose input shapes the GPU plan cannot run
         self._lock = threading.Lock()  # one run at a time: kernels share nothing, but BLAS limits do
-        self._running: threading.Event | None = None  # the cancel flag of the run in progress
+        self._running: RunStop | None = None  # the stop flag of the run in progress
         self._shape_plans: dict[tuple, MemoryPlan] = {}
         self._limiter = _thread_limiter(threads)
 
@@ -131,11 +132,15 @@ class Predictor:
         return self._shape_plans.get(tuple(tuple(shapes[v.name]) for v in self.plan.inputs))
 
     # -------------------------------------------------------------------- running
-    def run(self, feeds, outputs_on_device: bool = False) -> dict[str, np.ndarray]:
+    def run(self, feeds, outputs_on_device: bool = False, timeout_s: float | None = None) -> dict[str, np.ndarray]:
         """Run the model.  ``feeds``: {name: array} or a list in input order; arrays may be numpy
         arrays or, for inputs the GPU reads, pyopencl arrays already on this predictor's device
         (``self.context``): a camera frame on the GPU then never crosses to the host.  With
-        ``outputs_on_device=True`` outputs the GPU produces come back as pyopencl arrays."""
+        ``outputs_on_device=True`` outputs the GPU produces come back as pyopencl arrays.
+        ``timeout_s``: a deadline; past it the run ends with ``RunLimitError`` (seen between steps,
+        in device waits and in a fallback Loop's iterations; a host kernel in progress finishes)."""
+        if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+            raise UsageError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         if outputs_on_device and self.gpu is None:
             raise UsageError("outputs_on_device=True needs the plan's GPU steps running on a GPU; this predictor "
                              "runs on the CPU")
@@ -143,13 +148,14 @@ class Predictor:
         key = tuple(tuple(getattr(arrays[v.name], "shape", v.shape)) for v in self.plan.inputs)
         record = {} if self.plan.memory.arena_bytes is None and key not in self._shape_plans else None
         with self._lock, self._limiter():
-            self._running = cancel = threading.Event()
+            self._running = stop = RunStop(timeout_s)
             try:
-                outputs = self._run_locked(arrays, record, outputs_on_device, cancel)
+                outputs = self._run_locked(arrays, record, outputs_on_device, stop)
             except KernelError as exc:
                 raise self._blame(arrays, exc) from exc
             finally:
                 self._running = None
+                stop.close()
         if record is not None:
             self._replan(key, arrays, record)
         return {k: _owned(v) for k, v in outputs.items()}
@@ -178,29 +184,29 @@ class Predictor:
         A host kernel already running finishes first.  With no run in progress it does nothing."""
         running = self._running
         if running is not None:
-            running.set()
+            running.cancel()
 
-    def _run_locked(self, arrays, record, outputs_on_device: bool, cancel: threading.Event) -> dict:
+    def _run_locked(self, arrays, record, outputs_on_device: bool, stop: RunStop) -> dict:
         """One run; a device failure mid-run (lost device, out of resources) never yields a partial
         or wrong answer: the predictor drops its GPU for good, warns, and runs the call again on the
         CPU, or raises ``DeviceError`` where the CPU cannot stand in (``require_gpu=True``, inputs or
         outputs on the device)."""
         if self.gpu is None:
-            return self._executor.run(arrays, record, cancel)
+            return self._executor.run(arrays, record, stop)
         self.gpu.outputs_on_device = outputs_on_device
-        self.gpu.cancel = cancel
+        self.gpu.stop = stop
         try:
             refusal = self._bind_gpu(arrays, outputs_on_device)
             if refusal:
-                return self._host_executor().run(arrays, record, cancel)
+                return self._host_executor().run(arrays, record, stop)
             try:
-                return self._executor.run(arrays, record, cancel)
+                return self._executor.run(arrays, record, stop)
             except GpuRefusal as exc:  # at a data point: the sizes the data gave do not fit the device
                 self._refuse_call(f"{self.source}: the sizes computed at run time cannot run on the GPU: {exc}",
                                   arrays, outputs_on_device, "run it without require_gpu to let the CPU take it")
                 if record is not None:
                     record.clear()  # sizes from the abandoned run are incomplete
-                return self._host_executor().run(arrays, record, cancel)
+                return self._host_executor().run(arrays, record, stop)
         except Exception as exc:
             failure = _device_failure(exc)
             if failure is None:
@@ -217,7 +223,7 @@ class Predictor:
         LOG.warning(f"optcli: {self.source}: {reason}; this predictor now runs on the CPU")
         if record is not None:
             record.clear()  # sizes from the failed run are incomplete
-        return self._executor.run(arrays, record, cancel)
+        return self._executor.run(arrays, record, stop)
 
     def _bind_gpu(self, arrays: dict, outputs_on_device: bool) -> str:
         """Bind the GPU steps to these input shapes (plans with dynamic dims; ``OpenClSteps.bind_inputs``).

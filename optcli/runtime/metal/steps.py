@@ -49,7 +49,7 @@ class MetalSteps:
                 self.bound[i] = [self.ctx.bind(launch, f"step {i} {step.name}")
                                  for launch in kern.launch(self.ctx, step)]
         self.outputs_on_device = False
-        self.cancel = None  # Predictor.cancel's flag: seen between steps (Metal's waits do not poll it yet)
+        self.stop = None  # the running call's stop flag: seen between steps (Metal's waits do not poll it yet)
         self._command = None  # (command buffer, encoder) being filled
         self._pending: list = []  # committed command buffers not yet waited on
 

@@ -24,7 +24,6 @@ copy.  Sizes the device cannot take (an empty value) run that call on the host i
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +45,7 @@ from optcli.runtime.host.steps import StepError
 from optcli.runtime.opencl.device import BoundLaunch, ClDevice, ClLaunchContext, cl
 from optcli.runtime.opencl.waits import drain, wait_for
 from optcli.runtime.plan_shapes import Derivation
+from optcli.runtime.run_control import RunStop
 
 if cl is not None:
     import pyopencl.array as cl_array
@@ -82,7 +82,7 @@ class OpenClSteps:
         self.gpu_indices = [i for i, s in enumerate(plan.steps) if s.target in gpu_targets]
         self._keep: list[Any] = []  # host arrays (and their copies' events) the queued commands use
         self._abandoned: list[tuple[Any, list[Any]]] = []  # (marker, what _keep held) of runs left early
-        self.cancel: threading.Event | None = None  # the run's cancel flag (Predictor.cancel), seen in waits
+        self.stop: RunStop | None = None  # the running call's stop flag (cancel, deadline), seen in waits
         self.events: list | None = None  # (step index, cl.Event) of every enqueue, while profiling
         self.outputs_on_device = False
         self.graph_outputs = {v.name for v in plan.outputs}
@@ -324,7 +324,7 @@ class OpenClSteps:
             # dropping pyopencl's event of a copy to host memory waits for the copy (a wait we left).
             self._keep += [host, event]
             record(event)
-            wait_for(queue, event, self.cancel)  # comes back to Python: Ctrl-C and cancel work here
+            wait_for(queue, event, self.stop)  # comes back to Python: Ctrl-C and cancel work here
             self._keep.clear()  # the queue is in order: every copy before this one is done too
             described = self.plan.values.get(step.outputs[0])
             dtype = described.dtype if described is not None else "float32"  # float32, or bool stored as 0/1
@@ -349,7 +349,7 @@ class OpenClSteps:
     def finish(self) -> None:
         """Wait for the run's commands (coming back to Python while waiting: ``waits``)."""
         try:
-            drain(self.queue, self.cancel)
+            drain(self.queue, self.stop)
         except BaseException:  # cancelled, interrupted, or the device failed: never free what it may use
             self.abandon()
             raise

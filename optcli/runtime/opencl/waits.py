@@ -5,7 +5,7 @@ device has done everything asked of it; on a slow device (a simulator: minutes p
 then waits for the whole run, and nothing can cancel it from another thread.  Here the queue is
 flushed and the event polled, sleeping between polls from 20 us up to 10 ms: Python's signal
 handlers run in the sleeps (Ctrl-C ends the wait at once) and a cancel flag set by another thread is
-seen within 10 ms, while a short wait costs a few microseconds more than a blocking one.
+seen within 10 ms (a deadline too), while a short wait costs a few microseconds more than a blocking one.
 
 A wait left early leaves the device working on what was queued: the queue stays in order, so the
 next run's commands follow it, and the host memory those commands read or write is kept until a
@@ -14,18 +14,16 @@ later wait sees them done (``OpenClSteps``).
 
 from __future__ import annotations
 
-import threading
 import time
-
-from optcli.errors import Cancelled
 
 FIRST_SLEEP_S = 20e-6
 LONGEST_SLEEP_S = 0.01  # a cancel or a signal is seen within this (issue 21 asks for 100 ms at most)
 
 
-def wait_for(queue, event, cancel: threading.Event | None = None) -> None:
-    """Return when ``event`` is complete; raise ``Cancelled`` when ``cancel`` is set first, or what the
-    device reported for a failed command (a negative status: ``event.wait()`` raises it)."""
+def wait_for(queue, event, stop=None) -> None:
+    """Return when ``event`` is complete; raise what ``stop`` (``runtime.run_control.RunStop``) says
+    once it is set first (a cancel, a deadline), or what the device reported for a failed command (a
+    negative status: ``event.wait()`` raises it)."""
     import pyopencl as cl
 
     queue.flush()  # without it some drivers never start what was enqueued
@@ -38,14 +36,14 @@ def wait_for(queue, event, cancel: threading.Event | None = None) -> None:
         if status < 0:  # the command failed: pyopencl raises the device's error
             event.wait()
             return
-        if cancel is not None and cancel.is_set():
-            raise Cancelled("the run was cancelled (Predictor.cancel) while the device was working")
+        if stop is not None:
+            stop.check("while the OpenCL device was working")
         time.sleep(sleep)
         sleep = min(sleep * 2, LONGEST_SLEEP_S)
 
 
-def drain(queue, cancel: threading.Event | None = None) -> None:
+def drain(queue, stop=None) -> None:
     """``queue.finish()`` that comes back to Python while it waits (see the module docstring)."""
     import pyopencl as cl
 
-    wait_for(queue, cl.enqueue_marker(queue), cancel)
+    wait_for(queue, cl.enqueue_marker(queue), stop)
