@@ -153,6 +153,35 @@ def test_a_cache_directory_others_can_write_is_tightened(tmp_path):
     assert stat.S_IMODE(d.stat().st_mode) == 0o700
 
 
+def _read_within(seconds: float, path: Path):
+    """read_entry in a daemon thread: a read that blocks fails the test instead of hanging the suite."""
+    import threading
+
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(read_entry(path)), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"read_entry({path.name}) blocked for {seconds} s"
+    return result[0]
+
+
+def test_a_fifo_planted_under_an_entry_name_neither_hangs_nor_survives(tmp_path):
+    """Issue 23: another user plants a FIFO where an entry will be read; the open must not block,
+    and tightening a folder others could write removes it with the other planted entries."""
+    entry = tmp_path / "programs" / "0123abcd.bin"
+    entry.parent.mkdir()
+    os.mkfifo(entry)
+    assert _read_within(5.0, entry) is None
+    planted = tmp_path / "shared"
+    planted.mkdir()
+    os.mkfifo(planted / "deadbeef.bin")
+    (planted / "file.bin").write_bytes(b"x")
+    (planted / "sub").mkdir()
+    os.chmod(planted, 0o777)
+    assert private_dir(planted) == planted
+    assert sorted(p.name for p in planted.iterdir()) == ["sub"], "every planted entry but a folder is removed"
+
+
 def test_damaged_tuning_entry_is_dropped_and_retuned(tmp_path):
     cache = TuningCache(_Device(), root=tmp_path)
     cache.put("conv-key", Choice("onnx.Conv.direct", (8, 8, 1), 12.5))

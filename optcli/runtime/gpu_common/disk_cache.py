@@ -72,9 +72,11 @@ def private_dir(path: Path) -> Path | None:
 
 
 def _discard_entries(path: Path) -> None:
+    """Remove every entry but the directories below (each tightened when used): files, links, and
+    anything else another user could have planted (a FIFO on which an open would block, a socket)."""
     for entry in path.iterdir():
         try:
-            if entry.is_symlink() or entry.is_file():
+            if not stat.S_ISDIR(os.lstat(entry).st_mode):
                 entry.unlink()
         except OSError:
             pass  # not ours to remove: read_entry refuses it anyway
@@ -107,7 +109,11 @@ def read_entry(path: Path) -> bytes | None:
     whose SHA-256 matches.  A damaged entry of ours is removed.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        # lstat first: opening a FIFO planted under an entry's (predictable) name would block for ever.
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        # Non-blocking and not through a link all the same: the entry can be swapped after the lstat.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
