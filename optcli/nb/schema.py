@@ -24,6 +24,16 @@ MAX_RANK = 64
 MAX_ELEMENTS = 2**62  # per declared shape: its byte size still fits an int64 (no dim beyond int64 either)
 
 
+def _elements_bound(dims: list[int]) -> int:
+    """The product of the non-zero dims: a shape with a zero dim holds nothing, but numpy still
+    refuses to form it (``reshape`` raises) when the other dims overflow its index type, so the
+    bound on elements applies to them too."""
+    count = 1
+    for d in dims:
+        count *= d or 1
+    return count
+
+
 class _Checker:
     def __init__(self, source: str):
         self.source = source
@@ -63,10 +73,7 @@ class _Checker:
                     d is None or isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool) and d >= 0)
                     for d in shape):
                 raise self.fail(where, f"bad shape {shape!r:.80}")
-            count = 1
-            for dim in shape:
-                count *= dim if isinstance(dim, int) else 1
-            if count > MAX_ELEMENTS:
+            if _elements_bound([d for d in shape if isinstance(d, int)]) > MAX_ELEMENTS:
                 raise self.fail(where, f"shape {shape!r:.80} has more than 2^62 elements")
             shape = tuple(shape)
         return Value(name, dtype, shape)
@@ -82,6 +89,8 @@ class _Checker:
         offset = self.get(d, "offset", int, where)
         nbytes = self.get(d, "nbytes", int, where)
         itemsize = np.dtype(dtype).itemsize
+        if _elements_bound(shape) > MAX_ELEMENTS:  # zero dims included: numpy must be able to form the shape
+            raise self.fail(where, f"shape {shape!r:.80} has more than 2^62 elements")
         count = 1
         for s in shape:
             count *= s

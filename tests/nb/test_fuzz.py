@@ -108,6 +108,10 @@ def test_wrong_types_anywhere_in_the_body(tiny, data):
     lambda b: b["weights"][0].update(nbytes=1 << 60),
     lambda b: b["weights"][0].update(offset=3),
     lambda b: b["weights"][0].update(shape=[1 << 40, 1 << 40]),
+    # zero elements, but dims numpy cannot form (its reshape raised ValueError: issue 23)
+    lambda b: b["weights"][0].update(shape=[0, 1 << 62, 1 << 62], nbytes=0),
+    lambda b: b["weights"][0].update(shape=[0, (1 << 64) - 1], nbytes=0),
+    lambda b: b["inputs"][0].update(shape=[0, (1 << 64) - 1]),
     lambda b: b["steps"][0].update(inputs=["nowhere"]),
     lambda b: b["steps"][-1].update(proto=b"\xff\xff\xff"),
     lambda b: b.update(steps=[b["steps"][0]] * 3),
