@@ -345,22 +345,35 @@ def trilu(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
 
 # ----------------------------------------------------------------------------- indexing
 
+def _indices(op: str, idx, dims) -> np.ndarray:
+    """``idx`` as int64 with negative indices counted from the end, after checking what ONNX allows:
+    an int32 or int64 tensor (a float or uint64 index cast to int64 would read another element:
+    2.9 reads 2, 2^64-1 reads the last) whose values lie in [-dim, dim - 1] for ``dims`` (one dim,
+    or one per index column on the last axis).  Out of range is an ``IndexError`` (the executor
+    reports it as the input's fault); numpy's own wrap-around of a once-normalised index never runs."""
+    idx = np.asarray(idx)
+    if idx.dtype not in (np.int32, np.int64):
+        raise InputError(f"{op}: the indices have dtype {idx.dtype}; ONNX takes int32 or int64 indices")
+    idx = idx.astype(np.int64, copy=False)
+    dim = np.asarray(dims, dtype=np.int64)
+    if idx.size and (np.any(idx < -dim) or np.any(idx >= dim)):
+        bad = idx[(idx < -dim) | (idx >= dim)].reshape(-1)[0]
+        raise IndexError(f"{op}: index {int(bad)} is out of range for a dim of {dims}")
+    return np.where(idx < 0, idx + dim, idx)
+
+
 @kernel("Gather")
 def gather(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     x = np.asarray(inputs[0])
-    return [np.take(x, np.asarray(inputs[1]).astype(np.int64, copy=False), axis=int(attrs.get("axis", 0)))]
-
-
-def _norm_index(idx: np.ndarray, dim: int | np.ndarray) -> np.ndarray:
-    idx = np.asarray(idx).astype(np.int64, copy=False)
-    return np.where(idx < 0, idx + dim, idx)
+    axis = _axis(int(attrs.get("axis", 0)), x.ndim)
+    return [np.take(x, _indices("Gather", inputs[1], x.shape[axis]), axis=axis)]
 
 
 @kernel("GatherElements")
 def gather_elements(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     x = np.asarray(inputs[0])
     axis = _axis(int(attrs.get("axis", 0)), x.ndim)
-    idx = _norm_index(inputs[1], x.shape[axis])
+    idx = _indices("GatherElements", inputs[1], x.shape[axis])
     # Not take_along_axis: ONNX lets the indices be smaller than the data on the other axes too.
     index = list(np.indices(idx.shape, sparse=True))
     index[axis] = idx
@@ -369,9 +382,10 @@ def gather_elements(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
 
 @kernel("GatherND")
 def gather_nd(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
-    data, idx = np.asarray(inputs[0]), np.asarray(inputs[1]).astype(np.int64, copy=False)
+    data, raw = np.asarray(inputs[0]), np.asarray(inputs[1])
     b = int(attrs.get("batch_dims", 0))
-    k = idx.shape[-1]
+    k = raw.shape[-1]
+    idx = _indices("GatherND", raw, data.shape[b:b + k])
     nb = int(np.prod(data.shape[:b]))
     d = data.reshape((nb,) + data.shape[b:])
     i = idx.reshape((nb,) + idx.shape[b:])
@@ -395,7 +409,7 @@ def _scatter(out: np.ndarray, index: tuple, updates: np.ndarray, reduction: str)
 def scatter_elements(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     data, updates = np.asarray(inputs[0]), np.asarray(inputs[2])
     axis = _axis(int(attrs.get("axis", 0)), data.ndim)
-    idx = _norm_index(inputs[1], data.shape[axis])
+    idx = _indices("ScatterElements", inputs[1], data.shape[axis])
     index = list(np.indices(idx.shape, sparse=True))
     index[axis] = idx
     return [_scatter(data.copy(), tuple(index), updates, attrs.get("reduction", "none"))]
@@ -403,8 +417,9 @@ def scatter_elements(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
 
 @kernel("ScatterND")
 def scatter_nd(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
-    data, idx, updates = np.asarray(inputs[0]), np.asarray(inputs[1]), np.asarray(inputs[2])
-    index = tuple(idx[..., j].astype(np.int64, copy=False) for j in range(idx.shape[-1]))
+    data, raw, updates = np.asarray(inputs[0]), np.asarray(inputs[1]), np.asarray(inputs[2])
+    idx = _indices("ScatterND", raw, data.shape[:raw.shape[-1]])
+    index = tuple(idx[..., j] for j in range(idx.shape[-1]))
     return [_scatter(data.copy(), index, updates, attrs.get("reduction", "none"))]
 
 
@@ -451,6 +466,14 @@ def argmin(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
 def nonzero(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     x = np.atleast_1d(np.asarray(inputs[0]))
     return [np.array(np.nonzero(x), dtype=np.int64).reshape(x.ndim, -1)]
+
+
+def _norm_index(idx: np.ndarray, dim: int) -> np.ndarray:
+    """Negative indices counted from the end, once: for OneHot, where ONNX makes an index outside
+    [-depth, depth - 1] a row of off-values, so an index still out of range after this matches no
+    position (never an element of its own)."""
+    idx = np.asarray(idx).astype(np.int64, copy=False)
+    return np.where(idx < 0, idx + dim, idx)
 
 
 @kernel("OneHot")

@@ -153,7 +153,7 @@ def test_a_cache_directory_others_can_write_is_tightened(tmp_path):
     assert stat.S_IMODE(d.stat().st_mode) == 0o700
 
 
-def _read_within(seconds: float, path: Path):
+def _read_within(seconds: float, path):
     """read_entry in a daemon thread: a read that blocks fails the test instead of hanging the suite."""
     import threading
 
