@@ -140,6 +140,20 @@ def check_opsets(model: onnx.ModelProto, path: Path) -> dict[str, int]:
     return opsets
 
 
+def _inline_functions(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
+    """The model's local functions inlined (onnx does not import its ``inliner`` with ``onnx``);
+    what the inliner refuses (a function calling itself, a call to an undefined function) is the
+    model's fault."""
+    import onnx.inliner
+
+    try:
+        return onnx.inliner.inline_local_functions(model)
+    except Exception as exc:  # the inliner raises plain RuntimeError/ValueError on bad functions
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        raise ModelError(f"{path}: the model's local functions cannot be inlined ({text[:300]}); check the "
+                         "functions the exporter wrote (recursion is not allowed in ONNX)") from None
+
+
 def read_model(
     model_file: str | None = None,
     model_dir: str | None = None,
@@ -154,7 +168,7 @@ def read_model(
         model = _copy(model)  # pinning shapes edits the proto: never the caller's
     opsets = check_opsets(model, path)
     if model.functions:
-        model = onnx.inliner.inline_local_functions(model)
+        model = _inline_functions(model, path)
     check_names(model.graph, path)
     check_dataflow(model.graph, path)
     normalize_negative_dims(model)

@@ -184,3 +184,37 @@ def test_absurd_initializer_dims_are_a_model_error(dims):
     model.graph.initializer.append(onnx.TensorProto(name="junk", data_type=TensorProto.FLOAT, dims=dims))
     with pytest.raises(ModelError, match="junk"):
         read_model(model=model)
+
+
+def _with_function(recursive: bool = False):
+    from onnx import TensorProto, helper
+
+    body = [helper.make_node("MyRelu", ["a"], ["b"], domain="local")] if recursive else [
+        helper.make_node("Relu", ["a"], ["b"])]
+    imports = [helper.make_opsetid("", 17)] + ([helper.make_opsetid("local", 1)] if recursive else [])
+    fn = helper.make_function("local", "MyRelu", ["a"], ["b"], body, imports)
+    graph = helper.make_graph([helper.make_node("MyRelu", ["x"], ["y"], domain="local")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)],
+                             functions=[fn])
+
+
+def test_model_local_functions_are_inlined_in_a_fresh_process(tmp_path):
+    """Issue 23: onnx does not import its inliner with ``onnx``; in a process where nothing else had
+    imported it, every model with a local function was an internal error (exit 1)."""
+    import subprocess
+    import sys
+
+    import onnx
+
+    path = tmp_path / "fn.onnx"
+    onnx.save(_with_function(), path)
+    code = (f"from optcli.cli import opt_main; import sys; sys.argv = ['opt', '--model_file={path}', "
+            f"'--optimize_out={tmp_path / 'fn'}']; opt_main()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    onnx.save(_with_function(recursive=True), path)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "local functions cannot be inlined" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
