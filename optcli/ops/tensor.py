@@ -56,14 +56,35 @@ def identity(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     return [inputs[0]]
 
 
+MAX_OUTPUT_ELEMENTS = 2**62  # a shape computed from data beyond this cannot even be formed by numpy
+
+
+def _data_shape(op: str, dims) -> tuple[int, ...]:
+    """A shape that input values give (Expand, Tile, ConstantOfShape): refused as the input's fault
+    when a dim is negative or the elements overflow (numpy raised ValueError: our bug, said the
+    CLI); a large but formable size goes on to the allocation (MemoryError: the input's fault)."""
+    dims = tuple(int(d) for d in dims)
+    if any(d < 0 for d in dims):
+        raise InputError(f"{op}: the shape {list(dims)} computed from the input has a negative dim; check the "
+                         "input values")
+    if math.prod(dims) > MAX_OUTPUT_ELEMENTS:
+        raise InputError(f"{op}: the shape {list(dims)} computed from the input has more than 2^62 elements; "
+                         "check the input values")
+    return dims
+
+
 @kernel("Reshape")
 def reshape(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     """0 copies the input dim unless ``allowzero``; -1 is inferred.  A view when possible."""
     x = np.asarray(inputs[0])
     shape = _from_attr_or_input(inputs, 1, attrs, "shape") or []
     if not attrs.get("allowzero", 0):
-        shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
-    return [x.reshape(shape)]
+        shape = [x.shape[i] if d == 0 and i < x.ndim else d for i, d in enumerate(shape)]
+    try:
+        return [x.reshape(shape)]
+    except ValueError as exc:  # the target shape is data: it does not hold the input's elements
+        raise InputError(f"Reshape: cannot reshape {list(x.shape)} into {list(shape)} ({exc}); check the input "
+                         "values") from None
 
 
 @kernel("Flatten")
@@ -192,13 +213,22 @@ def space_to_depth(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
 @kernel("Expand")
 def expand(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     x = np.asarray(inputs[0])
-    out_shape = np.broadcast_shapes(x.shape, tuple(_ints(inputs[1])))
+    target = _data_shape("Expand", _ints(inputs[1]))
+    try:
+        out_shape = np.broadcast_shapes(x.shape, target)
+    except ValueError:
+        raise InputError(f"Expand: {list(x.shape)} does not broadcast to {list(target)}; check the input "
+                         "values") from None
+    _data_shape("Expand", out_shape)
     return [np.array(np.broadcast_to(x, out_shape))]
 
 
 @kernel("Tile")
 def tile(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
-    return [np.tile(inputs[0], _ints(inputs[1]))]
+    x = np.asarray(inputs[0])
+    repeats = _data_shape("Tile", _ints(inputs[1]))
+    _data_shape("Tile", [d * r for d, r in zip(x.shape, repeats)])
+    return [np.tile(x, repeats)]
 
 
 @kernel("Pad")
@@ -316,7 +346,7 @@ def constant(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
 def constant_of_shape(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     value = attrs.get("value")
     v = np.zeros(1, dtype=np.float32) if value is None else np.asarray(value).reshape(-1)
-    return [np.full(tuple(_ints(inputs[0])), v[0], dtype=v.dtype)]
+    return [np.full(_data_shape("ConstantOfShape", _ints(inputs[0])), v[0], dtype=v.dtype)]
 
 
 @kernel("Range")

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from optcli.errors import KernelError, OptError
+from optcli.ops import get_kernel
 from optcli.ops.reference import RUN_STOP
 from optcli.ops.spatial import WindowDoesNotFit
 from optcli.plan import Plan
@@ -141,6 +142,12 @@ def _kernel_failure(i: int, step, exc: Exception) -> OptError:
         # hold is the input's fault, not a bug.
         return StepError(f"step {i} {step.name} ({step.op_type}): its result does not fit in memory ({exc}); "
                          "check the input sizes and values")
+    if step.proto is not None and get_kernel(step.cpu_kernel or step.kernel) is None:
+        # onnx's reference implementation, running a node and data that came from the file (an Einsum
+        # equation it cannot parse, values it refuses): the file's or the input's fault, not ours.
+        return StepError(f"step {i} {step.name} ({step.op_type}, run by the ONNX reference implementation) failed "
+                         f"on this file's node or its input values ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:200]}); check the model and the input values")
     # A kernel that still raises is ours.
     return KernelError(f"step {i} {step.name} ({step.op_type}, kernel {step.kernel}) crashed: "
                        f"{type(exc).__name__}: {exc}. This is a bug in optcli: please report it "

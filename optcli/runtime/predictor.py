@@ -24,6 +24,7 @@ import numpy as np
 
 from optcli.errors import DeviceError, InputError, KernelError, TargetError, UsageError
 from optcli.ir import Value
+from optcli.nb.layout import SUPPORTED_DTYPES
 from optcli.plan import PRECISIONS, Plan
 from optcli.plan_memory_core import MemoryPlan, plan_offsets
 from optcli.runtime import backends
@@ -307,6 +308,9 @@ class Predictor:
                                      "with predictor.context, or pass a numpy array")
             elif not isinstance(x, np.ndarray):
                 x = np.asarray(x)
+            if spec.dtype == "unknown" and x.dtype.name not in SUPPORTED_DTYPES:
+                raise InputError(f"input '{spec.name}' has dtype {x.dtype}, which optcli does not run; give one of "
+                                 f"{', '.join(SUPPORTED_DTYPES)}")
             if spec.dtype != "unknown" and x.dtype != np.dtype(spec.dtype):
                 raise InputError(f"input '{spec.name}' has dtype {x.dtype}, the model expects {spec.dtype}; "
                                  f"convert it with .astype(np.{spec.dtype})")
