@@ -9,9 +9,18 @@ from __future__ import annotations
 
 
 class OptError(Exception):
-    """Base class of every error caused by the user's input or environment."""
+    """Base class of every error caused by the user's input or environment.
+
+    Its message is one line whatever it quotes: names from a file (an attribute name, a node name)
+    may hold line breaks, which are shown escaped, so the CLI's "one clear line" holds."""
 
     exit_code = 2
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if "\n" in text or "\r" in text:
+            text = text.replace("\r", "\\r").replace("\n", "\\n")
+        return text
 
 
 class ModelError(OptError):

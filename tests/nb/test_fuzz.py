@@ -133,3 +133,13 @@ def test_deep_nesting_is_refused(tiny):
     header = HEADER.pack(MAGIC, 1, 0, b"0.1.0", HEADER_SIZE, len(body), blob_off, len(blob))
     with pytest.raises(NbFormatError):
         load_bytes(_reseal(header + body + b"\0" * (blob_off - HEADER_SIZE - len(body)) + blob))
+
+
+def test_a_name_with_a_line_break_still_makes_a_one_line_message(tiny):
+    """Issue 23: an attribute name holding a newline, quoted in the error, made a two-line message."""
+    body, blob = _parts(tiny)
+    body["steps"][0]["attrs"]["evil\nname"] = {"$not_a_tensor": 1}
+    with pytest.raises(NbFormatError) as exc:
+        load_bytes(_rebuild(body, blob))
+    message = str(exc.value)
+    assert "evil\\nname" in message and "\n" not in message
