@@ -23,11 +23,13 @@ the conversions: slower, never wrong.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from optcli import native
+from optcli.errors import InputError
 from optcli.ir import OPTCLI_DOMAIN
 from optcli.ops import activation as act_ops
 from optcli.ops import elementwise, pool
@@ -333,6 +335,8 @@ def _elementwise(fn: Any, blocked: tuple[int, ...]) -> Any:
     def run(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
         for k in blocked:
             _check_blocked(inputs[k], "a blocked element-wise op")
+        if len(blocked) == 2:
+            _check_lane_for_lane(inputs[0], inputs[1])
         return fn(inputs, attrs)
 
     run.__doc__ = f"{(fn.__doc__ or fn.__name__).strip().splitlines()[0]} (blocked layout: lane for lane)"
@@ -349,6 +353,17 @@ for _op, _fn in (("Relu", act_ops.relu), ("Sigmoid", act_ops.sigmoid), ("Tanh", 
            blocked_outputs=True)(_elementwise(_fn, (0,)))
 
 
+def _check_lane_for_lane(a: np.ndarray, b: np.ndarray) -> None:
+    """Two blocked operands combine lane for lane only as ``applies_binary`` allows: equal shapes, or
+    one of them [N, Cb, 1, 1, B].  Anything else (a [1, 1, H, W] operand blocked: channel 0 in lane 0,
+    zeros in the others) would silently give a wrong answer: refused (issue 23)."""
+    if a.shape == b.shape or (a.shape[:2] == b.shape[:2] and a.shape[4] == b.shape[4]
+                              and (a.shape[2:4] == (1, 1) or b.shape[2:4] == (1, 1))):
+        return
+    raise InputError(f"a blocked element-wise op got operands {list(a.shape)} and {list(b.shape)}, which do not "
+                     "combine lane for lane; the file is corrupted or crafted")
+
+
 def _blocked_slope(slope: np.ndarray, block: int) -> np.ndarray:
     """A per-channel (or single) PRelu slope as [1, Cb, 1, 1, B] (or as it is when single)."""
     if slope.size == 1:
@@ -361,5 +376,11 @@ def prelu_blocked(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> lis
     """PRelu with a per-channel slope in the blocked layout (the slope blocked once per step)."""
     x, slope = inputs
     _check_blocked(x, "a blocked PRelu")
+    blocks, width = x.shape[1], x.shape[4]
+    per_channel = slope.ndim in (3, 4) and slope.shape[-2:] == (1, 1) and (blocks - 1) * width < slope.size <= \
+        blocks * width and math.prod(slope.shape[:-3]) == 1
+    if slope.size != 1 and not per_channel:  # a slope along W applied per channel was wrong (issue 23)
+        raise InputError(f"a blocked PRelu takes one slope or one per channel, got a slope of shape "
+                         f"{list(slope.shape)} for {list(x.shape)}; the file is corrupted or crafted")
     s = _packed(attrs, "nchwc slope", slope, x.shape[-1], _blocked_slope)
     return act_ops.prelu([x, s], attrs)

@@ -449,6 +449,13 @@ def conv_shape(args: ShapeArgs, x_at: int = 0, w_at: int = 1, b_at: int = 2, tra
     outs = (None if w1 is None else w1 * group) if transpose else w0
     check_length(args, b_at, outs, "the bias")
     kernel = args.attrs.get("kernel_shape") or w[2:]
+    if len(kernel) != rank - 2:
+        raise ShapeDerivationError(f"kernel_shape {list(kernel)} has {len(kernel)} dims for {rank - 2} spatial axes")
+    for k, wk in zip(kernel, w[2:]):
+        if fixed(k) is not None and fixed(wk) is not None and fixed(k) != fixed(wk):
+            # The kernels size their windows from one and read the weight by the other (issue 23).
+            raise ShapeDerivationError(f"kernel_shape {list(kernel)} does not match the weight's spatial dims "
+                                       f"{list(w[2:])}")
     try:
         spatial = window_dims(args.attrs, x[2:], [fixed(k) for k in kernel], transpose=transpose)
     except ValueError as exc:

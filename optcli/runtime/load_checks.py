@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from optcli.errors import NbFormatError
 from optcli.gpu.registry import get_gpu_kernel
+from optcli.ir import Graph, Value
 from optcli.ops import get_kernel
 from optcli.plan import Plan, Step
-from optcli.runtime.plan_shapes import Derivation, derive
+from optcli.runtime.plan_shapes import Derivation, derive, plan_nodes
 from optcli.runtime.step_checks import check_steps
 from optcli.targets import TARGETS
 from optcli.targets.arm import fallback_kernel_id
@@ -35,7 +36,9 @@ def check_at_load(plan: Plan, source: str) -> Derivation:
     _check_kernels(plan, source)
     _check_borders(plan, source)
     check_steps(plan, source)
-    return _check_recorded_shapes(plan, source)
+    derived = _check_recorded_shapes(plan, source)
+    _check_blocked_kernels_apply(plan, derived, source)
+    return derived
 
 
 def _malformed(source: str, where: str, what: str) -> NbFormatError:
@@ -122,6 +125,29 @@ def _check_recorded_shapes(plan: Plan, source: str) -> Derivation:
         raise NbFormatError(f"{source}: {where} is recorded as {_show(value.shape)} but its step computes "
                             f"{_show(shape)} from the inputs; the file is corrupted or crafted")
     return derived
+
+
+def _check_blocked_kernels_apply(plan: Plan, derived: Derivation, source: str) -> None:
+    """A kernel of the channel-blocked host layout combines lanes as the plain kernel combines
+    channels only where its ``applies`` rule holds (equal shapes or a per-channel operand, a
+    per-channel slope...); ``opt`` checks it when it picks the kernel, and here it is checked again
+    on the shapes derived from the inputs, so a file cannot pick one where it would compute
+    something else (a blocked Add of [1, 16, 8, 8] and [1, 1, 8, 8] added lane by lane: issue 23)."""
+    steps = [(i, s, get_kernel(s.kernel)) for i, s in enumerate(plan.steps) if TARGETS[s.target].device != "gpu"]
+    steps = [(i, s, k) for i, s, k in steps if k is not None and k.is_blocked and k.applies is not None]
+    if not steps:
+        return
+    values = {name: Value(name, plan.values[name].dtype if name in plan.values else "unknown", shape)
+              for name, shape in derived.shapes.items()}
+    for v in plan.inputs:
+        values.setdefault(v.name, v)
+    view = Graph(plan.name, plan_nodes(plan), list(plan.inputs), list(plan.outputs), dict(plan.weights), values,
+                 dict(plan.opsets))
+    for i, step, kern in steps:
+        if not kern.applies(view.nodes[i], view):
+            raise NbFormatError(f"{source}: step {i} '{step.name[:60]}' ({step.op_type}) uses kernel '{step.kernel}' "
+                                "of the channel-blocked layout where its rule does not hold for the shapes derived "
+                                "from the inputs; the file is corrupted or crafted")
 
 
 def _agrees(recorded: tuple, derived: tuple) -> bool:
