@@ -168,7 +168,8 @@ def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out
     if not optimize_out and not (print_model_ops or display_kernels or advise):
         raise UsageError("no output given; use --optimize_out=NAME to write NAME.nb")
 
-    from optcli.compiler import CompileOptions, compile_model
+    from optcli.compile_options import CompileOptions, quant_type_of
+    from optcli.compiler import compile_model
     from optcli.nb.writer import write_atomic
 
     show = _progress(quiet)
@@ -177,7 +178,7 @@ def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out
                                  input_shapes=input_shapes, disabled_passes=_split_passes(disable_pass),
                                  placement_overrides=_load_placement_config(placement_config),
                                  precision=precision, tune=tune, calibrator=calibrator,
-                                 quant_type=(quant_type or "QUANT_INT8") if quant_model else quant_type,
+                                 quant_type=quant_type_of(quant_model, quant_type),
                                  enable_fp16=enable_fp16, verify=verify, verify_tolerance=verify_tolerance,
                                  verify_top1=verify_top1, verify_data=verify_data, calib_data=calib_data,
                                  calib_preprocess=calib_preprocess)

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-
-import onnx
 
 from optcli._version import __version__
 from optcli.advice import advise
+from optcli.compile_options import CompileOptions
 from optcli.errors import InternalError, ModelError, NbFormatError, UsageError
 from optcli.frontend.input_shapes import parse_input_shapes
 from optcli.frontend.onnx_reader import read_model
@@ -29,39 +27,6 @@ from optcli.targets import TARGETS, parse_targets
 
 
 @dataclass
-class CompileOptions:
-    """Everything a user can ask of the optimize job: the `opt` command's flags, ``compile_model``'s
-    and ``optcli.optimize``'s keyword arguments, one record shared by all three.
-
-    The model: ``model_file``, ``model_dir`` (a folder holding one .onnx, maybe with external
-    data) or an in-memory ``model``.  ``quant_type``: QUANT_INT8 / QUANT_INT16 (weight-only, per
-    output channel) or INT8 (full int8, calibrated on ``calib_data``); ``enable_fp16``: weights
-    stored as fp16 and GPU tensors in half (``precision="fp16"``).  ``verify``: judge the result
-    against the original on ``verify_data``, else ``calib_data``, else ``verify_samples`` seeded
-    random inputs (``optcli/verify.py`` for the rule)."""
-
-    model_file: str | Path | None = None
-    model_dir: str | Path | None = None
-    model: onnx.ModelProto | None = None
-    valid_targets: str | list[str] | None = "arm"
-    input_shapes: str | dict[str, list[int]] | None = None
-    disabled_passes: tuple[str, ...] | set[str] = ()
-    placement_overrides: dict[str, str] | None = None
-    precision: str = "fp32"
-    tune: str | None = None
-    quant_type: str | None = None
-    enable_fp16: bool = False
-    verify: bool = False
-    verify_tolerance: float | None = None
-    calib_data: str | Path | None = None
-    calib_preprocess: str | None = None
-    verify_samples: int = 8
-    calibrator: str = "percentile"
-    verify_data: str | Path | None = None
-    verify_top1: float | None = None
-
-
-@dataclass
 class CompileResult:
     plan: Plan
     data: bytes
@@ -72,7 +37,8 @@ class CompileResult:
 def compile_model(options: CompileOptions | None = None, progress: Callable[[str], None] | None = None,
                   **fields) -> CompileResult:
     """Optimize a model: ``options``, or its fields as keyword arguments (``CompileOptions``);
-    ``progress`` is called with each pass's name as it starts."""
+    ``progress`` is called with each pass's record (``name``, ``changed``, ``nodes_before``,
+    ``nodes_after``) as soon as the pass finishes."""
     o = options if options is not None else CompileOptions(**fields)
     precision = "fp16" if o.enable_fp16 else o.precision
     if precision not in (*PRECISIONS, "auto"):

@@ -1,4 +1,4 @@
-"""Predictor: input checks, list inputs, dynamic shapes, threads, and the Paddle Lite facade."""
+"""Predictor: input checks, list inputs, dynamic shapes, threads (the Paddle Lite facade: test_paddle_api.py)."""
 
 from __future__ import annotations
 
@@ -81,19 +81,6 @@ def test_threads_and_precision_arguments(small_nb, small_cnn):
 def test_outputs_are_writable_copies(small_nb, small_cnn):
     out = optcli.load(small_nb).run(small_cnn[2])["output"]
     out[...] = 0  # must not raise, must not alias weights
-
-
-def test_paddle_lite_facade(small_nb, small_cnn):
-    config = optcli.MobileConfig()
-    config.set_model_from_file(str(small_nb))
-    config.set_threads(1)
-    predictor = optcli.create_paddle_predictor(config)
-    predictor.get_input(0).from_numpy(small_cnn[2]["input"])
-    predictor.run()
-    expected = optcli.load(small_nb).run(small_cnn[2])["output"]
-    np.testing.assert_array_equal(predictor.get_output(0).numpy(), expected)
-    with pytest.raises(UsageError, match="out of range"):
-        predictor.get_input(3)
 
 
 def test_threads_bound_blas_during_run(small_nb, small_cnn, monkeypatch):
