@@ -61,7 +61,10 @@ def load_npy(path: str) -> np.ndarray:
     try:
         return np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
-        raise UsageError(f"--input: {path} is not a readable .npy file ({exc})") from None
+        # numpy's own hint on a file that is not an array ("allow_pickle=False") is no use here.
+        why = "not a .npy array" if "pickle" in str(exc) or "magic" in str(exc).lower() else str(exc)
+        raise UsageError(f"--input: {path} is not a readable .npy file ({why}); save the input with "
+                         "numpy.save, or give an image (.png, .jpg)") from None
 
 
 MAX_RANDOM_BYTES = 2 << 30  # per input: a model file may declare any size; made-up data stays bounded

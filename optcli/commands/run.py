@@ -87,6 +87,12 @@ def run_command(model, inputs, preprocess, output_dir, top_k, labels, timeout, t
       optcli run classifier.nb --input image=photo.png --preprocess imagenet --top_k 5
       optcli run model.nb --input x.png --preprocess signed,size=256,crop=224
     """
+    out = Path(output_dir) if output_dir else None
+    if out is not None:  # before the run: a long run must not end in "cannot write"
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"--output_dir: cannot write to {out}: {exc.strerror or exc}") from None
     start = time.perf_counter()
     predictor = load_predictor(model, targets, precision, device, threads)
     loaded = time.perf_counter() - start
@@ -106,12 +112,14 @@ def run_command(model, inputs, preprocess, output_dir, top_k, labels, timeout, t
             names = [line.strip() for line in Path(labels).read_text().splitlines()]
         scores = np.asarray(outputs[first])
         click.echo(f"\ntop {top_k} of '{first}':")
-        click.echo(table(["batch", "rank", "class", "label", "score", "prob"], top_k_rows(scores, top_k, names),
-                         right={0, 1, 2, 4, 5}))
-    if output_dir:
-        out = Path(output_dir)
+        rows = top_k_rows(scores, top_k, names)
+        if names is None:  # no --labels: no empty label column
+            rows = [r[:3] + r[4:] for r in rows]
+        header = ["batch", "rank", "class", "label", "score", "prob"] if names is not None else \
+            ["batch", "rank", "class", "score", "prob"]
+        click.echo(table(header, rows, right={0, 1, 2, len(header) - 2, len(header) - 1}))
+    if out is not None:
         try:
-            out.mkdir(parents=True, exist_ok=True)
             for name, y in outputs.items():
                 np.save(out / f"{file_name(name)}.npy", np.asarray(y))
         except OSError as exc:

@@ -33,8 +33,18 @@ def _ext_hook(code: int, data: bytes) -> None:
     raise NbFormatError(f"msgpack extension type {code} is not allowed in a .nb body")
 
 
+def _looks_like_onnx(buf, source: str) -> bool:
+    """An ONNX file handed to the runtime: its name, or a ModelProto's first field (ir_version,
+    field 1, a varint: byte 0x08) followed by a small version."""
+    head = bytes(buf[:2])
+    return str(source).lower().endswith(".onnx") or (len(head) == 2 and head[0] == 0x08 and 0 < head[1] < 32)
+
+
 def read_header(buf, source: str) -> dict:
     size = len(buf)
+    if bytes(buf[:len(MAGIC)]) != MAGIC and _looks_like_onnx(buf, source):
+        raise NbFormatError(f"{source}: this is an ONNX model, not an optcli .nb file; optimize it first: "
+                            f"opt --model_file={source} --optimize_out=model (then use model.nb)")
     if size < HEADER_SIZE + CHECKSUM_SIZE:
         raise NbFormatError(f"{source}: truncated ({size} bytes); a .nb file is at least "
                             f"{HEADER_SIZE + CHECKSUM_SIZE} bytes. Re-run opt to rebuild it")

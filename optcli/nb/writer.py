@@ -102,6 +102,9 @@ def write_atomic(data: bytes, path: str | os.PathLike) -> Path:
     ``OutputError`` that names the path: the user's environment, not our bug.
     """
     path = Path(path)
+    blocker = next((p for p in [*reversed(path.parents)] if p.exists() and not p.is_dir()), None)
+    if blocker is not None:  # mkdir would say only "File exists"
+        raise OutputError(f"cannot write {path}: {blocker} is a file, not a folder; choose another output path")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(path.parent)
