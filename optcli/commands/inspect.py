@@ -148,7 +148,8 @@ def format_text(info: dict) -> str:
     targets = info["targets"]
     op_rows = [[op, *(str(t.get(name, "")) for name in targets)] for op, t in info["ops"].items()]
     out += ["ops per target:", table(["op", *targets], op_rows, right=set(range(1, len(targets) + 1))), ""]
-    step_rows = [[str(s["index"]), clip(s["name"], 18), clip(s["op"], 14), s["target"], clip(_kernel(s), 20),
+    # Names in full: the blocks of a timm model differ only at the end (/blocks/blocks.0/...)
+    step_rows = [[str(s["index"]), s["name"], s["op"], s["target"], clip(_kernel(s), 20),
                   clip(_grid(s["launches"]), 16)] for s in info["steps"]]
     out += ["steps (kernel: GPU function or CPU variant; grid: global[/local] size):",
             table(["#", "node", "op", "target", "kernel", "grid"], step_rows, right={0}), ""]
@@ -175,8 +176,8 @@ def format_text(info: dict) -> str:
 @click.option("--advise", is_flag=True, help="Add performance advice: what will be slow on the GPU target, why, "
               "at what estimated cost, and which nodes.")
 @click.option("--graph", "graph_path", metavar="FILE.svg|.png|.dot", help="Draw the placed graph: nodes coloured "
-              "by target, copies as edges of their own. SVG and PNG need graphviz's `dot`; without it the .dot "
-              "text is written beside FILE.")
+              "by target, copies as edges of their own. graphviz's `dot` lays it out when installed; without "
+              "it an SVG is drawn by optcli's own layout, and for a PNG the .dot text is written beside FILE.")
 def inspect_command(model, as_json, advise, graph_path):
     """Show what a .nb file holds: header and versions, size by part, inputs and outputs, ops per
     target, the kernel and launch grid of every step, copies and layout conversions, and peak
