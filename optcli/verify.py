@@ -34,7 +34,7 @@ import onnx
 from optcli.errors import OptError, UsageError
 from optcli.progress import progress, stage
 from optcli.runtime.load import load
-from optcli.tolerance import VERIFY_NOISE, VERIFY_TOP1, nonfinite_match
+from optcli.tolerance import VERIFY_NOISE, VERIFY_ROUNDING, VERIFY_TOP1, nonfinite_match
 
 QUANTIZED_OPS = {"FakeQuant", "QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "QGemm",
                  "MatMulInteger", "ConvInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul"}
@@ -51,6 +51,7 @@ class Rule:
     precision: str  # fp32 | int16 | fp16 | int8: what the plan does to the numbers
     min_snr_db: float
     min_top1: float | None  # for classifier-like outputs; None: not judged
+    rounding: float = 0.0  # differences up to this (times the output's scale when above 1) are rounding
 
     def describe(self) -> str:
         top1 = f", top-1 agreement >= {self.min_top1:.0%} on classifier outputs" if self.min_top1 else ""
@@ -90,7 +91,7 @@ def rule(precision: str, real_samples: bool, tolerance: float | None = None,
     if not noise > 0:
         raise UsageError("--verify_tolerance must be positive (the largest RMS error per RMS of an output)")
     min_top1 = top1 if top1 is not None else (VERIFY_TOP1.get(precision) if real_samples else None)
-    return Rule(precision, round(-20 * math.log10(noise), 2), min_top1 or None)
+    return Rule(precision, round(-20 * math.log10(noise), 2), min_top1 or None, VERIFY_ROUNDING[precision])
 
 
 def reference_runner(model: onnx.ModelProto, compile_reference: Callable[[], bytes]):
@@ -118,7 +119,7 @@ class _Stats:
 
     def __init__(self):
         self.signal = self.noise = self.dot = self.got_power = 0.0
-        self.max_abs = 0.0
+        self.max_abs = self.scale = 0.0  # largest |error|, largest |reference value|
         self.channel_err: np.ndarray | None = None
         self.channel_scale: np.ndarray | None = None
         self.top1: list[bool] = []
@@ -146,6 +147,7 @@ class _Stats:
         self.dot += float(np.sum(g0 * r0))
         self.got_power += float(np.sum(g0 * g0))
         self.max_abs = max(self.max_abs, float(err.max()) if err.size else 0.0)
+        self.scale = max(self.scale, float(np.abs(r0).max()) if r0.size else 0.0)
         axis = _channel_axis(r.shape)
         self.kind = "map" if axis is not None else self.kind
         reduce = tuple(i for i in range(r.ndim) if i != axis) if axis is not None else None
@@ -188,8 +190,10 @@ class _Stats:
         worst = int(np.argmax(rel))
         top1 = float(np.mean(self.top1)) if self.top1 else None
         top5 = float(np.mean(self.top5)) if self.top5 else None
-        if snr is not None and snr < r.min_snr_db:
-            failures.append(f"SNR {snr:.1f} dB < {r.min_snr_db:g} dB")
+        floor = r.rounding * max(1.0, self.scale)
+        if snr is not None and snr < r.min_snr_db and self.max_abs > floor:
+            failures.append(f"SNR {snr:.1f} dB < {r.min_snr_db:g} dB (max abs error {self.max_abs:.3g}, above "
+                            f"the rounding floor {floor:.3g})")
         if r.min_top1 and top1 is not None and top1 < r.min_top1:
             failures.append(f"top-1 agreement {top1:.1%} < {r.min_top1:.0%}")
         return OutputCheck(name, list(self.shape), self.kind, self.max_abs, float(rel[worst]),

@@ -96,11 +96,39 @@ def test_tolerance_is_the_noise_budget():
 
 
 def test_verify_failure_exits_3_and_writes_no_nb(model_file, tmp_path, capsys):
+    data = tmp_path / "samples"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(2):
+        np.save(data / f"s{i}.npy", rng.standard_normal((3, 32, 32)).astype(np.float32))
     code, _, err = run([f"--model_file={model_file}", "--quant_model", "--verify", "--verify_tolerance=1e-6",
-                        f"--optimize_out={tmp_path}/m", f"--report={tmp_path}/r.json"], capsys)
+                        f"--verify_data={data}", f"--optimize_out={tmp_path}/m", f"--report={tmp_path}/r.json"],
+                       capsys)
     assert code == 3 and "verification failed" in err and "FAIL: SNR" in err and "SNR >= 120 dB" in err
     assert not (tmp_path / "m.nb").exists()
     assert json.loads((tmp_path / "r.json").read_text())["verify"]["passed"] is False
+
+
+def test_a_failure_on_random_inputs_alone_is_a_weak_verdict_that_warns(model_file, tmp_path, capsys):
+    """Issue 22: random inputs drive models where real data never goes; such a verdict is labelled
+    weak and cannot fail the job (exit 3) on its own: the .nb is written, the report says it failed."""
+    code, _, err = run([f"--model_file={model_file}", "--quant_model", "--verify", "--verify_tolerance=1e-6",
+                        f"--optimize_out={tmp_path}/m", f"--report={tmp_path}/r.json"], capsys)
+    assert code == 0 and "FAIL: SNR" in err and "a weak verdict" in err and "--verify_data" in err
+    assert (tmp_path / "m.nb").exists()
+    checked = json.loads((tmp_path / "r.json").read_text())["verify"]
+    assert checked["passed"] is False and checked["data"] == "random"
+
+
+def test_differences_at_rounding_level_pass_whatever_the_snr():
+    """Issue 22: a near-zero map (a detector's background on random inputs) with a 7e-8 difference
+    had an SNR of 16 dB and failed a good fp32 plan."""
+    ref = np.full((1, 1, 8, 8), 1e-7, np.float32)
+    got = ref + np.float32(7e-8)
+    check = compare([{}], _fixed([{"y": ref}]), _fixed([{"y": got}]), rule("fp32", False))[0]
+    assert check.snr_db < 20 and check.passed
+    worse = ref + np.float32(1e-4)  # above the fp32 floor (1e-5 on a scale below 1): a real difference
+    assert not compare([{}], _fixed([{"y": ref}]), _fixed([{"y": worse}]), rule("fp32", False))[0].passed
 
 
 def test_verify_with_calibration_samples(model_file, tmp_path, capsys):
