@@ -13,7 +13,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from optcli import native
+from optcli import kernels, native
 from optcli.native.blocked_window import pack_depthwise_weights
 from optcli.ops.activation import activate, apply_activation
 from optcli.ops.conv import conv_im2col
@@ -35,7 +35,7 @@ from tests.native.blocked_cases import (
 from tests.native.blocked_cases import geometry as blocked_geometry
 from tests.native.cases import ACT_PARAMS, DEPTHWISE_CASES, STEM_CASES, make_case, numpy_depthwise
 
-SRC = Path(native.__file__).parent / "src"
+SRC = Path(kernels.__file__).parent / "host"  # the C sources setup.py builds
 DRIVER = Path(__file__).parent / "driver.c"
 CROSS_CC = "aarch64-linux-gnu-gcc"
 QEMU = "qemu-aarch64"
