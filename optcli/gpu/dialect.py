@@ -42,8 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from optcli.activation_codes import ACTIVATION_CODES
-
+from optcli.activation_codes import ACTIVATION_CODES  # noqa: F401  (re-exported: the GPU kernel modules import it here)
 
 _KERNEL_HEAD = re.compile(r"KERNEL\(\s*(\w+)((?:\s*,\s*(?:(?:IN|OUT|INT|FLOAT)\(\s*\w+\s*\)|EPILOGUE))*)\s*\)")
 _PARAM = re.compile(r"(?:(IN|OUT|INT|FLOAT)\(\s*(\w+)\s*\)|(EPILOGUE))")

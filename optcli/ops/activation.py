@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from optcli import native
-from optcli.activation_codes import ACTIVATIONS
+from optcli.activation_codes import ACTIVATIONS  # noqa: F401  (re-exported: plan_check and the targets import it here)
 from optcli.ops.erf import erf
 from optcli.ops.registry import kernel
 from optcli.ops.shapes_registry import broadcast_inputs, first_input, shape_fn
