@@ -1,9 +1,9 @@
-"""Builds the optional native host kernels (optcli/native/src): everything else is in pyproject.toml.
+"""Builds the optional native host kernels (kernels/host): everything else is in pyproject.toml.
 
-The library is plain C (C11 with GCC/Clang vector extensions) with no Python API, loaded with
-ctypes by optcli/native/__init__.py.  Where no working C compiler exists (or OPTCLI_NATIVE_BUILD=0
-is set), the install goes on without it and the numpy kernels run: ``optcli.native.status()``
-says so.
+The library is plain C (C11 with GCC/Clang vector extensions) with no Python API, built as
+optcli/native/_optcli_native*.so and loaded with ctypes by optcli/native/library.py.  Where no
+working C compiler exists (or OPTCLI_NATIVE_BUILD=0 is set), the install goes on without it and
+the numpy kernels run: ``optcli.native.status()`` says so.
 """
 
 import os
@@ -12,12 +12,11 @@ import sys
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-SOURCES = ["optcli/native/src/pool.c", "optcli/native/src/window.c", "optcli/native/src/epilogue.c",
-           "optcli/native/src/gemm.c", "optcli/native/src/elementwise.c", "optcli/native/src/stem.c",
-           "optcli/native/src/blocked_conv.c", "optcli/native/src/blocked_window.c"]
-HEADERS = ["optcli/native/src/optcli_native.h", "optcli/native/src/simd.h", "optcli/native/src/gemm_kernel.h",
-           "optcli/native/src/stem_kernel.h", "optcli/native/src/blocked_conv_kernel.h",
-           "optcli/native/src/blocked_window_kernel.h"]
+SOURCES = ["kernels/host/pool.c", "kernels/host/window.c", "kernels/host/epilogue.c", "kernels/host/gemm.c",
+           "kernels/host/elementwise.c", "kernels/host/stem.c", "kernels/host/blocked_conv.c",
+           "kernels/host/blocked_window.c"]
+HEADERS = ["kernels/host/optcli_native.h", "kernels/host/simd.h", "kernels/host/gemm_kernel.h",
+           "kernels/host/stem_kernel.h", "kernels/host/blocked_conv_kernel.h", "kernels/host/blocked_window_kernel.h"]
 # No -march=native: x86-64 gets an AVX2/FMA clone of each hot function picked at load (simd.h),
 # so the built package still runs on an older CPU.  -ffp-contract=fast lets a*b+c become an FMA,
 # which -std=c11 would otherwise forbid.  -fno-wrapv undoes Python's own -fwrapv (its CFLAGS come
@@ -55,7 +54,7 @@ class OptionalBuildExt(build_ext):
 
 
 native = Extension(
-    "optcli.native._optcli_native",
+    "optcli.native._optcli_native",  # beside optcli/native/library.py, whose library_path() looks there
     sources=SOURCES,
     depends=HEADERS,
     extra_compile_args=CFLAGS,

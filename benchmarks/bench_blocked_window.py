@@ -86,7 +86,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=40)
     args = parser.parse_args()
     assert native.available(), native.status()
-    block = native._lib.optcli_gemm_variant(-1)
+    block = native.library._lib.optcli_gemm_variant(-1)
     rng = np.random.default_rng(0)
     print(f"block {block}; minimum of {args.runs} interleaved runs, us")
     print(f"{'layer':32s} {'threads':>7s} {'NCHW':>8s} {'blocked':>8s} {'speed-up':>9s}")

@@ -232,11 +232,11 @@ def bench_corpus(entry: dict, folder: Path, threads: int, warmup: int, runs: int
 def numpy_only(fn):
     """``fn`` run with the native host kernels out of the way (as where they are not built)."""
     def run():
-        saved, native._lib = native._lib, None
+        saved, native.library._lib = native.library._lib, None
         try:
             return fn()
         finally:
-            native._lib = saved
+            native.library._lib = saved
     return run
 
 

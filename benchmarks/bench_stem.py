@@ -1,6 +1,6 @@
 """Per-layer timings of the stem convolutions (dense convs with few input channels) on the host
-target: optcli's native stem conv (src/stem.c) against the implicit GEMM it replaced for them
-(numpy zero-padding, then src/gemm.c) and against onnxruntime running the one Conv (+ Relu) node.
+target: optcli's native stem conv (kernels/host/stem.c) against the implicit GEMM it replaced for them
+(numpy zero-padding, then kernels/host/gemm.c) and against onnxruntime running the one Conv (+ Relu) node.
 
 The shapes are the first convs of MobileNetV2 / V3, EfficientNet-Lite0 and ResNet-18 at 224x224,
 of the mediapipe face / hand / selfie models at their resolutions, and a few 3x3 convs of up to

@@ -1,1 +1,1 @@
-"""GPU kernel sources, packaged as optcli.kernels (see README.md here)."""
+"""Kernel sources (gpu/: the GPU dialect, host/: the native host C), packaged as optcli.kernels (see README.md here)."""

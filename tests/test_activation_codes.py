@@ -11,7 +11,7 @@ from optcli.gpu import registry
 from optcli.ops import activation
 
 ROOT = Path(__file__).resolve().parents[1]
-SIMD_H = ROOT / "optcli" / "native" / "src" / "simd.h"
+SIMD_H = ROOT / "kernels" / "host" / "simd.h"
 
 
 def _c_enum() -> dict[str, int]:

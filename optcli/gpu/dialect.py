@@ -1,6 +1,6 @@
 """The portable kernel dialect and its rendering for each GPU language.
 
-Kernel sources (``kernels/*.cl``) are written once.  A kernel declares its parameters in its
+Kernel sources (``kernels/gpu/*.cl``) are written once.  A kernel declares its parameters in its
 head, and each target's signature generator turns that into the language's own signature:
 
     KERNEL(relu4, IN(x), OUT(y), INT(count))
@@ -120,8 +120,8 @@ def kernel_arguments(params: list[Param], args: list[Any], label: str, buffer: C
 
 @cache
 def load_source(name: str) -> str:
-    """A kernel source file from the package's kernel library (``kernels/`` in the repo)."""
-    return resources.files("optcli.kernels").joinpath(name).read_text()
+    """A kernel source file from the package's GPU kernel library (``kernels/gpu/`` in the repo)."""
+    return resources.files("optcli.kernels").joinpath("gpu").joinpath(name).read_text()
 
 
 # The checked accesses, on top of each language's RAW_* ones.  `p##_n` is the buffer's SIZE

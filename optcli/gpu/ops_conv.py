@@ -1,4 +1,4 @@
-"""GPU kernels for 1-D and 2-D Conv and ConvTranspose (``kernels/conv.cl``, ``kernels/winograd.cl``).
+"""GPU kernels for 1-D and 2-D Conv and ConvTranspose (``kernels/gpu/conv.cl``, ``kernels/gpu/winograd.cl``).
 
 A 1-D convolution (``[N, C, L]`` input, ``[M, C/group, K]`` weight) is the 2-D one with a
 one-row window: the packed layout stores rank 3 as ``N, C, H=1, W=L`` (``layout.dims4``), and

@@ -1,6 +1,6 @@
 """GPU kernels for matrix products with a constant right operand (Gemm, MatMul, the fused
 FullyConnected) and per-channel affine maps (BatchNormalization, the fused ChannelAffine), in
-``kernels/gemm.cl``.
+``kernels/gpu/gemm.cl``.
 
 The packed layout decides the kernel: a left operand of rank <= 2 (``[M, K]`` -> N=M, C=K) has
 the reduction along the channel slices, so ``gemm_rows`` puts output columns in the float4

@@ -1,5 +1,5 @@
 """GPU kernels for MatMul where both operands are computed at run time (attention's Q·Kᵀ and
-P·V), in ``kernels/matmul.cl``: ranks 2-4, numpy broadcasting of the leading (batch) axes.
+P·V), in ``kernels/gpu/matmul.cl``: ranks 2-4, numpy broadcasting of the leading (batch) axes.
 
 Where the operands sit in the packed layout (``layout.dims4``) decides the kernel: rank 4
 ``[B, H, M, K]`` keeps the heads in the channel slices and the matrix in H, W, so two rank-4

@@ -1,4 +1,4 @@
-"""GPU kernels for LayerNormalization and InstanceNormalization (``kernels/norm.cl``): both
+"""GPU kernels for LayerNormalization and InstanceNormalization (``kernels/gpu/norm.cl``): both
 normalise rows of consecutive float4s whose lanes are four independent rows (``norm_rows``).
 
 The packed layout decides what fits.  A LayerNormalization row must lie along W, or along H and

@@ -47,7 +47,7 @@ class TempRef:
 
 @dataclass
 class Launch:
-    source: str  # kernel file in kernels/
+    source: str  # kernel file in kernels/gpu/
     entry: str  # kernel function name
     args: list[Any]  # TensorRef | WeightRef | TempRef | int | float | Epilogue, in KERNEL(...) order
     global_size: tuple[int, ...]

@@ -52,7 +52,7 @@ def _elementwise_variants() -> list[dict]:
 
 def source_names() -> list[str]:
     """Every kernel source of the library."""
-    return sorted(p.name for p in resources.files("optcli.kernels").iterdir() if p.name.endswith(".cl"))
+    return sorted(p.name for p in resources.files("optcli.kernels").joinpath("gpu").iterdir() if p.name.endswith(".cl"))
 
 
 def program_variants() -> Iterator[tuple[str, dict]]:

@@ -1,4 +1,4 @@
-"""The channel-blocked layout's conversions and dense conv (src/blocked_conv.c).
+"""The channel-blocked layout's conversions and dense conv (kernels/host/blocked_conv.c).
 
 A value of logical shape [N, C, H, W] is stored as a C-contiguous float32 [N, ceil(C/B), H, W, B]:
 channel c at block c // B, lane c % B.  B is the library's vector width (4, 8 or 16; 16 only where
@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from optcli.native import ACTIVATION_CODES, _check, _lib, _ptr, vector_width
+from optcli.activation_codes import ACTIVATION_CODES
+from optcli.native import library
+from optcli.native.caches import _ptr
+from optcli.native.library import _check, vector_width
 
 
 def block_width() -> int:
@@ -21,28 +24,30 @@ def block_width() -> int:
 
 def to_blocked(x: np.ndarray, block: int) -> np.ndarray:
     """float32 [N, C, H, W] -> a new C-contiguous [N, ceil(C/B), H, W, B], pad lanes 0."""
-    assert _lib is not None and x.ndim == 4 and x.dtype == np.float32
+    assert library._lib is not None and x.ndim == 4 and x.dtype == np.float32
     x = np.ascontiguousarray(x)
     n, c, h, w = x.shape
     y = np.empty((n, -(-c // block), h, w, block), np.float32)
     if y.size:
-        _check(_lib.optcli_to_blocked_f32(x.ctypes.data, y.ctypes.data, n, c, h * w, block), "to blocked")
+        _check(library._lib.optcli_to_blocked_f32(x.ctypes.data, y.ctypes.data, n, c, h * w, block), "to blocked")
     return y
 
 
 def from_blocked(x: np.ndarray, channels: int) -> np.ndarray:
     """C-contiguous float32 [N, Cb, H, W, B] -> a new [N, channels, H, W]; channels <= Cb * B."""
-    assert _lib is not None and x.ndim == 5 and x.dtype == np.float32 and x.flags.c_contiguous
+    assert library._lib is not None and x.ndim == 5 and x.dtype == np.float32 and x.flags.c_contiguous
     n, cb, h, w, b = x.shape
     assert 0 < channels <= cb * b
     y = np.empty((n, channels, h, w), np.float32)
     if y.size:
-        _check(_lib.optcli_from_blocked_f32(x.ctypes.data, y.ctypes.data, n, channels, h * w, b), "from blocked")
+        _check(library._lib.optcli_from_blocked_f32(x.ctypes.data, y.ctypes.data, n, channels, h * w, b),
+               "from blocked")
     return y
 
 
 def group_blocks(block: int) -> int:
-    """G: the output blocks of a register tile at most (src/blocked_conv.c's BC_OB), 2 for B = 8, else 4."""
+    """G: the output blocks of a register tile at most (kernels/host/blocked_conv.c's BC_OB), 2 for B = 8,
+    else 4."""
     return 2 if block == 8 else 4
 
 
@@ -79,7 +84,7 @@ def prepared_conv2d_blocked(xshape: tuple[int, ...], packed: np.ndarray, bias: n
                             activation: str | None, alpha: float, beta: float):
     """``conv2d_blocked`` for one plan step and input shape, worked out once: returns
     call(x, residual=None) for a C-contiguous float32 ``x`` of ``xshape``."""
-    assert _lib is not None and len(xshape) in (4, 5) and packed.ndim == 6
+    assert library._lib is not None and len(xshape) in (4, 5) and packed.ndim == 6
     assert packed.dtype == np.float32 and packed.flags.c_contiguous
     groups, c, kh, kw, g, blk = packed.shape
     mb = -(-out_channels // blk)
@@ -99,7 +104,8 @@ def prepared_conv2d_blocked(xshape: tuple[int, ...], packed: np.ndarray, bias: n
     geom_values = np.array((n, c, h, w, out_channels, kh, kw, *strides, *dilations, *pad_begin, *out, ib, blk),
                            dtype=np.int64)
     geom = geom_values.ctypes.data  # the call's own array
-    fn, code, w_addr, b_addr = _lib.optcli_conv2d_blocked_f32, ACTIVATION_CODES[activation], _ptr(packed), _ptr(b)
+    fn, code = library._lib.optcli_conv2d_blocked_f32, ACTIVATION_CODES[activation]
+    w_addr, b_addr = _ptr(packed), _ptr(b)
     shape, empty, f32, xs = (n, mb, out[0], out[1], blk), np.empty, np.float32, tuple(xshape)
 
     def call(x: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Depthwise conv and pooling in the channel-blocked layout NCHWc (src/blocked_window.c).
+"""Depthwise conv and pooling in the channel-blocked layout NCHWc (kernels/host/blocked_window.c).
 
 A value of logical shape [N, C, H, W] is stored as a C-contiguous float32 [N, ceil(C/B), H, W, B]:
 channel c at block c // B, lane c % B.  B is the library's vector width (4, 8 or 16; 16 only where
@@ -13,7 +13,10 @@ import math
 
 import numpy as np
 
-from optcli.native import ACTIVATION_CODES, _check, _geom, _lib, _ptr
+from optcli.activation_codes import ACTIVATION_CODES
+from optcli.native import library
+from optcli.native.caches import _geom, _ptr
+from optcli.native.library import _check
 
 POOL_OPS = {"max": 1, "avg": 2}
 
@@ -76,14 +79,15 @@ def prepared_depthwise_conv2d_blocked(xshape: tuple[int, ...], packed: np.ndarra
                                       activation: str | None, alpha: float, beta: float):
     """``depthwise_conv2d_blocked`` for one plan step and input shape, worked out once: returns
     call(x) for a C-contiguous float32 ``x`` of ``xshape``."""
-    assert _lib is not None and len(xshape) == 5
+    assert library._lib is not None and len(xshape) == 5
     n, cb, _, _, blk = xshape
     assert packed.dtype == np.float32 and packed.flags.c_contiguous
     assert packed.shape == (cb, *kernel, blk), (packed.shape, xshape, kernel)
     b = _padded_bias(None if bias is None else np.asarray(bias, np.float32), cb * blk)
     geom_values = np.array(_geometry(tuple(xshape), kernel, strides, dilations, pad_begin, out), dtype=np.int64)
     geom = geom_values.ctypes.data  # the call's own array: the shared cache may drop its copy
-    fn, code, w_addr, b_addr = _lib.optcli_dwconv2d_blocked_f32, ACTIVATION_CODES[activation], _ptr(packed), _ptr(b)
+    fn, code = library._lib.optcli_dwconv2d_blocked_f32, ACTIVATION_CODES[activation]
+    w_addr, b_addr = _ptr(packed), _ptr(b)
     shape, empty, f32, xs = (n, cb, out[0], out[1], blk), _aligned_empty, np.float32, tuple(xshape)
 
     def call(x: np.ndarray) -> np.ndarray:
@@ -104,7 +108,7 @@ def pool2d_blocked(x: np.ndarray, op: str, kernel: tuple[int, int], strides: tup
     """Max ("max") or average ("avg") pooling of blocked ``x`` [N, Cb, H, W, B], as ``native.pool2d``:
     padding -inf for max (np.maximum's NaN rule), 0 for average, whose window sums are multiplied by
     ``rrow[oh] * rcol[ow]``.  Returns a new [N, Cb, OH, OW, B]."""
-    assert _lib is not None
+    assert library._lib is not None
     _check_x(x)
     n, cb, _, _, blk = x.shape
     y, y_addr = _aligned_empty((n, cb, out[0], out[1], blk))
@@ -112,7 +116,7 @@ def pool2d_blocked(x: np.ndarray, op: str, kernel: tuple[int, int], strides: tup
     r = None if rrow is None else np.ascontiguousarray(rrow, dtype=np.float32)
     k = None if rcol is None else np.ascontiguousarray(rcol, dtype=np.float32)
     assert op == "max" or (r is not None and k is not None and r.shape == (out[0],) and k.shape == (out[1],))
-    _check(_lib.optcli_pool2d_blocked_f32(x.ctypes.data, y_addr, geom, POOL_OPS[op], _ptr(r), _ptr(k)),
+    _check(library._lib.optcli_pool2d_blocked_f32(x.ctypes.data, y_addr, geom, POOL_OPS[op], _ptr(r), _ptr(k)),
            f"blocked {op} pooling")
     return y
 
@@ -120,10 +124,10 @@ def pool2d_blocked(x: np.ndarray, op: str, kernel: tuple[int, int], strides: tup
 def global_average_pool_blocked(x: np.ndarray) -> np.ndarray:
     """[N, Cb, H, W, B] -> a new [N, Cb, 1, 1, B]: the mean over H * W (float32 sums of 256 pixels,
     those in double)."""
-    assert _lib is not None
+    assert library._lib is not None
     _check_x(x)
     n, cb, h, w, blk = x.shape
     y = np.empty((n, cb, 1, 1, blk), dtype=np.float32)
-    _check(_lib.optcli_global_avg_blocked_f32(x.ctypes.data, y.ctypes.data, n, cb, h * w, blk),
+    _check(library._lib.optcli_global_avg_blocked_f32(x.ctypes.data, y.ctypes.data, n, cb, h * w, blk),
            "blocked global average pool")
     return y

@@ -77,7 +77,7 @@ def block_widths() -> list[int]:
     """The block widths the blocked kernels take on this CPU: 4 and 8, and 16 with AVX-512."""
     from optcli import native
 
-    return [4, 8, 16] if native.available() and native._lib.optcli_gemm_variant(-1) == 16 else [4, 8]
+    return [4, 8, 16] if native.available() and native.library._lib.optcli_gemm_variant(-1) == 16 else [4, 8]
 
 
 def to_blocked(x: np.ndarray, block: int, fill: float = 0.0) -> np.ndarray:
@@ -116,7 +116,7 @@ def ref_depthwise(x, w, b, case, act=None) -> np.ndarray:
         y = y + v * w[None, :, 0, i, j, None, None]
     if b is not None:
         y = y + b[None, :, None, None]
-    with mock.patch.object(native, "_lib", None):
+    with mock.patch.object(native.library, "_lib", None):
         return apply_activation(np.asarray(y, np.float32), act, *ACT_PARAMS.get(act, (0.0, 0.0)))
 
 

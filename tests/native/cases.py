@@ -58,11 +58,11 @@ def make_case(xs, ws, attrs, seed=0, activation=None, bias=True):
 
 def numpy_depthwise(x, w, b, attrs) -> np.ndarray:
     """The numpy kernel's answer, with the native library out of the way."""
-    with mock.patch.object(native, "_lib", None):
+    with mock.patch.object(native.library, "_lib", None):
         return conv_depthwise([x, w, b], dict(attrs))[0]
 
 
-# Stem convs (one group, few input channels: src/stem.c), (id, x shape, w shape, attrs): one to four
+# Stem convs (one group, few input channels: kernels/host/stem.c), (id, x shape, w shape, attrs): one to four
 # input channels, output channels off every register tile (4 or 8 channels) and primes, a 1x1
 # output, rows shorter and longer than a vector (4, 8, 16 floats), every stride 1..3, dilation,
 # asymmetric, SAME and negative pads, batches, the real stems at full size, and wider convs it

@@ -12,12 +12,13 @@ from optcli import native
 
 @pytest.fixture
 def native_lib():
-    """The loaded library; skips, or fails under OPTCLI_REQUIRE_NATIVE=1, where there is none."""
+    """The loaded library's module (optcli.native.library: ``_lib``, the thread calls); skips, or
+    fails under OPTCLI_REQUIRE_NATIVE=1, where there is no library."""
     if not native.available():
         if os.environ.get("OPTCLI_REQUIRE_NATIVE") == "1":
             pytest.fail(f"OPTCLI_REQUIRE_NATIVE=1 but {native.status()}")
         pytest.skip(native.status())
-    return native
+    return native.library
 
 
 def _counted(calls: dict[str, int], key: str, fn):

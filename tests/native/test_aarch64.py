@@ -13,7 +13,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from optcli import native
+from optcli import kernels, native
 from optcli.native.blocked_window import pack_depthwise_weights
 from optcli.ops.activation import activate, apply_activation
 from optcli.ops.conv import conv_im2col
@@ -35,7 +35,7 @@ from tests.native.blocked_cases import (
 from tests.native.blocked_cases import geometry as blocked_geometry
 from tests.native.cases import ACT_PARAMS, DEPTHWISE_CASES, STEM_CASES, make_case, numpy_depthwise
 
-SRC = Path(native.__file__).parent / "src"
+SRC = Path(kernels.__file__).parent / "host"  # the C sources setup.py builds
 DRIVER = Path(__file__).parent / "driver.c"
 CROSS_CC = "aarch64-linux-gnu-gcc"
 QEMU = "qemu-aarch64"
@@ -106,7 +106,7 @@ def _epilogue_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
         s = rng.standard_normal(c).astype(np.float32) if i % 2 else None
         b = rng.standard_normal(c).astype(np.float32) if i % 3 else None
         a, be = ACT_PARAMS.get(act, (0.0, 0.0))
-        with mock.patch.object(native, "_lib", None):
+        with mock.patch.object(native.library, "_lib", None):
             want = y * (1 if s is None else s[None, :, None]) + (0 if b is None else b[None, :, None])
             want = apply_activation(want.astype(np.float32), act, a, be)
         src, dst = tmp / f"ep{i}.in", tmp / f"ep{i}.out"
@@ -129,7 +129,7 @@ def _pool_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
             win = window(full, xs[2:], full["kernel_shape"], ceil_mode=bool(full.get("ceil_mode", 0)))
             geom = [*xs, xs[1], *win.kernel, *win.strides, *win.dilations, *win.pad_begin, *win.out]
             counts = [1.0 / c for c in _axis_counts(win, xs[2:], bool(i % 2))] if op == 2 else [None, None]
-            with mock.patch.object(native, "_lib", None):
+            with mock.patch.object(native.library, "_lib", None):
                 want = kernel([x], dict(full))[0]
             src, dst = tmp / f"pool{i}-{op}.in", tmp / f"pool{i}-{op}.out"
             _write_case(src, 2, op, geom, [x, *counts, None])
@@ -171,7 +171,7 @@ def _elementwise_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
     cases = []
     for i, (act, n) in enumerate([("gelu", 1), ("gelu", 37), ("gelu_tanh", 1000), ("sigmoid", 9), ("gelu", 20000)]):
         x = (rng.standard_normal(n) * 4).astype(np.float32)
-        with mock.patch.object(native, "_lib", None):
+        with mock.patch.object(native.library, "_lib", None):
             want = apply_activation(x.copy(), act)
         src, dst = tmp / f"act{i}.in", tmp / f"act{i}.out"
         _write_case(src, 4, act, [n], [x, None])
@@ -179,7 +179,7 @@ def _elementwise_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
     for i, (act, n) in enumerate([("relu", 1), (None, 40000), ("clip", 8195)]):
         x, b = (rng.standard_normal((2, n)) * 4).astype(np.float32)
         fused = {"activation": act, "activation_alpha": 0.0, "activation_beta": 6.0} if act else {}
-        with mock.patch.object(native, "_lib", None):
+        with mock.patch.object(native.library, "_lib", None):
             want = add([x, b], fused)[0]
         src, dst = tmp / f"add{i}.in", tmp / f"add{i}.out"
         head = [9, native.ACTIVATION_CODES[act], 0, n, *[0] * 14, _bits(0.0), _bits(6.0)]
@@ -194,7 +194,7 @@ def _elementwise_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
     for i, (outer, c, inner) in enumerate([(1, 1, 1), (3, 17, 1), (2, 40, 1), (2, 7, 15), (1, 13, 77)]):
         x = (rng.standard_normal((outer, c, inner)) + 2).astype(np.float32)
         s, b = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
-        with mock.patch.object(native, "_lib", None):
+        with mock.patch.object(native.library, "_lib", None):
             y, mean, inv = layer_normalization([np.moveaxis(x, 1, -1), s, b], {"epsilon": 1e-5})
         want = np.concatenate([np.moveaxis(y, -1, 1).ravel(), mean.ravel(), inv.ravel()])
         src, dst = tmp / f"ln{i}.in", tmp / f"ln{i}.out"
@@ -217,7 +217,7 @@ def _conv_gemm_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
         w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
         b = rng.standard_normal(ws[0]).astype(np.float32)
         full = {"kernel_shape": list(ws[2:]), **attrs}
-        with mock.patch.object(native, "_lib", None):
+        with mock.patch.object(native.library, "_lib", None):
             want = conv_im2col([xp, w, b], dict(full))[0]
         r = rng.standard_normal(want.shape).astype(np.float32) if i % 2 else None
         want = apply_activation(want + (0 if r is None else r), act, *ACT_PARAMS.get(act, (0.0, 0.0)))
@@ -240,7 +240,7 @@ def _stem_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
         w /= np.sqrt(np.prod(ws[1:]))
         win = window(full, xs[2:], ws[2:])
         geom = [*xs, ws[0], *ws[2:], *win.strides, *win.dilations, *win.pad_begin, *win.out]
-        with mock.patch.object(native, "_lib", None):
+        with mock.patch.object(native.library, "_lib", None):
             want = conv_im2col([x, w, b], dict(full))[0]
         src, dst = tmp / f"stem{i}.in", tmp / f"stem{i}.out"
         _write_case(src, 8, act, geom, [x, w, b])

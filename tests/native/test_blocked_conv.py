@@ -1,4 +1,4 @@
-"""The blocked dense conv and the layout conversions (src/blocked_conv.c) against the NCHW numpy conv:
+"""The blocked dense conv and the layout conversions (kernels/host/blocked_conv.c) against the NCHW numpy conv:
 odd shapes, every block width the CPU has, plain and blocked inputs, residual, every activation,
 1 and 2 threads, garbage in the input's pad lanes, and refusal of bad geometry."""
 
@@ -101,7 +101,7 @@ def test_bad_geometry_is_refused(native_lib):
                 (1, 0, 4, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 4, 4, block, block),   # no input channel
                 (1, 3, 4, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1 << 50, 4, block, block)]:  # absurd output
         geom = np.array(bad, np.int64)
-        rc = native._lib.optcli_conv2d_blocked_f32(x.ctypes.data, packed.ctypes.data, None, None, y.ctypes.data,
-                                                   geom.ctypes.data, 0, 0.0, 0.0)
+        rc = native.library._lib.optcli_conv2d_blocked_f32(x.ctypes.data, packed.ctypes.data, None, None,
+                                                           y.ctypes.data, geom.ctypes.data, 0, 0.0, 0.0)
         assert rc == -1, bad
-    assert native._lib.optcli_to_blocked_f32(x.ctypes.data, y.ctypes.data, 1, 3, 16, 5) == -1
+    assert native.library._lib.optcli_to_blocked_f32(x.ctypes.data, y.ctypes.data, 1, 3, 16, 5) == -1

@@ -1,4 +1,4 @@
-"""The native element-wise kernels (src/elementwise.c: stand-alone activations, GELU, sums with an activation,
+"""The native element-wise kernels (kernels/host/elementwise.c: stand-alone activations, GELU, sums with an activation,
 row means, LayerNormalization)
 and the native ChannelAffine / BatchNormalization, against float64 references, the numpy kernels and
 onnxruntime: one element, primes, large, non-contiguous inputs, 1 and 2 threads; and a ConvNeXt-like
@@ -52,7 +52,7 @@ def calls(native_lib, monkeypatch):
 
 def numpy_kernel(fn, inputs, attrs):
     """The numpy kernel's answer, with the native library out of the way."""
-    with mock.patch.object(native, "_lib", None):
+    with mock.patch.object(native.library, "_lib", None):
         return fn(inputs, dict(attrs))
 
 
@@ -111,7 +111,7 @@ def test_standalone_activations_match_numpy_and_onnxruntime(kernel, name, attrs,
 def test_activation_refuses_unknown_codes(native_lib):
     x = np.zeros(8, np.float32)
     for code in (-1, len(native.ACTIVATION_CODES)):
-        assert native._lib.optcli_activation_f32(x.ctypes.data, x.ctypes.data, 8, code, 0.0, 0.0) == -1  # EINVAL
+        assert native_lib._lib.optcli_activation_f32(x.ctypes.data, x.ctypes.data, 8, code, 0.0, 0.0) == -1  # EINVAL
 
 
 @pytest.mark.parametrize("shape, axes", [((1, 1, 1, 1), (2, 3)), ((1, 240, 28, 28), (2, 3)), ((2, 7, 13, 3), (2, 3)),
@@ -236,7 +236,7 @@ def test_model_same_with_and_without_the_library(native_lib, calls):
     data = optcli.optimize(model=model, valid_targets="arm").data
     got = optcli.load(data, threads=2).run({"x": x})["y"]
     assert calls["layer_norm"] and calls["channel_affine"]
-    with mock.patch.object(native, "_lib", None):
+    with mock.patch.object(native.library, "_lib", None):
         without = optcli.load(data, threads=2).run({"x": x})["y"]
     assert_close(got, ref, what="native kernels vs onnxruntime")
     assert_close(without, ref, what="numpy kernels vs onnxruntime")

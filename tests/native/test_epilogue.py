@@ -52,7 +52,7 @@ def test_gemm_convs_finish_natively(kernel, xshape, wshape, attrs, activation, n
         full.update(activation=activation, activation_alpha=a, activation_beta=be)
     got = kernel([x, w, b], dict(full))[0]
     assert native_calls["epilogue"] == 1
-    with mock.patch.object(native, "_lib", None):
+    with mock.patch.object(native.library, "_lib", None):
         want = kernel([x, w, b], dict(full))[0]
     assert_close(got, want, what=f"{kernel.__name__} {activation}")
 

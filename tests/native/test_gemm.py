@@ -1,4 +1,4 @@
-"""The native GEMM of the GEMM convs (src/gemm.c) against numpy on odd shapes, every fused
+"""The native GEMM of the GEMM convs (kernels/host/gemm.c) against numpy on odd shapes, every fused
 activation, bias and residual, on each vector width the CPU runs and on 1, 2 and 3 threads; the
 1x1 and im2col conv kernels that call it, end to end against onnxruntime; and the fully connected
 heads that take its thin and narrow paths."""
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from optcli import native
+from optcli.native import caches
 from optcli.ops.activation import apply_activation
 from optcli.ops.conv import conv_1x1, conv_im2col
 from optcli.ops.gemm import fully_connected
@@ -137,8 +138,8 @@ def test_small_plane_convs_pack_their_weight_once(native_calls):
         want = np.maximum(ort_conv(x, w, b, {"kernel_shape": [1, 1]}), 0)
         for _ in range(3):
             assert_close(conv_1x1([x, w, b], {"kernel_shape": [1, 1], "activation": "relu"})[0], want)
-        nr, wt = native._DERIVED[(id(w), "conv.panels")][1]
-        assert wt.size == w.size and nr == 2 * native._lib.optcli_gemm_variant(-1)
+        nr, wt = caches._DERIVED[(id(w), "conv.panels")][1]
+        assert wt.size == w.size and nr == 2 * native.library._lib.optcli_gemm_variant(-1)
 
 
 def test_same_result_on_any_thread_count(native_lib):
@@ -177,7 +178,7 @@ def test_refuses_bad_arguments(native_lib):
                                               len(native.ACTIVATION_CODES), 0.0, 0.0)
     assert rc == -1  # an activation code the library does not know
     with pytest.raises(native.NativeError, match="GEMM conv failed with code -1"):
-        native._check(rc, "GEMM conv")
+        native.library._check(rc, "GEMM conv")
 
 
 # ------------------------------------------------------------------------- the conv kernels
@@ -241,7 +242,7 @@ def test_fp16_storage_runs_natively_in_fp32(native_calls):
     x, w = rng.standard_normal((1, 16, 9, 9)).astype(np.float16), rng.standard_normal((8, 16, 1, 1)).astype(np.float16)
     got = conv_1x1([x, w, None], {"activation": "relu"})[0]
     assert native_calls["gemm"] == 1 and got.dtype == np.float16
-    with mock.patch.object(native, "_lib", None):
+    with mock.patch.object(native.library, "_lib", None):
         assert_close(got, conv_1x1([x, w, None], {"activation": "relu"})[0], "fp16")
 
 
@@ -266,7 +267,7 @@ def test_narrow_convs_run_natively(xs, ws, act, native_calls):
     assert native_calls["gemm"] == 1
     want = ort_conv(x, w, b, attrs)
     assert_close(got, want if act is None else apply_activation(want.copy(), act, *ACT_PARAMS[act]))
-    with mock.patch.object(native, "_lib", None):  # the numpy fallback agrees
+    with mock.patch.object(native.library, "_lib", None):  # the numpy fallback agrees
         assert_close(got, conv_1x1([x, w, b], {**attrs, **fused})[0])
 
 
@@ -290,7 +291,7 @@ def test_fully_connected_heads_run_natively(xs, n, bias_shape, act, native_calls
         assert got.shape == xs[:-1] + (n,)
         assert_epilogue_close(got, pre, act, f"FC {xs} x {n} {act} ({call} call)")
     assert native_calls["gemm"] == 2
-    assert native._DERIVED[(id(w), "fc.T")][1] is not None
+    assert caches._DERIVED[(id(w), "fc.T")][1] is not None
 
 
 def test_fully_connected_transposes_a_weight_only_while_it_lives(native_lib):
@@ -300,9 +301,9 @@ def test_fully_connected_transposes_a_weight_only_while_it_lives(native_lib):
         w = rng.standard_normal((32, 20)).astype(np.float32)
         assert_close(fully_connected([x, w, None], {})[0], x @ w)
         key = (id(w), "fc.T")
-        assert native._DERIVED[key][1] is native._UNMADE
+        assert caches._DERIVED[key][1] is caches._UNMADE
         del w
-        assert key not in native._DERIVED
+        assert key not in caches._DERIVED
 
 
 @pytest.mark.parametrize("xs, n", [((16, 64), 32), ((3, 8, 10), 5)], ids=["16-rows", "24-rows"])
@@ -322,7 +323,7 @@ def test_implicit_gemm_with_negative_pads_matches_numpy(native_calls):
     attrs = {"kernel_shape": [3, 3], "pads": [-1, 2, 0, -2], "strides": [1, 2]}
     got = conv_im2col([x, w, None], dict(attrs))[0]
     assert native_calls["conv_gemm"] == 1
-    with mock.patch.object(native, "_lib", None):
+    with mock.patch.object(native.library, "_lib", None):
         assert_close(got, conv_im2col([x, w, None], dict(attrs))[0])
 
 

@@ -39,7 +39,7 @@ def _ort(op: str, x: np.ndarray, attrs: dict) -> np.ndarray:
 
 
 def _numpy(kernel, x, attrs):
-    with mock.patch.object(native, "_lib", None):
+    with mock.patch.object(native.library, "_lib", None):
         return kernel([x], dict(attrs))[0]
 
 

@@ -1,4 +1,4 @@
-"""The native stem conv (src/stem.c: one group, few input channels) against a float64 reference
+"""The native stem conv (kernels/host/stem.c: one group, few input channels) against a float64 reference
 conv and onnxruntime: odd shapes, every stride, dilation, padding and fused activation, each vector
 width the CPU runs, any thread count; and the routing of conv_im2col to it."""
 
@@ -55,7 +55,7 @@ def test_matches_reference_and_onnxruntime(name, lanes, native_calls):  # lanes:
     assert native_calls["stem"] == 1 and native_calls["conv_gemm"] == 0
     assert got.dtype == np.float32 and got.flags.c_contiguous
     assert_epilogue_close(got, reference(x, w, b, attrs), None, f"{name} vs float64")
-    with mock.patch.object(native, "_lib", None):  # the numpy kernel, as where the library is absent
+    with mock.patch.object(native.library, "_lib", None):  # the numpy kernel, as where the library is absent
         assert_epilogue_close(got, conv_im2col([x, w, b], dict(attrs))[0], None, f"{name} vs numpy")
     if name not in ORT_REFUSES:
         assert_epilogue_close(got, ort_conv(x, w, b, attrs), None, f"{name} vs onnxruntime")
@@ -96,7 +96,7 @@ def test_fp16_storage_and_a_view_run_natively_in_fp32(native_calls):
     x16, w16, b16 = x.astype(np.float16), w.astype(np.float16), b.astype(np.float16)
     got = conv_im2col([x16, w16, b16], dict(attrs))[0]
     assert native_calls["stem"] == 2 and got.dtype == np.float16
-    with mock.patch.object(native, "_lib", None):
+    with mock.patch.object(native.library, "_lib", None):
         want = conv_im2col([x16, w16, b16], dict(attrs))[0]
     assert np.allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)
 
@@ -123,7 +123,7 @@ def test_nan_and_inf_propagate(native_calls):
     x[0, 0, 4, 4] = np.nan
     x[0, 1, 0, 0] = np.inf
     got = conv_im2col([x, w, b], dict(attrs))[0]
-    with mock.patch.object(native, "_lib", None):
+    with mock.patch.object(native.library, "_lib", None):
         want = conv_im2col([x, w, b], dict(attrs))[0]
     assert native_calls["stem"] == 1
     assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(np.isinf(got), np.isinf(want))

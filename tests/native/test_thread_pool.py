@@ -14,7 +14,7 @@ from optcli import native
 def _selftest(items: int, sleep_us: int) -> tuple[int, int, int]:
     """(items finished when the call returned, items the caller ran, most items running at once)."""
     stats = (ctypes.c_int64 * 2)()
-    finished = native._lib.optcli_pool_selftest(items, sleep_us, stats)
+    finished = native.library._lib.optcli_pool_selftest(items, sleep_us, stats)
     return finished, stats[0], stats[1]
 
 
@@ -31,7 +31,7 @@ def test_caller_waits_for_items_workers_took(threads):
     assert finished == 60
     assert by_caller < 60, "no worker took an item"
     assert 2 <= most <= 3
-    assert native._lib.optcli_pool_workers() >= 2
+    assert native.library._lib.optcli_pool_workers() >= 2
 
 
 def test_a_smaller_pool_leaves_extra_workers_out(threads):
@@ -71,7 +71,7 @@ import ctypes, glob, os, time
 from optcli import native
 native.set_num_threads(2)
 stats = (ctypes.c_int64 * 2)()
-native._lib.optcli_pool_selftest(8, 1000, stats)  # starts the worker and ends a job
+native.library._lib.optcli_pool_selftest(8, 1000, stats)  # starts the worker and ends a job
 
 def states():  # the pool workers' scheduler states: R running (spinning), S sleeping
     out = []

@@ -47,7 +47,7 @@ def test_models_match_with_and_without_the_library(models, native_calls):
     for name, _, data, feeds, ref in models:
         with_lib = _run(data, feeds, threads=2)
         assert native_calls["depthwise"] + native_calls["blocked_depthwise"] > 0, "no native depthwise ran"
-        with mock.patch.object(native, "_lib", None):
+        with mock.patch.object(native.library, "_lib", None):
             without = _run(data, feeds, threads=2)
         for a, b, r in zip(with_lib, without, ref):
             assert_close(a, r, what=f"{name} native vs onnxruntime")
@@ -57,7 +57,7 @@ def test_models_match_with_and_without_the_library(models, native_calls):
 def test_threads_size_the_native_pool(models, native_lib, monkeypatch):
     """``optcli.load(threads=N)`` reaches the pool through threadpoolctl, and only during run()."""
     seen = []
-    lib = native._lib
+    lib = native.library._lib
 
     def spying(fn):
         def spy(*args):
@@ -113,3 +113,21 @@ def test_nb_runs_with_the_library_disabled(models, tmp_path, native_lib):
 def test_status_names_the_library(native_lib):
     assert native.status().startswith("native host kernels: loaded ")
     assert native.library_path() is not None and native.library_path().name.startswith(native.LIB_PREFIX)
+
+
+def test_the_library_handle_lives_in_one_module(native_lib):
+    """Tests set the library aside with ``mock.patch.object(native.library, "_lib", None)``: no other
+    module of optcli.native keeps a handle of its own that the patch would miss, and a wrapper
+    called while the handle is aside does not reach the library."""
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.iter_modules(native.__path__):
+        if not info.name.startswith("_"):  # not the built library itself
+            module = importlib.import_module(f"optcli.native.{info.name}")
+            assert info.name == "library" or not hasattr(module, "_lib"), info.name
+    assert not hasattr(native, "_lib")
+    with mock.patch.object(native.library, "_lib", None):
+        assert not native.available()
+        with pytest.raises((AssertionError, AttributeError)):  # AttributeError under python -O
+            native.activation(np.ones(8, np.float32), "relu")

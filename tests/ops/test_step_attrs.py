@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from optcli import native
+from optcli.native import caches
 from optcli.ops.conv import _window_of
 from optcli.ops.evaluate import kernel_attrs
 from optcli.ops.registry import StepAttrs
@@ -45,16 +46,16 @@ def test_address_cache_only_keeps_read_only_arrays():
     w = np.arange(12, dtype=np.float32)
     w.flags.writeable = False
     x = np.zeros(12, dtype=np.float32)
-    assert native._ptr(w) == w.ctypes.data == native._ptr(w)
-    assert native._ptr(x) == x.ctypes.data
-    assert id(w) in native._CONST_ADDRS and id(x) not in native._CONST_ADDRS
-    assert native._ptr(None) is None
+    assert caches._ptr(w) == w.ctypes.data == caches._ptr(w)
+    assert caches._ptr(x) == x.ctypes.data
+    assert id(w) in caches._CONST_ADDRS and id(x) not in caches._CONST_ADDRS
+    assert caches._ptr(None) is None
     key = id(w)
     del w  # the cache holds it weakly: a dropped weight leaves it
     import gc
 
     gc.collect()
-    assert key not in native._CONST_ADDRS
+    assert key not in caches._CONST_ADDRS
 
 
 @pytest.mark.skipif(not native.available(), reason="the native library is not built here")
@@ -102,7 +103,7 @@ def test_prepared_native_call_matches_and_steps_aside(kind):
     from unittest import mock
 
     attrs.memo["prepared"] = (w, b, x.shape, counted)
-    with mock.patch.object(native, "_lib", None):  # the library set aside (OPTCLI_NATIVE=0): numpy runs
+    with mock.patch.object(native.library, "_lib", None):  # the library set aside (OPTCLI_NATIVE=0): numpy runs
         np.testing.assert_allclose(fn([x, w, b], attrs)[0], first, rtol=1e-5, atol=1e-5)
     assert len(calls) == 1, "the prepared native call ran with the library set aside"
 

@@ -1,4 +1,4 @@
-/* The host target's native kernels: a plain C ABI loaded with ctypes (optcli/native/__init__.py).
+/* The host target's native kernels: a plain C ABI loaded with ctypes (optcli/native/library.py).
  * No Python API here, so the library has no tie to one Python version. */
 #ifndef OPTCLI_NATIVE_H
 #define OPTCLI_NATIVE_H

@@ -1,0 +1,177 @@
+"""The native host kernels' library: a small C library (``kernels/host``) built by ``pip install``
+when a C compiler is present, loaded here once with ctypes, with its ABI table, its thread pool's
+size and the error its wrappers raise.
+
+The library has no Python API, only a C ABI: ctypes releases the GIL around each call, and the
+library splits the work over its own pthread pool (never OpenMP, which fights OpenBLAS), sized
+by ``optcli.load(..., threads=N)`` through threadpoolctl like the BLAS threads are.
+
+The library is optional.  Where it was not built (no compiler at install), failed to load, or is
+turned off with ``OPTCLI_NATIVE=0``, the numpy kernels run instead and compute the same results;
+``status()`` says which, and the first kernel that would have used it logs that once.  Kernels
+keep their ids either way, so a ``.nb`` never depends on whether this library exists.
+
+``_lib`` (the ctypes handle, None without the library) lives here only: the wrappers (window.py,
+stem.py, gemm.py, epilogue.py, elementwise.py, blocked_*.py) read ``library._lib`` when called, so
+setting it aside here (as the tests do) sets it aside for every kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import platform
+import threading
+from pathlib import Path
+
+LOG = logging.getLogger("optcli")
+
+ABI = 2  # OPTCLI_NATIVE_ABI in kernels/host/optcli_native.h
+LIB_PREFIX = "_optcli_native"  # the extension's file name starts with this (threadpoolctl matches it)
+
+
+_i64p = ctypes.POINTER(ctypes.c_int64)
+_vp = ctypes.c_void_p
+_SIGNATURES = {
+    "optcli_native_abi": ([], ctypes.c_int),
+    "optcli_get_num_threads": ([], ctypes.c_int),
+    "optcli_set_num_threads": ([ctypes.c_int], ctypes.c_int),
+    "optcli_pool_workers": ([], ctypes.c_int),
+    "optcli_pool_selftest": ([ctypes.c_int64, ctypes.c_int, _i64p], ctypes.c_int64),  # tests only
+    "optcli_dwconv2d_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
+    "optcli_stem_conv2d_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int, ctypes.c_float, ctypes.c_float],
+                               ctypes.c_int),
+    "optcli_pool2d_f32": ([_vp, _vp, _vp, ctypes.c_int, _vp, _vp], ctypes.c_int),
+    "optcli_gemm_conv_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                              ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
+    "optcli_gemm_pack_wt_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int64], ctypes.c_int),
+    "optcli_gemm_conv_t_f32": ([_vp, _vp, ctypes.c_int64, _vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64,
+                                ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_float],
+                               ctypes.c_int),
+    "optcli_gemm_variant": ([ctypes.c_int], ctypes.c_int),  # tests only
+    "optcli_conv2d_gemm_f32": ([_vp, _vp, _vp, _vp, _vp, _vp, ctypes.c_int, ctypes.c_float, ctypes.c_float],
+                               ctypes.c_int),
+    "optcli_conv2d_gemm_grouped_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int, ctypes.c_float,
+                                        ctypes.c_float], ctypes.c_int),
+    "optcli_channel_affine_f32": ([_vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
+                                   ctypes.c_float, ctypes.c_float], ctypes.c_int),
+    "optcli_activation_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
+    "optcli_add_f32": ([_vp, _vp, _vp, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
+    "optcli_layer_norm_f32": ([_vp, _vp, _vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                               ctypes.c_float], ctypes.c_int),
+    "optcli_row_mean_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int64], ctypes.c_int),
+    "optcli_to_blocked_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64],
+                              ctypes.c_int),
+    "optcli_from_blocked_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64],
+                                ctypes.c_int),
+    "optcli_conv2d_blocked_f32": ([_vp, _vp, _vp, _vp, _vp, _vp, ctypes.c_int, ctypes.c_float, ctypes.c_float],
+                                  ctypes.c_int),
+    "optcli_dwconv2d_blocked_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int, ctypes.c_float, ctypes.c_float],
+                                    ctypes.c_int),
+    "optcli_pool2d_blocked_f32": ([_vp, _vp, _vp, ctypes.c_int, _vp, _vp], ctypes.c_int),
+    "optcli_global_avg_blocked_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64],
+                                      ctypes.c_int),
+}
+
+
+def library_path() -> Path | None:
+    """The built library beside this file (``_optcli_native*.so`` from setup.py), if any."""
+    here = Path(__file__).resolve().parent
+    found = sorted(p for p in here.glob(LIB_PREFIX + "*") if p.suffix in (".so", ".dylib", ".pyd", ".dll"))
+    return found[0] if found else None
+
+
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    if os.environ.get("OPTCLI_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None, "disabled by OPTCLI_NATIVE=0: the numpy kernels run"
+    path = library_path()
+    if path is None:
+        return None, ("not built (no C compiler when optcli was installed?): the numpy kernels run; "
+                      "reinstall with gcc or clang present for faster CPU kernels")
+    try:
+        lib = ctypes.CDLL(str(path))
+        for name, (args, res) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, res
+        abi = lib.optcli_native_abi()
+    except (OSError, AttributeError) as exc:
+        return None, f"{path.name} failed to load ({exc}): the numpy kernels run; reinstall optcli"
+    if abi != ABI:
+        return None, f"{path.name} has ABI {abi}, this optcli expects {ABI}: the numpy kernels run; reinstall optcli"
+    return lib, f"loaded {path} ({platform.machine()}, {lib.optcli_get_num_threads()} threads by default)"
+
+
+_lib, _why = _load()
+_noted = threading.Event()
+
+
+def _register_with_threadpoolctl() -> None:
+    """Let ``threadpoolctl`` (and so ``optcli.load(..., threads=N)``) size the library's pool."""
+    try:
+        import threadpoolctl
+    except ImportError:  # pragma: no cover - a dependency
+        return
+    if not hasattr(threadpoolctl, "register"):  # threadpoolctl < 3.5: the pool keeps its default size
+        return
+
+    class NativeController(threadpoolctl.LibController):
+        user_api = "optcli"
+        internal_api = "optcli_native"
+        filename_prefixes = (LIB_PREFIX,)
+
+        def get_num_threads(self):
+            return self.dynlib.optcli_get_num_threads()
+
+        def set_num_threads(self, num_threads):
+            return self.dynlib.optcli_set_num_threads(int(num_threads))
+
+        def get_version(self):
+            return f"abi {self.dynlib.optcli_native_abi()}"
+
+    threadpoolctl.register(NativeController)
+
+
+if _lib is not None:
+    _register_with_threadpoolctl()
+
+
+def available() -> bool:
+    """Whether the native kernels run (else the numpy kernels do)."""
+    return _lib is not None
+
+
+def status() -> str:
+    """One line: where the native host kernels come from, or why the numpy kernels run."""
+    return f"native host kernels: {_why}"
+
+
+def note_unavailable() -> None:
+    """Log once per process that a kernel ran in numpy because the library is absent."""
+    if _lib is None and not _noted.is_set():
+        _noted.set()
+        LOG.info("optcli: %s", status())
+
+
+def get_num_threads() -> int:
+    return _lib.optcli_get_num_threads() if _lib is not None else 1
+
+
+def vector_width() -> int:
+    """The kernels' vector width in floats (4, 8 or 16: the GEMM's variant, picked by the CPU), 0 without
+    the library.  It is the block of the channel-blocked host layout (optcli/ops/blocked.py)."""
+    return _lib.optcli_gemm_variant(-1) if _lib is not None else 0
+
+
+def set_num_threads(n: int) -> int:
+    """Size the pool (the previous size is returned); ``optcli.load(threads=N)`` does this per run."""
+    return _lib.optcli_set_num_threads(int(n)) if _lib is not None else 1
+
+
+class NativeError(RuntimeError):
+    """The library refused its arguments (a bug on our side: callers check shapes first)."""
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise NativeError(f"native {what} failed with code {rc}" + (" (out of memory)" if rc == -2 else ""))

@@ -1,0 +1,40 @@
+"""The stem conv: a dense (one group) 2-D conv for few input channels, direct, no padded copy
+(kernels/host/stem.c)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from optcli.native import library
+from optcli.native.window import _window_conv
+
+STEM_MAX_CHANNELS = 4  # input channels up to which a one-group conv always runs in stem_conv2d
+STEM_MAX_TAPS = 576  # beyond the stems: C * KH * KW up to this (64 channels of 3x3) ...
+STEM_MIN_WIDTH = 14  # ... and output rows at least this wide
+
+
+def stem_fits(channels: int, kernel: tuple[int, ...], strides: tuple[int, ...], out: tuple[int, ...]) -> bool:
+    """Whether ``stem_conv2d`` takes a one-group 2-D conv: always with few input channels (the
+    stems: the GEMM's packing costs as much as its K = C*KH*KW multiply-adds), and measured faster
+    than the implicit GEMM also for up to 64 channels of a 3x3 window (ResNet's first stage, the
+    3x3 convs of detection necks) where the output rows fill its vectors; 1x1 windows are GEMMs.
+    With wider windows and narrow rows (7x7 maps of 512 channels: 3x slower) the GEMM stays."""
+    if not (math.prod(kernel) <= 1024 and max(strides, default=1) <= 16 and channels >= 1):
+        return False
+    taps = channels * math.prod(kernel)
+    return channels <= STEM_MAX_CHANNELS or (taps <= STEM_MAX_TAPS and math.prod(kernel) > 1
+                                              and out[-1] >= STEM_MIN_WIDTH)
+
+
+def stem_conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: tuple[int, int],
+                dilations: tuple[int, int], pad_begin: tuple[int, int], out: tuple[int, int],
+                activation: str | None = None, alpha: float = 0.0, beta: float = 0.0) -> np.ndarray:
+    """Dense (one group) conv of float32 NCHW ``x`` by ``w`` [M, C, KH, KW] with bias and a fused
+    activation, for few input channels (kernels/host/stem.c): zero padding at the start is ``pad_begin``, at
+    the end whatever ``out`` implies, applied by the kernel (no padded copy).  Returns a new float32
+    array [N, M, *out]."""
+    assert library._lib is not None and x.ndim == 4 and w.ndim == 4 and w.shape[1] == x.shape[1]
+    return _window_conv(library._lib.optcli_stem_conv2d_f32, "stem conv", x, w, bias, strides, dilations, pad_begin,
+                        out, activation, alpha, beta)

@@ -1,0 +1,92 @@
+"""Depthwise conv and pooling of NCHW float32 (kernels/host/window.c)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from optcli.activation_codes import ACTIVATION_CODES
+from optcli.native import library
+from optcli.native.caches import _geom, _ptr
+from optcli.native.library import _check
+
+
+def depthwise_fits(kernel: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether the native depthwise takes this window: any usual one; absurd windows and strides
+    (a scratch row per stride phase, a register pass per tap) stay in numpy."""
+    return math.prod(kernel) <= 1024 and max(strides, default=1) <= 16
+
+
+def depthwise_conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: tuple[int, int],
+                     dilations: tuple[int, int], pad_begin: tuple[int, int], out: tuple[int, int],
+                     activation: str | None = None, alpha: float = 0.0, beta: float = 0.0) -> np.ndarray:
+    """Depthwise conv of float32 NCHW ``x`` by ``w`` [M, 1, KH, KW] (M a multiple of C), with bias
+    and a fused activation; zero padding at the start is ``pad_begin``, at the end whatever
+    ``out`` implies.  Returns a new float32 array [N, M, *out]."""
+    assert library._lib is not None
+    return _window_conv(library._lib.optcli_dwconv2d_f32, "depthwise conv", x, w, bias, strides, dilations,
+                        pad_begin, out, activation, alpha, beta)
+
+
+def _window_conv(fn, what: str, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: tuple[int, int],
+                 dilations: tuple[int, int], pad_begin: tuple[int, int], out: tuple[int, int],
+                 activation: str | None, alpha: float, beta: float) -> np.ndarray:
+    """The call shared by the convs that take the 15 geometry values (depthwise, stem)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+    assert b is None or b.shape == (w.shape[0],)
+    n, c, h, wd = x.shape
+    m, _, kh, kw = w.shape
+    y = np.empty((n, m, out[0], out[1]), dtype=np.float32)
+    geom = _geom((n, c, h, wd, m, kh, kw, *strides, *dilations, *pad_begin, *out))
+    _check(fn(x.ctypes.data, _ptr(w), _ptr(b), y.ctypes.data, geom, ACTIVATION_CODES[activation], alpha, beta), what)
+    return y
+
+
+def prepared_depthwise_conv2d(xshape: tuple[int, int, int, int], w: np.ndarray, bias: np.ndarray | None,
+                              strides: tuple[int, int], dilations: tuple[int, int], pad_begin: tuple[int, int],
+                              out: tuple[int, int], activation: str | None, alpha: float, beta: float):
+    """``depthwise_conv2d`` for one plan step and input shape, worked out once (see
+    ``prepared_gemm_conv``): a function of a C-contiguous float32 ``x`` of ``xshape``."""
+    assert library._lib is not None and w.ndim == 4 and w.dtype == np.float32 and w.flags.c_contiguous
+    assert bias is None or (bias.dtype == np.float32 and bias.shape == (w.shape[0],) and bias.flags.c_contiguous)
+    n, c, h, wd = xshape
+    m, _, kh, kw = w.shape
+    geom_values = np.array((n, c, h, wd, m, kh, kw, *strides, *dilations, *pad_begin, *out), dtype=np.int64)
+    geom = geom_values.ctypes.data  # the call's own array: the shared cache may drop its copy
+    fn, code = library._lib.optcli_dwconv2d_f32, ACTIVATION_CODES[activation]
+    w_addr, b_addr = _ptr(w), _ptr(bias)
+    shape, empty, f32 = (n, m, out[0], out[1]), np.empty, np.float32
+
+    def call(x: np.ndarray) -> np.ndarray:
+        y = empty(shape, f32)
+        rc = fn(x.ctypes.data, w_addr, b_addr, y.ctypes.data, geom, code, alpha, beta)
+        if rc:
+            _check(rc, "depthwise conv")
+        return y
+
+    call.keep = (w, bias, geom_values)
+    return call
+
+
+POOL_OPS = {"max": 1, "avg": 2}
+
+
+def pool2d(x: np.ndarray, op: str, kernel: tuple[int, int], strides: tuple[int, int], dilations: tuple[int, int],
+           pad_begin: tuple[int, int], out: tuple[int, int], rrow: np.ndarray | None = None,
+           rcol: np.ndarray | None = None) -> np.ndarray:
+    """Max or average pooling of float32 NCHW ``x``; padding is -inf (max) or 0 (average), at the end
+    whatever ``out`` implies.  Average pooling multiplies each window's sum by ``rrow[oh] * rcol[ow]``
+    (1 / count along each axis).  Returns a new float32 array [N, C, *out]."""
+    assert library._lib is not None
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n, c, h, wd = x.shape
+    y = np.empty((n, c, out[0], out[1]), dtype=np.float32)
+    geom = _geom((n, c, h, wd, c, *kernel, *strides, *dilations, *pad_begin, *out))
+    r = None if rrow is None else np.ascontiguousarray(rrow, dtype=np.float32)
+    k = None if rcol is None else np.ascontiguousarray(rcol, dtype=np.float32)
+    _check(library._lib.optcli_pool2d_f32(x.ctypes.data, y.ctypes.data, geom, POOL_OPS[op], _ptr(r), _ptr(k)),
+           f"{op} pooling")
+    return y
