@@ -14,7 +14,7 @@ import numpy as np
 from optcli.activation_codes import ACTIVATION_CODES
 from optcli.native import library
 from optcli.native.caches import _ptr
-from optcli.native.library import _check, vector_width
+from optcli.native.library import _check, require, vector_width
 
 
 def block_width() -> int:
@@ -24,7 +24,7 @@ def block_width() -> int:
 
 def to_blocked(x: np.ndarray, block: int) -> np.ndarray:
     """float32 [N, C, H, W] -> a new C-contiguous [N, ceil(C/B), H, W, B], pad lanes 0."""
-    assert library._lib is not None and x.ndim == 4 and x.dtype == np.float32
+    require(library._lib is not None and x.ndim == 4 and x.dtype == np.float32, 'to blocked')
     x = np.ascontiguousarray(x)
     n, c, h, w = x.shape
     y = np.empty((n, -(-c // block), h, w, block), np.float32)
@@ -35,9 +35,9 @@ def to_blocked(x: np.ndarray, block: int) -> np.ndarray:
 
 def from_blocked(x: np.ndarray, channels: int) -> np.ndarray:
     """C-contiguous float32 [N, Cb, H, W, B] -> a new [N, channels, H, W]; channels <= Cb * B."""
-    assert library._lib is not None and x.ndim == 5 and x.dtype == np.float32 and x.flags.c_contiguous
+    require(library._lib is not None and x.ndim == 5 and x.dtype == np.float32 and x.flags.c_contiguous, 'from blocked')
     n, cb, h, w, b = x.shape
-    assert 0 < channels <= cb * b
+    require(0 < channels <= cb * b, 'from blocked')
     y = np.empty((n, channels, h, w), np.float32)
     if y.size:
         _check(library._lib.optcli_from_blocked_f32(x.ctypes.data, y.ctypes.data, n, channels, h * w, b),
@@ -55,7 +55,7 @@ def pack_conv_weights(w: np.ndarray, block: int) -> np.ndarray:
     """w [M, C, KH, KW] (one group) -> float32 C-contiguous [ceil(Mb/G), C, KH, KW, G, B] (Mb = ceil(M/B),
     G = ``group_blocks``), zero past M: output channel (g*G + o)*B + l at [g, c, kh, kw, o, l], so a
     register tile's G weight vectors lie side by side.  Made once per weight."""
-    assert w.ndim == 4 and block in (4, 8, 16)
+    require(w.ndim == 4 and block in (4, 8, 16), 'pack conv weights')
     m, rest = w.shape[0], w.shape[1:]
     g = group_blocks(block)
     groups = -(-m // (block * g))
@@ -84,21 +84,21 @@ def prepared_conv2d_blocked(xshape: tuple[int, ...], packed: np.ndarray, bias: n
                             activation: str | None, alpha: float, beta: float):
     """``conv2d_blocked`` for one plan step and input shape, worked out once: returns
     call(x, residual=None) for a C-contiguous float32 ``x`` of ``xshape``."""
-    assert library._lib is not None and len(xshape) in (4, 5) and packed.ndim == 6
-    assert packed.dtype == np.float32 and packed.flags.c_contiguous
+    require(library._lib is not None and len(xshape) in (4, 5) and packed.ndim == 6, 'prepared conv2d blocked')
+    require(packed.dtype == np.float32 and packed.flags.c_contiguous, 'prepared conv2d blocked')
     groups, c, kh, kw, g, blk = packed.shape
     mb = -(-out_channels // blk)
-    assert (kh, kw) == tuple(kernel) and g == group_blocks(blk) and -(-mb // g) == groups
+    require((kh, kw) == tuple(kernel) and g == group_blocks(blk) and -(-mb // g) == groups, 'prepared conv2d blocked')
     n, h, w = xshape[0], xshape[2], xshape[3]
     if len(xshape) == 5:
-        assert xshape[4] == blk and xshape[1] == -(-c // blk), (xshape, packed.shape)
+        require(xshape[4] == blk and xshape[1] == -(-c // blk), (xshape, packed.shape))
         ib = blk
     else:
-        assert xshape[1] == c, (xshape, packed.shape)
+        require(xshape[1] == c, (xshape, packed.shape))
         ib = 1
     b = None
     if bias is not None:
-        assert bias.ndim == 1 and bias.shape[0] <= mb * blk
+        require(bias.ndim == 1 and bias.shape[0] <= mb * blk, 'prepared conv2d blocked')
         b = np.zeros(mb * blk, np.float32)
         b[:bias.shape[0]] = bias
     geom_values = np.array((n, c, h, w, out_channels, kh, kw, *strides, *dilations, *pad_begin, *out, ib, blk),
@@ -109,10 +109,11 @@ def prepared_conv2d_blocked(xshape: tuple[int, ...], packed: np.ndarray, bias: n
     shape, empty, f32, xs = (n, mb, out[0], out[1], blk), np.empty, np.float32, tuple(xshape)
 
     def call(x: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
-        assert x.shape == xs and x.dtype == f32 and x.flags.c_contiguous
+        require(x.shape == xs and x.dtype == f32 and x.flags.c_contiguous, 'prepared conv2d blocked')
         r = None
         if residual is not None:
-            assert residual.shape == shape and residual.dtype == f32 and residual.flags.c_contiguous
+            require(residual.shape == shape and residual.dtype == f32 and residual.flags.c_contiguous,
+                    'prepared conv2d blocked')
             r = residual.ctypes.data
         y = empty(shape, f32)
         rc = fn(x.ctypes.data, w_addr, b_addr, r, y.ctypes.data, geom, code, alpha, beta)

@@ -16,14 +16,14 @@ import numpy as np
 from optcli.activation_codes import ACTIVATION_CODES
 from optcli.native import library
 from optcli.native.caches import _geom, _ptr
-from optcli.native.library import _check
+from optcli.native.library import _check, require
 
 POOL_OPS = {"max": 1, "avg": 2}
 
 
 def pack_depthwise_weights(w: np.ndarray, block: int) -> np.ndarray:
     """w [C, 1, KH, KW] (multiplier 1) -> float32 C-contiguous [ceil(C/B), KH, KW, B], zero pad lanes."""
-    assert w.ndim == 4 and w.shape[1] == 1 and block in (4, 8, 16)
+    require(w.ndim == 4 and w.shape[1] == 1 and block in (4, 8, 16), 'pack depthwise weights')
     c, _, kh, kw = w.shape
     cb = -(-c // block)
     packed = np.zeros((cb * block, kh, kw), np.float32)
@@ -46,7 +46,7 @@ def _padded_bias(bias: np.ndarray | None, lanes: int) -> np.ndarray | None:
     """bias [C] as float32 [lanes] (Cb * B), zero past C; None stays None."""
     if bias is None:
         return None
-    assert bias.ndim == 1 and bias.shape[0] <= lanes
+    require(bias.ndim == 1 and bias.shape[0] <= lanes, 'padded bias')
     b = np.zeros(lanes, np.float32)
     b[:bias.shape[0]] = bias
     return b
@@ -58,7 +58,7 @@ def _geometry(xshape: tuple[int, ...], kernel, strides, dilations, pad_begin, ou
 
 
 def _check_x(x: np.ndarray) -> None:
-    assert x.dtype == np.float32 and x.flags.c_contiguous and x.ndim == 5 and x.shape[4] in (4, 8, 16)
+    require(x.dtype == np.float32 and x.flags.c_contiguous and x.ndim == 5 and x.shape[4] in (4, 8, 16), 'check x')
 
 
 def depthwise_conv2d_blocked(x: np.ndarray, packed: np.ndarray, bias: np.ndarray | None, kernel: tuple[int, int],
@@ -79,10 +79,10 @@ def prepared_depthwise_conv2d_blocked(xshape: tuple[int, ...], packed: np.ndarra
                                       activation: str | None, alpha: float, beta: float):
     """``depthwise_conv2d_blocked`` for one plan step and input shape, worked out once: returns
     call(x) for a C-contiguous float32 ``x`` of ``xshape``."""
-    assert library._lib is not None and len(xshape) == 5
+    require(library._lib is not None and len(xshape) == 5, 'prepared depthwise conv2d blocked')
     n, cb, _, _, blk = xshape
-    assert packed.dtype == np.float32 and packed.flags.c_contiguous
-    assert packed.shape == (cb, *kernel, blk), (packed.shape, xshape, kernel)
+    require(packed.dtype == np.float32 and packed.flags.c_contiguous, 'prepared depthwise conv2d blocked')
+    require(packed.shape == (cb, *kernel, blk), (packed.shape, xshape, kernel))
     b = _padded_bias(None if bias is None else np.asarray(bias, np.float32), cb * blk)
     geom_values = np.array(_geometry(tuple(xshape), kernel, strides, dilations, pad_begin, out), dtype=np.int64)
     geom = geom_values.ctypes.data  # the call's own array: the shared cache may drop its copy
@@ -91,7 +91,7 @@ def prepared_depthwise_conv2d_blocked(xshape: tuple[int, ...], packed: np.ndarra
     shape, empty, f32, xs = (n, cb, out[0], out[1], blk), _aligned_empty, np.float32, tuple(xshape)
 
     def call(x: np.ndarray) -> np.ndarray:
-        assert x.shape == xs and x.dtype == f32 and x.flags.c_contiguous
+        require(x.shape == xs and x.dtype == f32 and x.flags.c_contiguous, 'prepared depthwise conv2d blocked')
         y, y_addr = empty(shape)
         rc = fn(x.ctypes.data, w_addr, b_addr, y_addr, geom, code, alpha, beta)
         if rc:
@@ -108,14 +108,15 @@ def pool2d_blocked(x: np.ndarray, op: str, kernel: tuple[int, int], strides: tup
     """Max ("max") or average ("avg") pooling of blocked ``x`` [N, Cb, H, W, B], as ``native.pool2d``:
     padding -inf for max (np.maximum's NaN rule), 0 for average, whose window sums are multiplied by
     ``rrow[oh] * rcol[ow]``.  Returns a new [N, Cb, OH, OW, B]."""
-    assert library._lib is not None
+    require(library._lib is not None, 'pool2d blocked')
     _check_x(x)
     n, cb, _, _, blk = x.shape
     y, y_addr = _aligned_empty((n, cb, out[0], out[1], blk))
-    geom = _geom(_geometry(x.shape, kernel, strides, dilations, pad_begin, out))
+    geom_array, geom = _geom(_geometry(x.shape, kernel, strides, dilations, pad_begin, out))
     r = None if rrow is None else np.ascontiguousarray(rrow, dtype=np.float32)
     k = None if rcol is None else np.ascontiguousarray(rcol, dtype=np.float32)
-    assert op == "max" or (r is not None and k is not None and r.shape == (out[0],) and k.shape == (out[1],))
+    require(op == "max" or (r is not None and k is not None and r.shape == (out[0],) and k.shape == (out[1],)),
+            'pool2d blocked')
     _check(library._lib.optcli_pool2d_blocked_f32(x.ctypes.data, y_addr, geom, POOL_OPS[op], _ptr(r), _ptr(k)),
            f"blocked {op} pooling")
     return y
@@ -124,7 +125,7 @@ def pool2d_blocked(x: np.ndarray, op: str, kernel: tuple[int, int], strides: tup
 def global_average_pool_blocked(x: np.ndarray) -> np.ndarray:
     """[N, Cb, H, W, B] -> a new [N, Cb, 1, 1, B]: the mean over H * W (float32 sums of 256 pixels,
     those in double)."""
-    assert library._lib is not None
+    require(library._lib is not None, 'global average pool blocked')
     _check_x(x)
     n, cb, h, w, blk = x.shape
     y = np.empty((n, cb, 1, 1, blk), dtype=np.float32)

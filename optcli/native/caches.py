@@ -40,16 +40,18 @@ def _forget_addr(key: int) -> None:
         del _CONST_ADDRS[key]
 
 
-def _geom(values: tuple[int, ...]) -> int:
-    """The address of an int64 array of ``values``, made once per distinct geometry (a model's
-    layers repeat theirs run after run; np.array and its address cost ~1.3 us a call)."""
+def _geom(values: tuple[int, ...]) -> tuple[np.ndarray, int]:
+    """An int64 array of ``values`` and its address, made once per distinct geometry (a model's
+    layers repeat theirs run after run; np.array and its address cost ~1.3 us a call).  The caller
+    keeps the array until its C call returns: another thread's predictor may clear this cache in
+    between, and an address alone would then point at freed memory (issue 23)."""
     hit = _GEOMS.get(values)
     if hit is None:
         if len(_GEOMS) >= _CACHE_MAX:
             _GEOMS.clear()
         arr = np.array(values, dtype=np.int64)
         hit = _GEOMS[values] = (arr, arr.ctypes.data)
-    return hit[1]
+    return hit
 
 
 _UNMADE = object()  # a _DERIVED entry seen once, nothing made yet

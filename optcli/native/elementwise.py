@@ -8,18 +8,18 @@ import numpy as np
 from optcli.activation_codes import ACTIVATION_CODES
 from optcli.native import library
 from optcli.native.caches import _ptr
-from optcli.native.library import _check
+from optcli.native.library import _check, require
 
 
 def activation(x: np.ndarray, name: str, alpha: float = 0.0, beta: float = 0.0,
                out: np.ndarray | None = None) -> np.ndarray:
     """The fused epilogue's activation ``name`` over a float32 array as a stand-alone op (GELU,
     sigmoid, hard-swish...), in one threaded pass; ``out=x`` works in place."""
-    assert library._lib is not None
+    require(library._lib is not None, 'activation')
     x = np.ascontiguousarray(x, dtype=np.float32).reshape(np.shape(x))  # a 0-d x stays 0-d
     if out is None:
         out = np.empty_like(x)
-    assert out.dtype == np.float32 and out.flags.c_contiguous and out.shape == x.shape
+    require(out.dtype == np.float32 and out.flags.c_contiguous and out.shape == x.shape, 'activation')
     _check(library._lib.optcli_activation_f32(x.ctypes.data, out.ctypes.data, x.size, ACTIVATION_CODES[name], alpha,
                                               beta), f"{name} activation")
     return out
@@ -29,8 +29,8 @@ def add(a: np.ndarray, b: np.ndarray, activation: str | None = None, alpha: floa
         beta: float = 0.0) -> np.ndarray:
     """``act(a + b)`` of two C-contiguous float32 arrays of one shape, in one threaded pass (a
     residual Add and the Relu fused after it, where numpy takes two passes)."""
-    assert library._lib is not None and a.shape == b.shape and a.dtype == b.dtype == np.float32
-    assert a.flags.c_contiguous and b.flags.c_contiguous
+    require(library._lib is not None and a.shape == b.shape and a.dtype == b.dtype == np.float32, 'add')
+    require(a.flags.c_contiguous and b.flags.c_contiguous, 'add')
     out = np.empty_like(a)
     _check(library._lib.optcli_add_f32(a.ctypes.data, b.ctypes.data, out.ctypes.data, a.size,
                                        ACTIVATION_CODES[activation], alpha, beta), "add")
@@ -42,10 +42,10 @@ def layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, eps: f
     """LayerNormalization of a C-contiguous float32 ``x`` seen as [outer, C, inner] over C (``inner``
     1: rows of C contiguous), ``scale`` and ``bias`` [C]; ``eps`` > 0.  Returns (y as x's shape,
     mean and 1 / std as float32 [outer * inner] or None without ``stats``)."""
-    assert library._lib is not None and x.dtype == np.float32 and x.flags.c_contiguous and eps > 0
+    require(library._lib is not None and x.dtype == np.float32 and x.flags.c_contiguous and eps > 0, 'layer norm')
     c = scale.size
     outer = x.size // (c * inner) if c * inner else 0
-    assert outer * c * inner == x.size and (bias is None or bias.size == c)
+    require(outer * c * inner == x.size and (bias is None or bias.size == c), 'layer norm')
     s = np.ascontiguousarray(scale, dtype=np.float32)
     b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
     y = np.empty_like(x)
@@ -59,7 +59,8 @@ def layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, eps: f
 def row_mean(x: np.ndarray, n: int) -> np.ndarray:
     """The mean of each run of ``n`` floats of a C-contiguous float32 ``x`` (its trailing axes making
     ``n``): a flat float32 array of x.size // n means, summed in float32 blocks and double."""
-    assert library._lib is not None and x.dtype == np.float32 and x.flags.c_contiguous and n >= 1 and x.size % n == 0
+    require(library._lib is not None and x.dtype == np.float32 and x.flags.c_contiguous and n >= 1 and x.size % n == 0,
+            'row mean')
     y = np.empty(x.size // n, np.float32)
     _check(library._lib.optcli_row_mean_f32(x.ctypes.data, y.ctypes.data, y.size, n), "row mean")
     return y

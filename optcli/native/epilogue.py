@@ -9,7 +9,7 @@ import numpy as np
 from optcli.activation_codes import ACTIVATION_CODES
 from optcli.native import library
 from optcli.native.caches import _ptr
-from optcli.native.library import _check
+from optcli.native.library import _check, require
 
 
 def channel_affine(x: np.ndarray, scale: np.ndarray | None, shift: np.ndarray | None,
@@ -17,14 +17,14 @@ def channel_affine(x: np.ndarray, scale: np.ndarray | None, shift: np.ndarray | 
                    out: np.ndarray | None = None) -> np.ndarray:
     """``act(x * scale[c] + shift[c])`` over a float32 [N, C, ...] in one pass (``out=x``: in place);
     ``scale`` / ``shift`` None mean 1 / 0."""
-    assert library._lib is not None and x.ndim >= 2
+    require(library._lib is not None and x.ndim >= 2, 'channel affine')
     x = np.ascontiguousarray(x, dtype=np.float32)
     if out is None:
         out = np.empty_like(x)
-    assert out.dtype == np.float32 and out.flags.c_contiguous and out.shape == x.shape
+    require(out.dtype == np.float32 and out.flags.c_contiguous and out.shape == x.shape, 'channel affine')
     s = None if scale is None else np.ascontiguousarray(scale, dtype=np.float32)
     b = None if shift is None else np.ascontiguousarray(shift, dtype=np.float32)
-    assert (s is None or s.size == x.shape[1]) and (b is None or b.size == x.shape[1])
+    require((s is None or s.size == x.shape[1]) and (b is None or b.size == x.shape[1]), 'channel affine')
     px = x.ctypes.data
     po = px if out is x else out.ctypes.data
     _check(library._lib.optcli_channel_affine_f32(px, po, _ptr(s), _ptr(b), x.shape[0], x.shape[1],
@@ -36,5 +36,5 @@ def channel_affine(x: np.ndarray, scale: np.ndarray | None, shift: np.ndarray | 
 def bias_activation_(y: np.ndarray, bias: np.ndarray | None, activation: str | None = None,
                      alpha: float = 0.0, beta: float = 0.0) -> np.ndarray:
     """``y = act(y + bias[channel])`` in place, one pass; ``y`` a C-contiguous float32 [N, C, ...]."""
-    assert y.dtype == np.float32 and y.flags.c_contiguous
+    require(y.dtype == np.float32 and y.flags.c_contiguous, 'bias activation ')
     return channel_affine(y, None, bias, activation, alpha, beta, out=y)

@@ -8,7 +8,7 @@ import numpy as np
 from optcli.activation_codes import ACTIVATION_CODES
 from optcli.native import library
 from optcli.native.caches import _geom, _ptr
-from optcli.native.library import _check
+from optcli.native.library import _check, require
 
 
 def gemm_conv(w: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None, activation: str | None = None,
@@ -19,21 +19,21 @@ def gemm_conv(w: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None, acti
     BLAS needs a second pass for bias and activation.  ``bias`` and ``residual`` [B, M, N] may be
     None; ``out`` (C-contiguous float32 [B, M, N], not overlapping the inputs) is written if given;
     ``panels`` (``pack_panels(w)``) lets products of 16 to 256 columns run transposed."""
-    assert library._lib is not None and w.ndim == 2 and x.ndim == 3 and w.shape[1] == x.shape[1] >= 1
+    require(library._lib is not None and w.ndim == 2 and x.ndim == 3 and w.shape[1] == x.shape[1] >= 1, 'gemm conv')
     w = np.ascontiguousarray(w, dtype=np.float32)
     x = np.ascontiguousarray(x, dtype=np.float32)
     (m, k), (b, _, n) = w.shape, x.shape
     if out is None:
         out = np.empty((b, m, n), dtype=np.float32)
     else:
-        assert out.dtype == np.float32 and out.flags.c_contiguous and out.shape == (b, m, n)
+        require(out.dtype == np.float32 and out.flags.c_contiguous and out.shape == (b, m, n), 'gemm conv')
     bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
-    assert bias is None or bias.shape == (m,)
+    require(bias is None or bias.shape == (m,), 'gemm conv')
     r = None if residual is None else np.ascontiguousarray(residual, dtype=np.float32)
-    assert r is None or r.shape == out.shape
+    require(r is None or r.shape == out.shape, 'gemm conv')
     if panels is not None:  # W.T's panels (pack_panels): small planes taken transposed
         nr, wt = panels
-        assert wt.dtype == np.float32 and wt.flags.c_contiguous and wt.size == m * k
+        require(wt.dtype == np.float32 and wt.flags.c_contiguous and wt.size == m * k, 'gemm conv')
         _check(library._lib.optcli_gemm_conv_t_f32(_ptr(w), _ptr(wt), nr, x.ctypes.data, _ptr(bias), _ptr(r),
                                                    out.ctypes.data, b, m, k, n, ACTIVATION_CODES[activation], alpha,
                                                    beta), "GEMM conv")
@@ -50,8 +50,10 @@ def prepared_gemm_conv(w: np.ndarray, bias: np.ndarray | None, activation: str |
     and panels are the step's own (kept alive by the function); per call only the two data
     addresses are asked, where ``gemm_conv`` checks and converts every argument again (~4 us of
     a 1x1 conv that takes 20-40 us on a MobileNet's late layers)."""
-    assert library._lib is not None and w.ndim == 2 and w.dtype == np.float32 and w.flags.c_contiguous
-    assert bias is None or (bias.dtype == np.float32 and bias.shape == (w.shape[0],) and bias.flags.c_contiguous)
+    require(library._lib is not None and w.ndim == 2 and w.dtype == np.float32 and w.flags.c_contiguous,
+            'prepared gemm conv')
+    require(bias is None or (bias.dtype == np.float32 and bias.shape == (w.shape[0],) and bias.flags.c_contiguous),
+            'prepared gemm conv')
     m, k = w.shape
     code, b_addr = ACTIVATION_CODES[activation], _ptr(bias)
     if panels is not None:
@@ -75,7 +77,7 @@ def pack_panels(w: np.ndarray) -> tuple[int, np.ndarray] | None:
     """``w`` [M, K] packed into the panels of W.T that ``gemm_conv(panels=...)`` reads on small planes
     (kernels/host/gemm.c, optcli_gemm_pack_wt_f32): (the panel width, the M * K floats), or None where M is
     not a multiple of the GEMM's vector width."""
-    assert library._lib is not None and w.ndim == 2
+    require(library._lib is not None and w.ndim == 2, 'pack panels')
     w = np.ascontiguousarray(w, dtype=np.float32)
     wt = np.empty(w.size, dtype=np.float32)
     nr = library._lib.optcli_gemm_pack_wt_f32(w.ctypes.data, wt.ctypes.data, *w.shape)
@@ -89,20 +91,20 @@ def conv2d_gemm(xp: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides:
     KW] as an implicit GEMM: the im2col columns are gathered while packing (kernels/host/gemm.c), never
     formed, and bias and activation are applied in the GEMM's own pass; with ``group`` > 1 each
     group is a GEMM of its own, the groups of all images spread over the pool.  Returns [N, M, *out]."""
-    assert library._lib is not None and xp.ndim == 4 and w.ndim == 4 and group >= 1
-    assert w.shape[1] * group == xp.shape[1] and w.shape[0] % group == 0
+    require(library._lib is not None and xp.ndim == 4 and w.ndim == 4 and group >= 1, 'conv2d gemm')
+    require(w.shape[1] * group == xp.shape[1] and w.shape[0] % group == 0, 'conv2d gemm')
     xp = np.ascontiguousarray(xp, dtype=np.float32)
     w = np.ascontiguousarray(w, dtype=np.float32)
     b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
-    assert b is None or b.shape == (w.shape[0],)
+    require(b is None or b.shape == (w.shape[0],), 'conv2d gemm')
     y = np.empty((xp.shape[0], w.shape[0]) + tuple(out), dtype=np.float32)
     if group == 1:
-        geom = _geom((xp.shape[0], w.shape[0], *xp.shape[1:], *w.shape[2:], *strides, *dilations, *out))
+        geom_array, geom = _geom((xp.shape[0], w.shape[0], *xp.shape[1:], *w.shape[2:], *strides, *dilations, *out))
         _check(library._lib.optcli_conv2d_gemm_f32(_ptr(w), xp.ctypes.data, _ptr(b), None, y.ctypes.data,
                                                    geom, ACTIVATION_CODES[activation], alpha, beta), "conv GEMM")
         return y
-    geom = _geom((xp.shape[0], w.shape[0] // group, w.shape[1], *xp.shape[2:], *w.shape[2:], *strides, *dilations,
-                  *out))
+    geom_array, geom = _geom((xp.shape[0], w.shape[0] // group, w.shape[1], *xp.shape[2:], *w.shape[2:], *strides,
+                              *dilations, *out))
     _check(library._lib.optcli_conv2d_gemm_grouped_f32(_ptr(w), xp.ctypes.data, _ptr(b), y.ctypes.data, geom,
                                                        group, ACTIVATION_CODES[activation], alpha, beta),
            "grouped conv GEMM")

@@ -172,6 +172,14 @@ class NativeError(RuntimeError):
     """The library refused its arguments (a bug on our side: callers check shapes first)."""
 
 
+def require(condition: bool, what: str) -> None:
+    """A guard the C code's memory safety rests on (shapes, dtypes, contiguity, the library being
+    there): unlike an ``assert`` it holds under ``python -O`` (issue 23)."""
+    if not condition:
+        raise NativeError(f"native {what}: arguments the kernel cannot take safely (shape, dtype or layout); "
+                          "callers check these first, so this is a bug in optcli")
+
+
 def _check(rc: int, what: str) -> None:
     if rc != 0:
         raise NativeError(f"native {what} failed with code {rc}" + (" (out of memory)" if rc == -2 else ""))

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from optcli.native import library
+from optcli.native.library import require
 from optcli.native.window import _window_conv
 
 STEM_MAX_CHANNELS = 4  # input channels up to which a one-group conv always runs in stem_conv2d
@@ -35,6 +36,6 @@ def stem_conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: 
     activation, for few input channels (kernels/host/stem.c): zero padding at the start is ``pad_begin``, at
     the end whatever ``out`` implies, applied by the kernel (no padded copy).  Returns a new float32
     array [N, M, *out]."""
-    assert library._lib is not None and x.ndim == 4 and w.ndim == 4 and w.shape[1] == x.shape[1]
+    require(library._lib is not None and x.ndim == 4 and w.ndim == 4 and w.shape[1] == x.shape[1], 'stem conv2d')
     return _window_conv(library._lib.optcli_stem_conv2d_f32, "stem conv", x, w, bias, strides, dilations, pad_begin,
                         out, activation, alpha, beta)

@@ -9,7 +9,7 @@ import numpy as np
 from optcli.activation_codes import ACTIVATION_CODES
 from optcli.native import library
 from optcli.native.caches import _geom, _ptr
-from optcli.native.library import _check
+from optcli.native.library import _check, require
 
 
 def depthwise_fits(kernel: tuple[int, ...], strides: tuple[int, ...]) -> bool:
@@ -24,7 +24,7 @@ def depthwise_conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, stri
     """Depthwise conv of float32 NCHW ``x`` by ``w`` [M, 1, KH, KW] (M a multiple of C), with bias
     and a fused activation; zero padding at the start is ``pad_begin``, at the end whatever
     ``out`` implies.  Returns a new float32 array [N, M, *out]."""
-    assert library._lib is not None
+    require(library._lib is not None, 'depthwise conv2d')
     return _window_conv(library._lib.optcli_dwconv2d_f32, "depthwise conv", x, w, bias, strides, dilations,
                         pad_begin, out, activation, alpha, beta)
 
@@ -36,11 +36,11 @@ def _window_conv(fn, what: str, x: np.ndarray, w: np.ndarray, bias: np.ndarray |
     x = np.ascontiguousarray(x, dtype=np.float32)
     w = np.ascontiguousarray(w, dtype=np.float32)
     b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
-    assert b is None or b.shape == (w.shape[0],)
+    require(b is None or b.shape == (w.shape[0],), 'window conv')
     n, c, h, wd = x.shape
     m, _, kh, kw = w.shape
     y = np.empty((n, m, out[0], out[1]), dtype=np.float32)
-    geom = _geom((n, c, h, wd, m, kh, kw, *strides, *dilations, *pad_begin, *out))
+    geom_array, geom = _geom((n, c, h, wd, m, kh, kw, *strides, *dilations, *pad_begin, *out))
     _check(fn(x.ctypes.data, _ptr(w), _ptr(b), y.ctypes.data, geom, ACTIVATION_CODES[activation], alpha, beta), what)
     return y
 
@@ -50,8 +50,10 @@ def prepared_depthwise_conv2d(xshape: tuple[int, int, int, int], w: np.ndarray, 
                               out: tuple[int, int], activation: str | None, alpha: float, beta: float):
     """``depthwise_conv2d`` for one plan step and input shape, worked out once (see
     ``prepared_gemm_conv``): a function of a C-contiguous float32 ``x`` of ``xshape``."""
-    assert library._lib is not None and w.ndim == 4 and w.dtype == np.float32 and w.flags.c_contiguous
-    assert bias is None or (bias.dtype == np.float32 and bias.shape == (w.shape[0],) and bias.flags.c_contiguous)
+    require(library._lib is not None and w.ndim == 4 and w.dtype == np.float32 and w.flags.c_contiguous,
+            'prepared depthwise conv2d')
+    require(bias is None or (bias.dtype == np.float32 and bias.shape == (w.shape[0],) and bias.flags.c_contiguous),
+            'prepared depthwise conv2d')
     n, c, h, wd = xshape
     m, _, kh, kw = w.shape
     geom_values = np.array((n, c, h, wd, m, kh, kw, *strides, *dilations, *pad_begin, *out), dtype=np.int64)
@@ -80,11 +82,11 @@ def pool2d(x: np.ndarray, op: str, kernel: tuple[int, int], strides: tuple[int, 
     """Max or average pooling of float32 NCHW ``x``; padding is -inf (max) or 0 (average), at the end
     whatever ``out`` implies.  Average pooling multiplies each window's sum by ``rrow[oh] * rcol[ow]``
     (1 / count along each axis).  Returns a new float32 array [N, C, *out]."""
-    assert library._lib is not None
+    require(library._lib is not None, 'pool2d')
     x = np.ascontiguousarray(x, dtype=np.float32)
     n, c, h, wd = x.shape
     y = np.empty((n, c, out[0], out[1]), dtype=np.float32)
-    geom = _geom((n, c, h, wd, c, *kernel, *strides, *dilations, *pad_begin, *out))
+    geom_array, geom = _geom((n, c, h, wd, c, *kernel, *strides, *dilations, *pad_begin, *out))
     r = None if rrow is None else np.ascontiguousarray(rrow, dtype=np.float32)
     k = None if rcol is None else np.ascontiguousarray(rcol, dtype=np.float32)
     _check(library._lib.optcli_pool2d_f32(x.ctypes.data, y.ctypes.data, geom, POOL_OPS[op], _ptr(r), _ptr(k)),
