@@ -1,7 +1,7 @@
 """Prepare and run the GPU part of a plan on an OpenCL device.
 
 Every buffer size and launch grid comes from shapes the runtime derives itself from the input
-shapes (``runtime.plan_shapes`` at load, ``runtime.bind_shapes`` per input shape), never from the
+shapes (``runtime.plan_shapes`` at load, ``runtime.gpu_common.bind_shapes`` per input shape), never from the
 shapes the file records.  A *binding* (per input shape; a plan with static inputs has one):
 every device value gets a buffer (values whose lifetimes do not overlap share one, by best fit),
 weights are re-laid and uploaded once by the kernels' launch functions, programs are built (or
@@ -10,8 +10,9 @@ load when its device buffers take at most ``LOAD_BIND_BYTES``, else at its first
 load allocates follows the file's size, not the sizes the file declares.  At most
 ``MAX_PROGRAMS`` distinct programs are built per plan.  At run time a GPU step is only an
 enqueue; ``Upload`` copies a host array into its device buffer without waiting (after checking
-its shape against the derived one), and ``Download`` is the one blocking read: host syncs happen
-only at target borders.
+its shape against the derived one), and ``Download`` is the one read the host waits for (a polled
+wait, ``opencl/waits.py``: Ctrl-C and ``Predictor.cancel`` end it): host syncs happen only at
+target borders.
 
 *Data points*: a device value whose size follows from data (a Range or Slice bound by a run-time
 value, NonZero) cannot be sized from the input shapes.  The binding leaves the GPU steps that
@@ -65,7 +66,7 @@ class OpenClSteps:
 
     A plan whose device values all have static shapes is bound once, at load.  A plan with
     symbolic dims on the device (``dynamic``) is bound per input shape: ``bind_inputs`` derives
-    every device value's shape (``runtime.bind_shapes``), then builds buffers and launches for
+    every device value's shape (``runtime.gpu_common.bind_shapes``), then builds buffers and launches for
     them, or takes them from a cache of the last ``MAX_BINDINGS`` input shapes.  Programs are
     keyed by source and defines, and sizes are kernel arguments, so a new shape builds no program;
     weights are uploaded once and shared by every binding whose launch re-lays them the same.
