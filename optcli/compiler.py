@@ -95,6 +95,14 @@ def _verify(o: CompileOptions, plan: Plan, data: bytes, shapes, ctx: PassContext
         samples = load_samples(o.verify_data or o.calib_data, plan.inputs, o.calib_preprocess, flag=flag)
         source = flag[2:]
     else:
+        # Random inputs for dims the model leaves free would be guessed sizes: a guess that does not
+        # fit the model (a window larger than the image) was then reported as the user's input error.
+        free = [f"'{v.name}' [{', '.join(str(d) for d in v.shape)}]" for v in plan.inputs
+                if v.shape is not None and any(not isinstance(d, int) for d in v.shape[1:])]
+        if free:
+            raise UsageError(f"--verify on random inputs needs sizes for the dynamic dims of input(s) "
+                             f"{', '.join(free)}: give them with --input_shapes (e.g. the size your app feeds), or "
+                             "give real samples with --verify_data=DIR")
         samples, source = random_samples(plan.inputs, o.verify_samples), "random"
         ctx.warnings.append(f"--verify judged the model on {o.verify_samples} seeded random inputs, a weak verdict: "
                             "random inputs drive many models (detectors, segmenters) into corners real data never "

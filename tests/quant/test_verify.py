@@ -186,3 +186,16 @@ def test_calibration_from_images(tmp_path):
     result = optcli.optimize(model=model, quant_type="INT8", calib_data=tmp_path,
                              calib_preprocess="resize=32,mean=0.485,0.456,0.406,std=0.229,0.224,0.225,layout=NCHW")
     assert result.report["int8"]["samples"] == 4
+
+
+def test_random_verification_asks_for_the_sizes_of_dynamic_dims(tmp_path, capsys):
+    """Issue 22: on a model with free spatial dims --verify guessed 32 for them, then blamed the
+    user's input when the guess did not fit ("its input is too small for its window")."""
+    path = tmp_path / "dyn.onnx"
+    onnx.save(build("dynamic_cnn"), path)
+    code, _, err = run([f"--model_file={path}", "--verify", f"--optimize_out={tmp_path}/d"], capsys)
+    assert code == 2 and "--verify on random inputs needs sizes for the dynamic dims" in err
+    assert "--input_shapes" in err and "--verify_data" in err and not (tmp_path / "d.nb").exists()
+    code, _, err = run([f"--model_file={path}", "--verify", "--input_shapes=input:1,3,48,48",
+                        f"--optimize_out={tmp_path}/d"], capsys)
+    assert code == 0 and (tmp_path / "d.nb").exists(), err
