@@ -59,6 +59,19 @@ def seed_everything(seed: int = SEED) -> None:
         pass
 
 
+def seeded_eval(cls, *args):
+    """``cls(*args)`` built after seeding, in eval mode, with non-trivial BatchNorm2d statistics
+    (drawn from the same seeded stream) so that conv+BN folding is not a no-op."""
+    import torch
+    seed_everything()
+    model = cls(*args).eval()
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.1, 0.1)
+            m.running_var.uniform_(0.5, 1.5)
+    return model
+
+
 _ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 9: "bool",
                 10: "float16", 11: "float64", 16: "bfloat16"}
 

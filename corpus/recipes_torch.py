@@ -10,7 +10,7 @@ TF-style "same" padding, which the exporters write as explicit Pad nodes or asym
 """
 from __future__ import annotations
 
-from common import Feed, Recipe, seed_everything
+from common import Feed, Recipe, seed_everything, seeded_eval
 
 IMG = [1, 3, 224, 224]
 
@@ -112,12 +112,7 @@ def nhwc_build(out: str, ctx: dict) -> None:
             logits = torch.softmax(self.fc(y.mean((2, 3))), -1)
             return mask, logits
 
-    seed_everything()
-    model = KerasLike().eval()
-    for m in model.modules():                      # non-trivial BN stats so folding matters
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.1, 0.1)
-            m.running_var.uniform_(0.5, 1.5)
+    model = seeded_eval(KerasLike)                 # non-trivial BN stats so folding matters
     x = torch.rand(1, 128, 128, 3)
     with torch.no_grad():
         torch.onnx.export(model, (x,), out, dynamo=False, opset_version=13,

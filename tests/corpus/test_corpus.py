@@ -24,6 +24,22 @@ SUBSET = os.environ.get("OPTCLI_CORPUS", "ci")
 FOLDER = corpus_dir()
 ENTRIES = [e for e in load_manifest(FOLDER) if SUBSET == "all" or SUBSET in e.get("subset", [])]
 
+# Runs known to fail today, with why: {model: {run: reason}}, run being "arm", "opencl-fp32" or
+# "opencl-fp16".  Strict: a run that starts passing fails the suite until its line is removed.
+KNOWN_FAILURES: dict[str, dict[str, str]] = {
+    "qdyn_lstm_speech": dict.fromkeys(("arm", "opencl-fp32"), (
+        "DynamicQuantizeLSTM runs on dequantized weights with X and h in float; onnxruntime quantizes "
+        "X and h to uint8 every step, which alone moves its output 9.4e-2 of scale from the float "
+        "model's (optcli's is 7e-3 from the float model, 9.8e-2 from onnxruntime's): over the 5e-2 "
+        "int8 budget")),
+}
+
+
+def _expect(request, entry: dict, run: str) -> None:
+    reason = KNOWN_FAILURES.get(entry["name"], {}).get(run)
+    if reason:
+        request.node.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+
 
 def test_corpus_is_built():
     require_corpus(bool(ENTRIES), f"corpus models for subset '{SUBSET}'")
@@ -49,7 +65,8 @@ def _ids(entries):
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=_ids(ENTRIES))
-def test_on_the_host(entry, references):
+def test_on_the_host(entry, references, request):
+    _expect(request, entry, "arm")
     run = run_model(entry, FOLDER, "arm", expected=references(entry))
     assert not run.error, run.error
     assert not run.fold_failures, run.fold_failures
@@ -61,7 +78,8 @@ def test_on_the_host(entry, references):
 @pytest.mark.opencl
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("entry", ENTRIES, ids=_ids(ENTRIES))
-def test_on_opencl(entry, precision, references):
+def test_on_opencl(entry, precision, references, request):
+    _expect(request, entry, f"opencl-{precision}")
     run = run_model(entry, FOLDER, "opencl,arm", precision, gpu=True, expected=references(entry))
     assert not run.error, run.error
     assert run.accurate, f"relative errors {run.errors} over {run.precision} tolerance"
