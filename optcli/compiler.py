@@ -19,6 +19,7 @@ from optcli.ir import Graph
 from optcli.nb.layout import FORMAT_VERSION, SUPPORTED_DTYPES
 from optcli.nb.reader import load_bytes
 from optcli.nb.writer import to_bytes
+from optcli.ops.reference import CONTROL_FLOW, body_ops
 from optcli.passes import pipeline
 from optcli.passes.base import Int8Settings, PassContext
 from optcli.passes.place_nodes import placement_report
@@ -182,6 +183,9 @@ def build_report(graph: Graph, plan: Plan, ctx: PassContext, records: list[dict]
         steps.append({"index": i, "name": s.name, "op": s.op_type, "domain": s.domain, "target": s.target,
                       "kernel": s.kernel, "fallback": fallback,
                       "reason": placement.get(s.name, {}).get("reason", "")})
+        if s.proto is not None and s.op_type in CONTROL_FLOW:
+            steps[-1]["body_ops"] = [{"op": op, "domain": domain, "runs": runs}
+                                     for op, domain, runs in body_ops(s.proto)]
     weights_bytes = _stored_weight_bytes(plan)
     mem = plan.memory
     report = {

@@ -56,6 +56,14 @@ def model_ops_table(report: dict) -> str:
         entry["fallback"] |= s["fallback"]
     rows = [[op, str(e["count"]), target, ",".join(sorted(e["kernels"])), "fallback" if e["fallback"] else ""]
             for (op, target), e in sorted(by_op.items())]
+    # The ops inside If/Loop/Scan bodies: each runs optcli's kernel or onnx.reference's, on the host.
+    inside: dict[tuple[str, str, str], int] = {}
+    for s in report["steps"]:
+        for b in s.get("body_ops", ()):
+            key = (b["op"], s["op"], b["runs"])
+            inside[key] = inside.get(key, 0) + 1
+    rows += [[f"  {op} (in {parent} body)", str(n), "arm", runs, "fallback" if runs == "onnx reference" else ""]
+             for (op, parent, runs), n in sorted(inside.items())]
     head = (f"model ops after optimization ({report['nodes_before']} nodes -> {report['nodes_after']} steps; "
             f"targets {', '.join(report['targets'])})\n")
     return head + _table(["op", "count", "runs on", "variants", "note"], rows)

@@ -27,10 +27,10 @@ from onnx import TensorProto, numpy_helper
 import optcli
 from optcli.tolerance import RELATIVE, describe_mismatch, max_error, within
 
-# Cases left out, each with the reason it can't (or shouldn't) pass.  All but the last two fail on
-# onnxruntime (CPU EP) too, or their expected output is not well defined.  The last two are our
-# known gaps: control-flow ops run through onnx's reference implementation, which gets these
-# wrong; a native Loop/Scan on the host target would fix them.
+# Cases left out, each with the reason it can't (or shouldn't) pass.  All but the last fail on
+# onnxruntime (CPU EP) too, or their expected output is not well defined.  The last is our known
+# gap: Scan runs through onnx's reference implementation, which cannot run Scan-8; optcli's own
+# Scan would fix it (Loop has optcli's own stacking, ops/reference.py).
 EXCLUDED: dict[str, str] = {
     **{name: "training-only op (ai.onnx.preview.training domain, no default opset); onnxruntime "
              "doesn't implement it either"
@@ -42,9 +42,6 @@ EXCLUDED: dict[str, str] = {
     "test_averagepool_2d_ceil_last_window_starts_on_pad":
         "expected values are hard-coded rounded to 4 decimals (relative error 1.5e-4 > the fp32 budget "
         "1e-4); optcli matches onnxruntime to 1e-7, and onnxruntime fails it at this tolerance too",
-    "test_range_float_type_positive_delta_expanded":
-        "KNOWN GAP (onnxruntime passes): Loop runs through onnx.reference, which stacks scalar scan "
-        "outputs as (N, 1) instead of (N,); the whole model gives (2, 1) in onnx.reference too",
     "test_scan_sum":
         "KNOWN GAP (onnxruntime passes): Scan opset 8 (batch axis, sequence_lens) runs through "
         "onnx.reference, which cannot run Scan-8 at all (it fails on the whole model too)",

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 2 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 3 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -121,5 +121,20 @@ OPT_API int optcli_pool2d_blocked_f32(const float *x, float *y, const int64_t *g
 /* Global average pooling, blocked x [n, cb, hw, b] -> y [n, cb, b]: the mean over hw, summed in float
  * vectors of 256 pixels and those sums in double. */
 OPT_API int optcli_global_avg_blocked_f32(const float *x, float *y, int64_t n, int64_t cb, int64_t hw, int64_t b);
+
+/* The time loop of LSTM (cell 0), GRU (1) and RNN (2) layers (recurrent.c), ONNX semantics, for every
+ * direction and batch row.  geom: dirs, seq, batch, hidden, direction (0 forward, 1 reverse,
+ * 2 bidirectional: direction 0 forward, 1 reverse); G = 4, 3, 1 gates.
+ * xp [dirs, seq, batch, G * hidden]: X @ W^T with the biases folded in (LSTM and RNN: Wb + Rb; GRU:
+ * Wb, plus Rb of z and r); rt [dirs, hidden, G * hidden]: R transposed; rbh [dirs, hidden]: GRU's Rb
+ * of its h gate (NULL for the others); p [dirs, 3 * hidden] LSTM peepholes i, o, f or NULL; h0, c0
+ * [dirs, batch, hidden] or NULL (zeros); lens [batch] in [0, seq] or NULL (seq each).
+ * Writes y [seq, dirs, batch, hidden] (zero past a row's length), yh and yc [dirs, batch, hidden];
+ * each may be NULL.  acts, alphas, betas: 3 per direction (f, g, h of the ONNX op; activation codes
+ * of simd.h); flags: 1 input_forget, 2 linear_before_reset, 4 clip pre-activations to +-clip. */
+OPT_API int optcli_recurrent_f32(int cell, const float *xp, const float *rt, const float *rbh, const float *p,
+                                 const float *h0, const float *c0, const int32_t *lens, float *y, float *yh, float *yc,
+                                 const int64_t *geom, const int32_t *acts, const float *alphas, const float *betas,
+                                 float clip, int flags);
 
 #endif

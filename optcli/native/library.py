@@ -27,7 +27,7 @@ from pathlib import Path
 
 LOG = logging.getLogger("optcli")
 
-ABI = 2  # OPTCLI_NATIVE_ABI in kernels/host/optcli_native.h
+ABI = 3  # OPTCLI_NATIVE_ABI in kernels/host/optcli_native.h
 LIB_PREFIX = "_optcli_native"  # the extension's file name starts with this (threadpoolctl matches it)
 
 
@@ -72,6 +72,8 @@ _SIGNATURES = {
     "optcli_pool2d_blocked_f32": ([_vp, _vp, _vp, ctypes.c_int, _vp, _vp], ctypes.c_int),
     "optcli_global_avg_blocked_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64],
                                       ctypes.c_int),
+    "optcli_recurrent_f32": ([ctypes.c_int, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
+                              ctypes.c_float, ctypes.c_int], ctypes.c_int),
 }
 
 

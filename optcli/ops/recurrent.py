@@ -1,31 +1,459 @@
-"""Recurrent ops: LSTM's shape rule.
+"""Recurrent ops: LSTM, GRU and RNN on the host, every attribute of the ONNX spec, and their shape rules.
 
-The host runs LSTM through the reference fallback (no numpy kernel here); the GPU has a kernel
-(``optcli.gpu.ops_lstm``), whose buffers the runtime sizes from this rule.
+How a layer runs: the input projection of all time steps is one GEMM (``X @ W^T`` per direction,
+the biases folded in), then the time loop, which cannot be batched over time, runs in the native
+library (``kernels/host/recurrent.c``: one call for the whole layer, directions and batch rows on
+the pool).  Where the library is absent, the data is not float32, or an activation has no native
+code (Affine, ThresholdedRelu, ScaledTanh, Elu, Softsign, Softplus), the same loop runs here in
+numpy: the reference the native loop is tested against, and correct for every attribute.
+
+Why not onnx's reference implementation (what ran before): it ignores ``activations``,
+``activation_alpha``/``beta``, ``clip`` and ``sequence_lens`` (wrong answers for models that set
+them) and costs ~10 numpy calls per time step.  The semantics here follow onnxruntime, which the
+tests compare against: rows past their sequence length give zeros in Y and keep their last state
+in Y_h / Y_c (a row of length 0: zeros), and the reverse direction of such a row starts at its
+last step.
+
+The GPU has an LSTM kernel of its own (``optcli.gpu.ops_lstm``), whose buffers are sized from
+these rules.
 """
 
 from __future__ import annotations
 
-from optcli.ops.shape_functions import Shape, ShapeArgs, ShapeDerivationError, fixed, same_dim, shape_fn
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from optcli import native
+from optcli.native import recurrent as native_recurrent
+from optcli.ops.registry import kernel
+from optcli.ops.shape_functions import Shape, ShapeArgs, ShapeDerivationError, fixed, is_int, same_dim, shape_fn
 
 
-@shape_fn("LSTM")
-def lstm_shape(args: ShapeArgs) -> list[Shape]:
-    """Y [seq, dirs, batch, hidden] and Y_h, Y_c [dirs, batch, hidden] (``layout`` 1: batch first)."""
-    x, w = args.shape(0), args.shape(1)
-    for name, s in (("X", x), ("W", w)):
+@dataclass(frozen=True)
+class Cell:
+    """One recurrent op's layout: gates per step, activations per direction and their defaults."""
+
+    op: str
+    gates: int
+    default_activations: tuple[str, ...]
+
+    @property
+    def n_activations(self) -> int:
+        return len(self.default_activations)
+
+
+CELLS = {
+    "LSTM": Cell("LSTM", 4, ("Sigmoid", "Tanh", "Tanh")),  # gates i, o, f, c
+    "GRU": Cell("GRU", 3, ("Sigmoid", "Tanh")),  # gates z, r, h
+    "RNN": Cell("RNN", 1, ("Tanh",)),
+}
+
+
+@dataclass(frozen=True)
+class RecurrentActivation:
+    """One ONNX recurrent activation: its numpy form, what alpha / beta default to when the
+    attribute lists run out, and its code in the native library (None: numpy only)."""
+
+    fn: Any  # (x, alpha, beta) -> array
+    uses_alpha: bool
+    uses_beta: bool
+    default_alpha: float
+    default_beta: float
+    native: str | None
+
+
+def _sigmoid(x, a, b):
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+# Keys are lower case: the spec's names are matched without case, as onnxruntime does.  The spec
+# gives no defaults for alpha and beta; these are onnxruntime's (0 but for LeakyRelu, HardSigmoid
+# and Elu, the defaults of the stand-alone ops), so a model that leaves them out means the same.
+ACTIVATIONS: dict[str, RecurrentActivation] = {
+    "relu": RecurrentActivation(lambda x, a, b: np.maximum(x, 0), False, False, 0, 0, "relu"),
+    "tanh": RecurrentActivation(lambda x, a, b: np.tanh(x), False, False, 0, 0, "tanh"),
+    "sigmoid": RecurrentActivation(_sigmoid, False, False, 0, 0, "sigmoid"),
+    "affine": RecurrentActivation(lambda x, a, b: a * x + b, True, True, 0, 0, None),
+    "leakyrelu": RecurrentActivation(lambda x, a, b: np.where(x >= 0, x, a * x), True, False, 0.01, 0, "leaky_relu"),
+    "thresholdedrelu": RecurrentActivation(lambda x, a, b: np.where(x > a, x, 0), True, False, 0, 0, None),
+    "scaledtanh": RecurrentActivation(lambda x, a, b: a * np.tanh(b * x), True, True, 0, 0, None),
+    "hardsigmoid": RecurrentActivation(lambda x, a, b: np.clip(a * x + b, 0, 1), True, True, 0.2, 0.5,
+                                       "hard_sigmoid"),
+    "elu": RecurrentActivation(lambda x, a, b: np.where(x >= 0, x, a * np.expm1(np.minimum(x, 0))), True, False,
+                               1.0, 0, None),
+    "softsign": RecurrentActivation(lambda x, a, b: x / (1 + np.abs(x)), False, False, 0, 0, None),
+    "softplus": RecurrentActivation(lambda x, a, b: np.logaddexp(0, x), False, False, 0, 0, None),
+}
+
+
+def resolve_activations(cell: Cell, attrs: dict[str, Any], dirs: int) -> list[tuple[str, float, float]]:
+    """The activations as (lower-case name, alpha, beta), ``cell.n_activations`` per direction.
+
+    ``activations`` lists them for every direction (one direction's list is taken for both of a
+    bidirectional layer, as onnxruntime does); ``activation_alpha`` / ``activation_beta`` are
+    consumed in that order by the activations that take them, defaults once they run out.
+    Raises ShapeDerivationError (a property of the model, reported at load) on anything else."""
+    names = [str(n.decode() if isinstance(n, bytes) else n) for n in attrs.get("activations") or ()]
+    n = cell.n_activations
+    if not names:
+        names = list(cell.default_activations) * dirs
+    elif len(names) == n and dirs == 2:
+        names = names * 2
+    elif len(names) != n * dirs:
+        raise ShapeDerivationError(f"{cell.op} lists {len(names)} activations; {n * dirs} are expected "
+                                   f"({n} per direction, {dirs} direction{'s' if dirs > 1 else ''})")
+    alphas = [float(a) for a in attrs.get("activation_alpha") or ()]
+    betas = [float(b) for b in attrs.get("activation_beta") or ()]
+    out = []
+    for name in names:
+        act = ACTIVATIONS.get(name.lower())
+        if act is None:
+            raise ShapeDerivationError(f"{cell.op} activation '{name}' is not one of the spec's "
+                                       f"({', '.join(sorted(ACTIVATIONS))})")
+        alpha = alphas.pop(0) if act.uses_alpha and alphas else act.default_alpha
+        beta = betas.pop(0) if act.uses_beta and betas else act.default_beta
+        out.append((name.lower(), alpha, beta))
+    return out
+
+
+def _direction(cell: Cell, attrs: dict[str, Any]) -> tuple[str, int]:
+    direction = attrs.get("direction", "forward")
+    direction = direction.decode() if isinstance(direction, bytes) else str(direction)
+    if direction not in ("forward", "reverse", "bidirectional"):
+        raise ShapeDerivationError(f"{cell.op} direction '{direction}' is not forward, reverse or bidirectional")
+    return direction, 2 if direction == "bidirectional" else 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+
+
+def _sequence_lengths(lens: np.ndarray | None, seq: int, batch: int) -> np.ndarray | None:
+    """sequence_lens as int64 [batch], or None when every row runs the whole sequence.  A length
+    outside [0, seq] is the input's fault: IndexError, which the executor reports as such."""
+    if lens is None:
+        return None
+    lens = np.asarray(lens)
+    if lens.shape != (batch,) or lens.dtype.kind not in "iu":
+        raise IndexError(f"sequence_lens has shape {list(lens.shape)} ({lens.dtype}); [{batch}] int32 is expected")
+    if lens.size and (lens.min() < 0 or lens.max() > seq):
+        raise IndexError(f"sequence_lens holds {int(lens.min())}..{int(lens.max())}, outside 0..{seq} "
+                         "(the sequence's length)")
+    lens = lens.astype(np.int64)
+    return None if bool(np.all(lens == seq)) else lens
+
+
+def _transposed_r(r: np.ndarray, work: type) -> np.ndarray:
+    """R [dirs, G*H, H] as [dirs, H, G*H] (the native loop's form), made once per constant R."""
+    def make(a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.asarray(a, dtype=work).transpose(0, 2, 1))
+
+    made = native.derived(r, f"recurrent_rt_{np.dtype(work).name}", make) if native.available() else None
+    return made if made is not None else make(r)
+
+
+@dataclass
+class _Weights:
+    """What a layer derives from its weights and attributes, once per bound step (kept in the
+    step's ``memo`` while the same weight arrays come back, as a plan's constants do)."""
+
+    source: tuple  # the (W, R, B) arrays it was made from, compared by identity
+    w: np.ndarray
+    folded: np.ndarray  # [dirs, G*H]: the biases added to the input projection
+    rt: np.ndarray  # [dirs, H, G*H]: R transposed
+    rbh: np.ndarray | None  # GRU: [dirs, H], Rb of the h gate
+    acts: list
+    native_acts: tuple | None  # (codes, alphas, betas), None where an activation has no native code
+    clip: float | None
+    flags: int
+
+
+def _weights(cell: Cell, w, r, b, attrs: dict[str, Any], dirs: int, work: type) -> _Weights:
+    memo = getattr(attrs, "memo", None)
+    key = ("recurrent", np.dtype(work).name)
+    hit = memo.get(key) if memo is not None else None
+    if hit is not None and all(a is c for a, c in zip(hit.source, (w, r, b))):
+        return hit
+    hidden = r.shape[-1]
+    gh = cell.gates * hidden
+    bias = np.zeros((dirs, 2 * gh), work) if b is None else np.asarray(b, dtype=work)
+    wb, rb = bias[:, :gh], bias[:, gh:]
+    if cell.op == "GRU":  # Rb of the h gate stays apart: with linear_before_reset it sits inside r * (...)
+        folded = wb + np.concatenate([rb[:, :2 * hidden], np.zeros((dirs, hidden), work)], axis=1)
+    else:
+        folded = wb + rb
+    acts = resolve_activations(cell, attrs, dirs)
+    clip = attrs.get("clip")
+    made = _Weights(
+        source=(w, r, b), w=np.asarray(w, dtype=work), folded=folded, rt=_transposed_r(r, work),
+        rbh=np.ascontiguousarray(rb[:, 2 * hidden:]) if cell.op == "GRU" else None, acts=acts,
+        native_acts=(_native_activations(cell, acts, dirs) if all(ACTIVATIONS[n].native for n, _, _ in acts)
+                     else None),
+        clip=None if clip is None else float(clip),
+        flags=(native_recurrent.INPUT_FORGET if int(attrs.get("input_forget", 0)) else 0)
+        | (native_recurrent.LINEAR_BEFORE_RESET if int(attrs.get("linear_before_reset", 0)) else 0))
+    if memo is not None:
+        memo[key] = made
+    return made
+
+
+def run_recurrent(cell: Cell, inputs: list[np.ndarray | None], attrs: dict[str, Any],
+                  use_native: bool = True) -> list[np.ndarray]:
+    """Y, Y_h (and Y_c for LSTM) of one recurrent layer; ``use_native=False`` runs the numpy loop
+    (the tests compare the two)."""
+    def get(k: int) -> np.ndarray | None:
+        return inputs[k] if k < len(inputs) else None
+
+    x, w, r, b, lens, h0 = (get(k) for k in range(6))
+    c0, p = (get(6), get(7)) if cell.op == "LSTM" else (None, None)
+    dtype = x.dtype
+    work = np.float64 if dtype == np.float64 else np.float32
+    batch_first = int(attrs.get("layout", 0)) == 1
+    direction, dirs = _direction(cell, attrs)
+    x = np.asarray(x, dtype=work)
+    if batch_first:
+        x = x.transpose(1, 0, 2)
+        h0 = None if h0 is None else np.asarray(h0).transpose(1, 0, 2)
+        c0 = None if c0 is None else np.asarray(c0).transpose(1, 0, 2)
+    seq, batch, size = x.shape
+    prepared = _weights(cell, w, r, b, attrs, dirs, work)
+    gh = prepared.folded.shape[1]
+    lens = _sequence_lengths(lens, seq, batch)
+    # The input projection of every step: one GEMM per direction.
+    xp = np.empty((dirs, seq, batch, gh), work)
+    x2 = x.reshape(seq * batch, size)
+    for d in range(dirs):
+        out = xp[d].reshape(seq * batch, gh)
+        np.matmul(x2, prepared.w[d].T, out=out)
+        out += prepared.folded[d]
+    if use_native and work == np.float32 and prepared.native_acts is not None and native.available():
+        y, yh, yc = native_recurrent.recurrent(cell.op, xp, prepared.rt, prepared.rbh, p, h0, c0, lens, direction,
+                                               *prepared.native_acts, prepared.clip, prepared.flags)
+    else:
+        if use_native and work == np.float32 and not native.available():
+            native.note_unavailable()
+        y, yh, yc = _numpy_loop(cell, xp, prepared.rt, prepared.rbh, p, h0, c0, lens, direction, prepared.acts,
+                                prepared.clip, prepared.flags)
+    if batch_first:
+        y = y.transpose(2, 0, 1, 3)
+        yh = yh.transpose(1, 0, 2)
+        yc = None if yc is None else yc.transpose(1, 0, 2)
+    outs = [np.ascontiguousarray(y, dtype=dtype), np.ascontiguousarray(yh, dtype=dtype)]
+    if yc is not None:
+        outs.append(np.ascontiguousarray(yc, dtype=dtype))
+    return outs
+
+
+def _native_activations(cell: Cell, acts: list[tuple[str, float, float]], dirs: int):
+    """The activation codes, alphas and betas in the native loop's form: 3 per direction."""
+    codes = np.zeros(3 * dirs, np.int32)
+    alphas = np.zeros(3 * dirs, np.float32)
+    betas = np.zeros(3 * dirs, np.float32)
+    n = cell.n_activations
+    for d in range(dirs):
+        for k in range(n):
+            name, alpha, beta = acts[d * n + k]
+            codes[3 * d + k] = native.ACTIVATION_CODES[ACTIVATIONS[name].native]
+            alphas[3 * d + k], betas[3 * d + k] = alpha, beta
+    return codes, alphas, betas
+
+
+def _numpy_loop(cell, xp, rt, rbh, p, h0, c0, lens, direction, acts, clip, flags):
+    """The time loop in numpy, all batch rows at once: what the native loop computes."""
+    dirs, seq, batch, gh = xp.shape
+    hidden = rt.shape[1]
+    work = xp.dtype.type
+    y = np.zeros((seq, dirs, batch, hidden), work)
+    yh = np.empty((dirs, batch, hidden), work)
+    yc = np.empty((dirs, batch, hidden), work) if cell.op == "LSTM" else None
+    n = cell.n_activations
+
+    for d in range(dirs):
+        def act(k: int, v: np.ndarray, d=d) -> np.ndarray:
+            name, alpha, beta = acts[d * n + k]
+            if clip is not None and k < 2:  # gate pre-activations; not LSTM's h(c)
+                v = np.clip(v, -clip, clip)
+            return np.asarray(ACTIVATIONS[name].fn(v, work(alpha), work(beta)), dtype=work)
+
+        reverse = direction == "reverse" or (direction == "bidirectional" and d == 1)
+        h = np.zeros((batch, hidden), work) if h0 is None else np.array(h0[d], dtype=work)
+        c = np.zeros((batch, hidden), work) if c0 is None else np.array(c0[d], dtype=work)
+        for t in (range(seq - 1, -1, -1) if reverse else range(seq)):
+            g = xp[d, t].copy()
+            if cell.op == "LSTM":
+                g += h @ rt[d]
+                gi, go, gf, gc = (g[:, k * hidden:(k + 1) * hidden] for k in range(4))
+                if p is not None:
+                    gi = gi + p[d, :hidden] * c
+                    gf = gf + p[d, 2 * hidden:] * c
+                i = act(0, gi)
+                f = 1 - i if flags & native_recurrent.INPUT_FORGET else act(0, gf)
+                c_new = f * c + i * act(1, gc)
+                if p is not None:
+                    go = go + p[d, hidden:2 * hidden] * c_new
+                h_new = act(0, go) * act(2, c_new)
+            elif cell.op == "GRU":
+                zr = act(0, g[:, :2 * hidden] + h @ rt[d][:, :2 * hidden])
+                z, rr = zr[:, :hidden], zr[:, hidden:]
+                rh = rt[d][:, 2 * hidden:]
+                if flags & native_recurrent.LINEAR_BEFORE_RESET:
+                    hh = g[:, 2 * hidden:] + rr * (h @ rh + rbh[d])
+                else:
+                    hh = g[:, 2 * hidden:] + (rr * h) @ rh + rbh[d]
+                h_new = (1 - z) * act(1, hh) + z * h
+                c_new = c
+            else:
+                h_new = act(0, g + h @ rt[d])
+                c_new = c
+            if lens is not None:
+                live = (t < lens)[:, None]
+                h_new = np.where(live, h_new, h)
+                c_new = np.where(live, c_new, c)
+                y[t, d] = np.where(live, h_new, 0)
+            else:
+                y[t, d] = h_new
+            h, c = h_new, c_new
+        if lens is not None:  # a row of length 0 ends in zeros, not its initial state (onnxruntime)
+            h = np.where((lens > 0)[:, None], h, 0)
+            c = np.where((lens > 0)[:, None], c, 0)
+        yh[d] = h
+        if yc is not None:
+            yc[d] = c
+    return y, yh, yc
+
+
+@kernel("LSTM")
+def lstm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """LSTM: input projection as one GEMM, the time loop native (numpy where it cannot be)."""
+    return run_recurrent(CELLS["LSTM"], inputs, attrs)
+
+
+@kernel("GRU")
+def gru(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """GRU: input projection as one GEMM, the time loop native (numpy where it cannot be)."""
+    return run_recurrent(CELLS["GRU"], inputs, attrs)
+
+
+@kernel("RNN")
+def rnn(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """RNN: input projection as one GEMM, the time loop native (numpy where it cannot be)."""
+    return run_recurrent(CELLS["RNN"], inputs, attrs)
+
+
+# ---------------------------------------------------------------------------------------------
+# onnxruntime's dynamically quantized LSTM
+
+MS = "com.microsoft"
+
+
+def _dequantized_weight(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, what: str) -> np.ndarray:
+    """A DynamicQuantizeLSTM weight [dirs, k, 4H] (int8/uint8, scale and zero point per direction
+    [dirs] or per column [dirs, 4H]) as the float LSTM's [dirs, 4H, k]."""
+    q = np.asarray(q)
+    scale = np.asarray(scale, np.float32)
+    zp = np.zeros_like(scale, dtype=np.int32) if zero_point is None else np.asarray(zero_point).astype(np.int32)
+    dirs, _, cols = q.shape
+    if scale.shape not in ((dirs,), (dirs, cols)) or zp.shape != scale.shape:
+        raise IndexError(f"DynamicQuantizeLSTM {what}_scale has shape {list(scale.shape)} and its zero point "
+                         f"{list(zp.shape)}; [{dirs}] or [{dirs}, {cols}] are expected")
+    per_col = (lambda a: a[:, None, :]) if scale.ndim == 2 else (lambda a: a[:, None, None])
+    w = (q.astype(np.int32) - per_col(zp)).astype(np.float32) * per_col(scale)
+    return np.ascontiguousarray(w.transpose(0, 2, 1))
+
+
+def _cached_dequantized(q: np.ndarray, scale, zp, what: str) -> np.ndarray:
+    """The dequantized weight, made once per constant weight (a plan's weights are the same arrays
+    run after run; the cache keys on the quantized array, the scales are constants beside it)."""
+    def make(a: np.ndarray) -> np.ndarray:
+        return _dequantized_weight(a, scale, zp, what)
+
+    constant = all(a is None or (isinstance(a, np.ndarray) and not a.flags.writeable) for a in (q, scale, zp))
+    made = native.derived(q, f"dql_{what}_{id(scale)}_{id(zp)}", make) if constant and native.available() else None
+    return made if made is not None else make(q)
+
+
+@kernel("DynamicQuantizeLSTM", domain=MS)
+def dynamic_quantize_lstm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """onnxruntime's ``quantize_dynamic`` LSTM: int8 W and R dequantized (once per constant weight)
+    into the float LSTM.  onnxruntime also quantizes X and h per step to uint8; this keeps them
+    float, so the results differ from its by that rounding only (int8 tolerance)."""
+    def get(k: int) -> np.ndarray | None:
+        return inputs[k] if k < len(inputs) else None
+
+    w = _cached_dequantized(get(1), get(8), get(9), "W")
+    r = _cached_dequantized(get(2), get(10), get(11), "R")
+    return run_recurrent(CELLS["LSTM"], [get(0), w, r, *[get(k) for k in range(3, 8)]], attrs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shape rules
+
+
+def _check_dims(what: str, shape: Shape, expected: tuple) -> None:
+    """``shape`` has ``expected``'s rank and its dims where both are known."""
+    if shape is None:
+        return
+    if len(shape) != len(expected):
+        raise ShapeDerivationError(f"{what} has rank {len(shape)}, not {len(expected)}")
+    for k, (have, want) in enumerate(zip(shape, expected)):
+        if is_int(have) and is_int(want) and have != want:
+            raise ShapeDerivationError(f"{what} has shape {list(shape)}: dim {k} should be {want}")
+
+
+@shape_fn("DynamicQuantizeLSTM", domain=MS)
+def dynamic_quantize_lstm_shape(args: ShapeArgs) -> list[Shape]:
+    """The LSTM's rule, with W [dirs, input, 4H] and R [dirs, H, 4H] stored transposed."""
+    def t(s: Shape) -> Shape:
+        return None if s is None or len(s) != 3 else (s[0], s[2], s[1])
+
+    shapes = list(args.shapes[:8]) + [None] * max(0, 8 - len(args.shapes))
+    shapes[1], shapes[2] = t(args.shape(1)), t(args.shape(2))
+    lstm_args = ShapeArgs(shapes, list(args.values[:8]), args.attrs, args.opset, list(args.present[:8]),
+                          list(args.dims[:8]), args.n_outputs, "LSTM")
+    return recurrent_shape(lstm_args)
+
+
+@shape_fn(["LSTM", "GRU", "RNN"])
+def recurrent_shape(args: ShapeArgs) -> list[Shape]:
+    """Y [seq, dirs, batch, hidden] and Y_h (Y_c) [dirs, batch, hidden]; ``layout`` 1: batch first,
+    Y [batch, seq, dirs, hidden], the states [batch, dirs, hidden].  Checks every weight and state
+    against the others, and the attributes the kernel reads, so a file's mistake is found at load."""
+    cell = CELLS[args.op or "LSTM"]
+    _, dirs = _direction(cell, args.attrs)
+    resolve_activations(cell, args.attrs, dirs)
+    clip = args.attrs.get("clip")
+    if clip is not None and not float(clip) >= 0:
+        raise ShapeDerivationError(f"{cell.op} clip {clip} is not a non-negative number")
+    x, w, r = args.shape(0), args.shape(1), args.shape(2)
+    for name, s in (("X", x), ("W", w), ("R", r)):
         if s is not None and len(s) != 3:
             raise ShapeDerivationError(f"{name} has rank {len(s)}, not 3")
-    dirs = 2 if args.attrs.get("direction", "forward") == "bidirectional" else 1
     hidden = args.attrs.get("hidden_size")
+    if hidden is not None:
+        hidden = int(hidden)
+        if hidden < 1:
+            raise ShapeDerivationError(f"{cell.op} hidden_size {hidden} is not positive")
+    if r is not None:
+        hidden = same_dim(hidden, r[2], "hidden_size against R's last dim")
     if hidden is None and w is not None and fixed(w[1]) is not None:
-        hidden = fixed(w[1]) // 4
-    if w is not None:
-        same_dim(w[0], dirs, "W's first dim against the directions")
-        if x is not None:
-            same_dim(w[2], x[2], "W's input size against X's")
+        hidden = fixed(w[1]) // cell.gates
+    gh = hidden * cell.gates if is_int(hidden) else None
     batch_first = int(args.attrs.get("layout", 0)) == 1
-    seq, batch = (None, None) if x is None else ((x[1], x[0]) if batch_first else (x[0], x[1]))
-    if batch_first:
-        return [(batch, seq, dirs, hidden), (batch, dirs, hidden), (batch, dirs, hidden)]
-    return [(seq, dirs, batch, hidden), (dirs, batch, hidden), (dirs, batch, hidden)]
+    seq, batch, size = (None, None, None) if x is None else ((x[1], x[0], x[2]) if batch_first else x)
+    _check_dims("W", w, (dirs, gh, size))
+    _check_dims("R", r, (dirs, gh, hidden))
+    if args.has(3):
+        _check_dims("B", args.shape(3), (dirs, None if gh is None else 2 * gh))
+    if args.has(4):
+        _check_dims("sequence_lens", args.shape(4), (batch,))
+    state = (batch, dirs, hidden) if batch_first else (dirs, batch, hidden)
+    for k, name in ((5, "initial_h"), (6, "initial_c")):
+        if args.has(k) and (k == 5 or cell.op == "LSTM"):
+            _check_dims(name, args.shape(k), state)
+    if cell.op == "LSTM" and args.has(7):
+        _check_dims("P", args.shape(7), (dirs, None if not is_int(hidden) else 3 * hidden))
+    y = (batch, seq, dirs, hidden) if batch_first else (seq, dirs, batch, hidden)
+    return [y, state, state] if cell.op == "LSTM" else [y, state]

@@ -1,0 +1,134 @@
+"""The bodies of If, Loop and Scan run optcli's kernels, onnx.reference only the ops without one.
+
+Each model is optimized for `arm`, run, and compared with onnxruntime; a counting wrapper around
+the kernel a body should use proves the body ran it (a result that merely matches could come
+from onnx.reference's own implementation).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import optcli
+from optcli.ops import recurrent
+from tests.helpers import assert_close, run_ort
+
+RNG = np.random.default_rng(7)
+
+
+def _lstm_branch(name: str, hidden: int, size: int) -> onnx.GraphProto:
+    """A branch graph: an LSTM over the outer value 'x' [seq, 1, size], its Y_h as the output."""
+    w = numpy_helper.from_array((RNG.standard_normal((1, 4 * hidden, size)) * 0.3).astype(np.float32), f"{name}_w")
+    r = numpy_helper.from_array((RNG.standard_normal((1, 4 * hidden, hidden)) * 0.3).astype(np.float32), f"{name}_r")
+    lstm = helper.make_node("LSTM", ["x", f"{name}_w", f"{name}_r"], ["", f"{name}_h"], hidden_size=hidden)
+    out = helper.make_tensor_value_info(f"{name}_h", TensorProto.FLOAT, None)
+    return helper.make_graph([lstm], name, [], [out], [w, r])
+
+
+def _if_model() -> onnx.ModelProto:
+    """A voice detector's shape: the whole net inside an If on the sample rate."""
+    cond = helper.make_node("Equal", ["sr", "sr16k"], ["is16k"])
+    node = helper.make_node("If", ["is16k"], ["h"], then_branch=_lstm_branch("then", 16, 8),
+                            else_branch=_lstm_branch("else", 16, 8))
+    graph = helper.make_graph(
+        [cond, node], "vad",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [12, 1, 8]),
+         helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(16000, np.int64), "sr16k")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _loop_model(steps: int = 20, classes: int = 6) -> onnx.ModelProto:
+    """A decoder's shape (paddle2onnx's table decoder): a Loop whose body takes the ArgMax of the
+    carried scores, one-hot encodes it with a *rank-1* depth (legal ONNX, which onnx.reference's
+    OneHot refuses under numpy 2) and mixes it back in."""
+    body = helper.make_graph(
+        [helper.make_node("ArgMax", ["s_in"], ["idx"], axis=1, keepdims=0),
+         helper.make_node("OneHot", ["idx", "depth", "onoff"], ["hot"], axis=-1),
+         helper.make_node("MatMul", ["hot", "mix"], ["proj"]),
+         helper.make_node("Add", ["proj", "s_in"], ["summed"]),
+         helper.make_node("Tanh", ["summed"], ["s_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Identity", ["s_out"], ["scan"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("s_in", TensorProto.FLOAT, [1, classes])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("s_out", TensorProto.FLOAT, [1, classes]),
+         helper.make_tensor_value_info("scan", TensorProto.FLOAT, [1, classes])],
+        [numpy_helper.from_array(np.array([classes], np.int64), "depth"),
+         numpy_helper.from_array(np.array([0.0, 1.0], np.float32), "onoff"),
+         numpy_helper.from_array((RNG.standard_normal((classes, classes)) * 0.5).astype(np.float32), "mix")])
+    loop = helper.make_node("Loop", ["trips", "keep", "s0"], ["s_final", "all"], body=body)
+    graph = helper.make_graph(
+        [loop], "decoder", [helper.make_tensor_value_info("s0", TensorProto.FLOAT, [1, classes])],
+        [helper.make_tensor_value_info("s_final", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("all", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(steps, np.int64), "trips"),
+         numpy_helper.from_array(np.array(True), "keep")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _counting(monkeypatch, module, name: str) -> list:
+    calls = []
+    real = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls.append(name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def _run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    predictor = optcli.load(optcli.optimize(model=model, valid_targets="arm").data)
+    outs = predictor.run(feeds)
+    return [outs[o.name] for o in model.graph.output]
+
+
+@pytest.mark.parametrize("sr", [16000, 8000])
+def test_lstm_inside_if_runs_optcli_kernel(monkeypatch, sr):
+    calls = _counting(monkeypatch, recurrent, "run_recurrent")
+    model = _if_model()
+    feeds = {"x": RNG.standard_normal((12, 1, 8)).astype(np.float32), "sr": np.array(sr, np.int64)}
+    got = _run(model, feeds)
+    assert_close(got[0], run_ort(model, feeds)[0], what=f"If branch sr={sr}")
+    assert calls == ["run_recurrent"], "the branch's LSTM did not run optcli's kernel"
+
+
+def test_loop_body_with_rank1_onehot_depth_runs_optcli_kernels(monkeypatch):
+    from onnx.reference.ops import op_one_hot, op_tanh
+
+    def refused(self, *args, **kwargs):
+        raise AssertionError("onnx.reference ran a body node that has an optcli kernel")
+
+    monkeypatch.setattr(op_one_hot.OneHot, "_run", refused)
+    monkeypatch.setattr(op_tanh.Tanh, "_run", refused)
+    model = _loop_model(steps=20)
+    feeds = {"s0": RNG.standard_normal((1, 6)).astype(np.float32)}
+    got = _run(model, feeds)
+    expected = run_ort(model, feeds)
+    for g, e, name in zip(got, expected, ("s_final", "all")):
+        assert_close(g, e, what=name)
+
+
+def test_print_model_ops_names_who_runs_each_body_op():
+    """`opt --print_model_ops` lists the ops inside bodies and who runs each: optcli's kernel, or
+    onnx.reference for an op optcli has no kernel for (Hardmax here)."""
+    from optcli.tables import model_ops_table
+
+    model = _loop_model(steps=3)
+    body = model.graph.node[0].attribute[0].g
+    body.node.insert(0, helper.make_node("Hardmax", ["s_in"], ["hard"]))
+    body.node.append(helper.make_node("Add", ["hard", "s_out"], ["unused"]))
+    report = optcli.optimize(model=model, valid_targets="arm").report
+    table = model_ops_table(report)
+    rows = {line.split("(in")[0].strip(): line for line in table.splitlines() if "(in Loop body)" in line}
+    assert "optcli kernel" in rows["OneHot"] and "optcli kernel" in rows["Tanh"], table
+    assert "onnx reference" in rows["Hardmax"] and "fallback" in rows["Hardmax"], table
