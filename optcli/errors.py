@@ -61,7 +61,7 @@ class Cancelled(OptError):
 
 class RunLimitError(OptError):
     """A run went past a limit set to keep a file from running forever: its deadline
-    (``run(timeout_s=)``, ``optcli run --timeout``) or the iterations allowed to a fallback ``Loop``
+    (``run(timeout_s=)``, ``optcli run --timeout``) or the iterations allowed to a ``Loop``
     or ``Scan`` (``OPTCLI_MAX_LOOP_ITERATIONS``)."""
 
 

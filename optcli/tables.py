@@ -52,7 +52,9 @@ def model_ops_table(report: dict) -> str:
     for s in report["steps"]:
         entry = by_op.setdefault((s["op"], s["target"]), {"count": 0, "kernels": set(), "fallback": False})
         entry["count"] += 1
-        entry["kernels"].add(s["kernel"].rsplit(".", 1)[-1])
+        variant = s["kernel"].rsplit(".", 1)[-1]
+        # If/Loop/Scan keep the reference kernel id in the .nb, but optcli's executor runs them.
+        entry["kernels"].add("optcli executor" if "body_ops" in s and not s["fallback"] else variant)
         entry["fallback"] |= s["fallback"]
     rows = [[op, str(e["count"]), target, ",".join(sorted(e["kernels"])), "fallback" if e["fallback"] else ""]
             for (op, target), e in sorted(by_op.items())]

@@ -27,10 +27,9 @@ from onnx import TensorProto, numpy_helper
 import optcli
 from optcli.tolerance import RELATIVE, describe_mismatch, max_error, within
 
-# Cases left out, each with the reason it can't (or shouldn't) pass.  All but the last fail on
-# onnxruntime (CPU EP) too, or their expected output is not well defined.  The last is our known
-# gap: Scan runs through onnx's reference implementation, which cannot run Scan-8; optcli's own
-# Scan would fix it (Loop has optcli's own stacking, ops/reference.py).
+# Cases left out, each with the reason it can't (or shouldn't) pass: they fail on onnxruntime (CPU
+# EP) too, or their expected output is not well defined.  (If, Loop and Scan, once run by
+# onnx.reference and two known gaps here, are optcli's own: ops/control_flow.py.)
 EXCLUDED: dict[str, str] = {
     **{name: "training-only op (ai.onnx.preview.training domain, no default opset); onnxruntime "
              "doesn't implement it either"
@@ -42,9 +41,6 @@ EXCLUDED: dict[str, str] = {
     "test_averagepool_2d_ceil_last_window_starts_on_pad":
         "expected values are hard-coded rounded to 4 decimals (relative error 1.5e-4 > the fp32 budget "
         "1e-4); optcli matches onnxruntime to 1e-7, and onnxruntime fails it at this tolerance too",
-    "test_scan_sum":
-        "KNOWN GAP (onnxruntime passes): Scan opset 8 (batch axis, sequence_lens) runs through "
-        "onnx.reference, which cannot run Scan-8 at all (it fails on the whole model too)",
 }
 
 # Cases whose expected outputs are printed with 4 decimals in onnx's case definitions (or computed

@@ -75,7 +75,7 @@ def top_k_rows(scores: np.ndarray, k: int, labels: list[str] | None) -> list[lis
 @load_options
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
               help="Stop the run after this many seconds (exit 2): a file whose control flow would run for ever "
-                   "ends. A fallback Loop or Scan also stops past OPTCLI_MAX_LOOP_ITERATIONS iterations (default "
+                   "ends. A Loop or Scan also stops past OPTCLI_MAX_LOOP_ITERATIONS iterations (default "
                    "1000000).")
 def run_command(model, inputs, preprocess, output_dir, top_k, labels, timeout, targets, precision, device, threads):
     """Run a .nb model once on the given inputs, save the outputs as .npy and print their shapes

@@ -10,7 +10,7 @@ import numpy as np
 
 from optcli.ir import Node
 from optcli.ops import get_kernel, kernels_for
-from optcli.ops.reference import run_reference
+from optcli.ops.control_flow import run_fallback
 from optcli.ops.registry import StepAttrs
 
 
@@ -31,4 +31,4 @@ def evaluate_node(node: Node, inputs: list[np.ndarray | None], opsets: dict[str,
         return kern.fn(list(inputs), kernel_attrs(node.attrs, len(node.outputs), opsets))
     if node.proto is None:
         raise NotImplementedError(f"no kernel for {node.describe()} and no ONNX proto to fall back on")
-    return run_reference(node.proto, opsets, list(inputs), list(node.inputs))
+    return run_fallback(node.proto, opsets, list(inputs), list(node.inputs))

@@ -80,7 +80,7 @@ class Executor:
     def run(self, feeds: dict[str, np.ndarray], record_sizes: dict[str, int] | None = None,
             stop: RunStop | None = None) -> dict[str, np.ndarray]:
         """Run the steps; ``stop`` (a cancel from another thread, a deadline) ends the run between
-        steps, in the GPU steps' waits and in a fallback Loop's iterations."""
+        steps, in the GPU steps' waits and in a Loop's or Scan's iterations."""
         if self._program is None:  # first run, or fns replaced
             self._program = self._compile()
         steps, gpu = self.plan.steps, self.gpu
@@ -89,7 +89,7 @@ class Executor:
         ndarray = np.ndarray
         finished = False
         flag = stop.event if stop is not None else None
-        scope = RUN_STOP.set(stop)  # the fallback Loop/Scan look at it on every iteration
+        scope = RUN_STOP.set(stop)  # Loop and Scan (ops/control_flow.py) look at it on every iteration
         try:
             for index, fn, inputs, outputs, used, free, device_inputs in self._program:
                 if flag is not None and flag.is_set():

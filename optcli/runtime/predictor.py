@@ -139,7 +139,7 @@ class Predictor:
         (``self.context``): a camera frame on the GPU then never crosses to the host.  With
         ``outputs_on_device=True`` outputs the GPU produces come back as pyopencl arrays.
         ``timeout_s``: a deadline; past it the run ends with ``RunLimitError`` (seen between steps,
-        in device waits and in a fallback Loop's iterations; a host kernel in progress finishes)."""
+        in device waits and in a Loop's or Scan's iterations; a host kernel in progress finishes)."""
         if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise UsageError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         if outputs_on_device and self.gpu is None:

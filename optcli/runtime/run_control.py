@@ -1,6 +1,6 @@
 """How a run is stopped early: ``Predictor.cancel()`` from another thread, or the run's deadline
 (``run(timeout_s=)``).  One ``RunStop`` per run; the executor looks at it between steps, the OpenCL
-waits while they poll (``opencl/waits.py``), and the fallback ``Loop``/``Scan`` at each iteration
+waits while they poll (``opencl/waits.py``), and ``Loop``/``Scan`` (ops/control_flow.py) at each iteration
 (``ops.reference.RUN_STOP``), so even a file whose one step would run forever ends."""
 
 from __future__ import annotations

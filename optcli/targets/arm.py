@@ -45,10 +45,15 @@ class HostTarget(Target):
         return None
 
     def uses_fallback(self, kernel_id: str) -> bool:
-        return kernel_id.endswith("." + FALLBACK_VARIANT)
+        """onnx.reference runs it.  Not If/Loop/Scan: their steps keep the reference kernel id (the
+        `.nb` names no other), but run in optcli's executor (ops/control_flow.py)."""
+        return kernel_id.endswith("." + FALLBACK_VARIANT) and kernel_id not in _OWN_CONTROL_FLOW
 
     def supported_ops(self) -> list[tuple[str, str]]:
         return registered_ops()
+
+
+_OWN_CONTROL_FLOW = frozenset(fallback_kernel_id(op) for op in ("If", "Loop", "Scan"))
 
 
 def _needs_proto(node: Node) -> bool:

@@ -132,3 +132,79 @@ def test_print_model_ops_names_who_runs_each_body_op():
     rows = {line.split("(in")[0].strip(): line for line in table.splitlines() if "(in Loop body)" in line}
     assert "optcli kernel" in rows["OneHot"] and "optcli kernel" in rows["Tanh"], table
     assert "onnx reference" in rows["Hardmax"] and "fallback" in rows["Hardmax"], table
+    loop_row = next(line for line in table.splitlines() if line.startswith("Loop "))
+    assert "optcli executor" in loop_row and "fallback" not in loop_row, table
+    assert report["steps"][0]["fallback"] is False
+
+
+def _scan_model(in_axis: int, in_dir: int, out_axis: int, out_dir: int) -> onnx.ModelProto:
+    """A running sum over a scan input sliced along ``in_axis`` (forward or reversed), each step's
+    state written out along ``out_axis``: the axes and directions onnx.reference refused."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["acc_in", "row"], ["acc_out"]),
+         helper.make_node("Tanh", ["acc_out"], ["out"])],
+        "body",
+        [helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("row", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("out", TensorProto.FLOAT, [3])])
+    scan = helper.make_node("Scan", ["init", "xs"], ["final", "ys"], body=body, num_scan_inputs=1,
+                            scan_input_axes=[in_axis], scan_input_directions=[in_dir],
+                            scan_output_axes=[out_axis], scan_output_directions=[out_dir])
+    xs_shape = [5, 3] if in_axis == 0 else [3, 5]
+    graph = helper.make_graph(
+        [scan], "scan", [helper.make_tensor_value_info("init", TensorProto.FLOAT, [3]),
+                         helper.make_tensor_value_info("xs", TensorProto.FLOAT, xs_shape)],
+        [helper.make_tensor_value_info("final", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("ys", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("in_axis,in_dir,out_axis,out_dir", [(0, 0, 0, 0), (0, 1, 0, 0), (1, 0, 1, 1), (1, 1, 1, 0)])
+def test_scan_axes_and_directions(in_axis, in_dir, out_axis, out_dir):
+    model = _scan_model(in_axis, in_dir, out_axis, out_dir)
+    feeds = {"init": RNG.standard_normal(3).astype(np.float32),
+             "xs": RNG.standard_normal((5, 3) if in_axis == 0 else (3, 5)).astype(np.float32)}
+    for g, e, name in zip(_run(model, feeds), run_ort(model, feeds), ("final", "ys")):
+        assert_close(g, e, what=f"{name} axes {in_axis}/{out_axis} directions {in_dir}/{out_dir}")
+
+
+def test_if_inside_loop_reads_outer_values_and_zero_iterations():
+    """A nested If in a Loop body reads a value of the body and one of the main graph; a trip count
+    of 0 returns the initial carried value and an empty scan output."""
+    then_g = helper.make_graph([helper.make_node("Add", ["s_in", "bias"], ["t"])], "then", [],
+                               [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    else_g = helper.make_graph([helper.make_node("Sub", ["s_in", "bias"], ["e"])], "else", [],
+                               [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    body = helper.make_graph(
+        [helper.make_node("Mod", ["i", "two"], ["odd"]),
+         helper.make_node("Cast", ["odd"], ["is_odd"], to=TensorProto.BOOL),
+         helper.make_node("If", ["is_odd"], ["s_out"], then_branch=then_g, else_branch=else_g),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Identity", ["s_out"], ["scan"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("s_in", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("s_out", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("scan", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.array(2, np.int64), "two")])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "", "s0"], ["s_final", "all"], body=body)], "nested",
+        [helper.make_tensor_value_info("trips", TensorProto.INT64, []),
+         helper.make_tensor_value_info("s0", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("bias", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("s_final", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("all", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    predictor = optcli.load(optcli.optimize(model=model, valid_targets="arm").data)
+    for trips in (5, 0):
+        feeds = {"trips": np.array(trips, np.int64), "s0": RNG.standard_normal(2).astype(np.float32),
+                 "bias": RNG.standard_normal(2).astype(np.float32)}
+        got = predictor.run(feeds)
+        expected = run_ort(model, feeds)
+        assert_close(got["s_final"], expected[0], what=f"s_final, {trips} trips")
+        assert got["all"].shape[0] == expected[1].shape[0] == trips
+        if trips:
+            assert_close(got["all"], expected[1], what="all")

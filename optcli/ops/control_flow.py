@@ -1,0 +1,271 @@
+"""If, Loop and Scan run by optcli: their bodies compiled once into steps of optcli's kernels.
+
+A body (an ONNX subgraph) becomes a ``Body``: its constants, and one step per node, each either
+optcli's kernel for the op (the variant that fits any node: a body's nodes are not kernel-selected
+as the main graph's are), a nested ``If``/``Loop``/``Scan`` of this module, or, for an op optcli
+has no kernel for, onnx's reference implementation of that one node (``reference.run_reference``).
+Running a body is a Python loop over those steps on a dict of values: ~1 us per step, where
+onnx's ReferenceEvaluator, which ran whole bodies before, cost ~15-30 us per node and ran every
+node with its own implementation (a decoder's ``OneHot`` with a one-element ``depth``, legal ONNX,
+failed there under numpy 2; an LSTM inside a voice detector's ``If`` ran onnx's slow, and for
+``clip`` or ``sequence_lens`` wrong, LSTM).
+
+The semantics follow the spec and onnxruntime where onnx.reference departs from them: ``Loop``
+stacks scan outputs on a new first axis (onnx's ``vstack`` merged [1, C] values into [N, C]) and
+allows zero iterations; ``Scan`` takes every axis and direction (onnx's only axis 0, forward) and
+opset 8's batch axis with ``sequence_lens``.
+
+A file cannot make a run endless: every ``Loop``/``Scan`` iteration counts against
+``MAX_LOOP_ITERATIONS`` and checks the run's stop flag (cancel, deadline).  Values a body reads
+from the enclosing graphs come in as the step's implicit inputs (``ir.subgraph_outer_refs``).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from optcli.errors import RunLimitError
+from optcli.ops import reference
+from optcli.ops.reference import CONTROL_FLOW, attribute_values, run_reference, runs_optcli_kernel
+from optcli.ops.registry import StepAttrs, kernels_for
+
+
+def run_fallback(proto: bytes, opsets: dict[str, int], inputs: list, names: list[str]) -> list:
+    """Run a node that kept its NodeProto (a step with no kernel id of its own): If/Loop/Scan in
+    this module's executor, anything else through onnx.reference (``reference.run_reference``).
+    ``names`` are the step's input names (explicit inputs, then the outer values its bodies read),
+    ``inputs`` their values."""
+    op = _control_flow(proto, tuple(sorted(opsets.items())))
+    if op is None:
+        return run_reference(proto, opsets, inputs, names)
+    env = {n: x for n, x in zip(names, inputs) if n and x is not None}
+    args = list(inputs[:op.n_inputs]) + [None] * (op.n_inputs - len(inputs))
+    outs = op.run(args, env)
+    return [outs[k] if k < len(outs) and name else None for k, name in enumerate(op.output_names)]
+
+
+@lru_cache(maxsize=256)
+def _control_flow(proto: bytes, opsets: tuple[tuple[str, int], ...]) -> ControlFlow | None:
+    """The compiled If/Loop/Scan of a node's bytes (None for any other op), made once per node."""
+    import onnx
+
+    node = onnx.NodeProto()
+    node.ParseFromString(proto)
+    if node.op_type not in CONTROL_FLOW or node.domain not in ("", "ai.onnx"):
+        return None
+    return ControlFlow(node, dict(opsets))
+
+
+class _Counter:
+    """The iterations of one Loop/Scan invocation, held against the limit and the stop flag."""
+
+    __slots__ = ("op", "count")
+
+    def __init__(self, op: str):
+        self.op, self.count = op, 0
+
+    def tick(self) -> None:
+        self.count += 1
+        limit = reference.MAX_LOOP_ITERATIONS
+        if self.count > limit:
+            raise RunLimitError(f"a {self.op} runs more than {limit} iterations, the limit "
+                                "(OPTCLI_MAX_LOOP_ITERATIONS) that keeps a file from running forever")
+        stop = reference.RUN_STOP.get()
+        if stop is not None:
+            stop.check(f"in a {self.op}'s iteration {self.count}")
+
+
+class Body:
+    """One subgraph, compiled once: ``run(feeds, outer)`` gives its outputs in order."""
+
+    def __init__(self, graph, opsets: dict[str, int]):
+        from onnx import numpy_helper
+
+        self.input_names = [i.name for i in graph.input]
+        self.output_names = [o.name for o in graph.output]
+        self.consts: dict[str, Any] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        self.steps: list[tuple] = []  # (run(args) -> list, input names, output names)
+        for node in graph.node:
+            self.steps.append((_compile_node(node, opsets), list(node.input), list(node.output)))
+
+    def run(self, feeds: dict[str, Any], outer: dict[str, Any]) -> list:
+        env = dict(outer)
+        env.update(self.consts)
+        env.update(feeds)
+        for run, inputs, outputs in self.steps:
+            outs = run([env[n] if n else None for n in inputs], env)
+            for name, value in zip(outputs, outs):
+                if name:
+                    env[name] = value
+        return [env[n] for n in self.output_names]
+
+
+def _compile_node(node, opsets: dict[str, int]):
+    """A body node as ``run(args, env) -> outputs``: optcli's kernel, a nested control-flow op, or
+    onnx.reference for this one node."""
+    if node.op_type in CONTROL_FLOW and node.domain in ("", "ai.onnx"):
+        op = ControlFlow(node, opsets)
+        return lambda args, env: op.run(args, env)
+    if runs_optcli_kernel(node):
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        fn = next(k for k in kernels_for(node.op_type, domain) if k.applies is None).fn
+        attrs = StepAttrs({**attribute_values(node)[0], "_opset": int(opsets.get("", 0) or 0),
+                           "_n_outputs": len(node.output)})
+        return lambda args, env: fn(args, attrs)
+    proto = node.SerializeToString(deterministic=True)
+    names = list(node.input)
+    return lambda args, env: run_reference(proto, opsets, args, names)
+
+
+def _as_bool(v) -> bool:
+    a = np.asarray(v)
+    if a.size != 1:
+        raise IndexError(f"a condition holds {a.size} values; one is expected")
+    return bool(a.reshape(-1)[0])
+
+
+class ControlFlow:
+    """One If, Loop or Scan node: its bodies compiled, ``run(args, env)`` with the node's explicit
+    inputs as ``args`` and every value its bodies may read from outside in ``env``."""
+
+    def __init__(self, node, opsets: dict[str, int]):
+        import onnx
+
+        self.op = node.op_type
+        self.n_inputs, self.n_outputs = len(node.input), len(node.output)
+        self.output_names = list(node.output)
+        self.opset = int(opsets.get("", 0) or 0)
+        self.attrs, _ = attribute_values(node)
+        self.bodies = {a.name: Body(a.g, opsets) for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
+        needed = {"If": ("then_branch", "else_branch"), "Loop": ("body",), "Scan": ("body",)}[self.op]
+        missing = [n for n in needed if n not in self.bodies]
+        if missing:
+            raise ValueError(f"{self.op} has no {', '.join(missing)} graph")
+
+    def run(self, args: list, env: dict) -> list:
+        if self.op == "If":
+            body = self.bodies["then_branch" if _as_bool(args[0]) else "else_branch"]
+            return body.run({}, env)[:self.n_outputs]
+        if self.op == "Loop":
+            return self._loop(args, env)
+        return self._scan(args, env)
+
+    def _loop(self, args: list, env: dict) -> list:
+        body = self.bodies["body"]
+        m, cond, carried = args[0], (args[1] if len(args) > 1 else None), list(args[2:])
+        names_in = body.input_names
+        n_carried = len(names_in) - 2
+        n_scans = len(body.output_names) - 1 - n_carried
+        if n_carried < 0 or n_scans < 0 or len(carried) != n_carried:
+            raise ValueError(f"Loop body takes {len(names_in)} inputs and gives {len(body.output_names)} outputs "
+                             f"for {len(carried)} carried values")
+        trips = None if m is None or np.asarray(m).size == 0 else int(np.asarray(m).reshape(-1)[0])
+        go = True if cond is None or np.asarray(cond).size == 0 else _as_bool(cond)
+        scans: list[list] = [[] for _ in range(n_scans)]
+        counter = _Counter("Loop")
+        it = 0
+        while go and (trips is None or it < trips):
+            counter.tick()
+            feeds = {name: v for name, v in zip(names_in[2:], carried) if name}
+            if names_in[0]:
+                feeds[names_in[0]] = np.array(it, np.int64)
+            if names_in[1]:
+                feeds[names_in[1]] = np.array(go)
+            outs = body.run(feeds, env)
+            go = _as_bool(outs[0])
+            carried = outs[1:1 + n_carried]
+            for k in range(n_scans):
+                scans[k].append(np.asarray(outs[1 + n_carried + k]))
+            it += 1
+        results = carried + [np.stack(s) if s else np.empty((0,), np.float32) for s in scans]
+        return results[:self.n_outputs]
+
+    def _scan(self, args: list, env: dict) -> list:
+        if self.opset < 9:
+            return self._scan8(args, env)
+        return self._scan_axes(args, env)
+
+    def _scan_axes(self, args: list, env: dict, attrs: dict | None = None) -> list:
+        """Scan 9+: N state values then M scan inputs, each sliced along its axis and direction."""
+        attrs = self.attrs if attrs is None else attrs
+        body = self.bodies["body"]
+        m = int(attrs.get("num_scan_inputs", 0))
+        n = len(args) - m
+        if m <= 0 or n < 0:
+            raise ValueError(f"Scan has num_scan_inputs {m} for {len(args)} inputs")
+        k_out = len(body.output_names) - n
+        in_axes = list(attrs.get("scan_input_axes") or [0] * m)
+        in_dirs = list(attrs.get("scan_input_directions") or [0] * m)
+        out_axes = list(attrs.get("scan_output_axes") or [0] * k_out)
+        out_dirs = list(attrs.get("scan_output_directions") or [0] * k_out)
+        if len(in_axes) != m or len(in_dirs) != m or len(out_axes) != k_out or len(out_dirs) != k_out or k_out < 0:
+            raise ValueError("Scan's axes and directions do not match its scan inputs and outputs")
+        scans_in = []
+        for x, axis, direction in zip(args[n:], in_axes, in_dirs):
+            x = np.asarray(x)
+            axis = axis + x.ndim if axis < 0 else axis
+            if not 0 <= axis < x.ndim:
+                raise IndexError(f"Scan input axis {axis} is outside its input's {x.ndim} dims")
+            x = np.moveaxis(x, axis, 0)
+            scans_in.append(x[::-1] if direction else x)
+        lengths = {x.shape[0] for x in scans_in}
+        if len(lengths) != 1:
+            raise IndexError(f"Scan inputs have different lengths along their scan axes: {sorted(lengths)}")
+        steps = lengths.pop()
+        states = list(args[:n])
+        outs_k: list[list] = [[] for _ in range(k_out)]
+        counter = _Counter("Scan")
+        for t in range(steps):
+            counter.tick()
+            feeds = dict(zip(body.input_names[:n], states))
+            feeds.update(zip(body.input_names[n:], (x[t] for x in scans_in)))
+            outs = body.run(feeds, env)
+            states = outs[:n]
+            for k in range(k_out):
+                outs_k[k].append(np.asarray(outs[n + k]))
+        results = list(states)
+        for k in range(k_out):
+            if not outs_k[k]:
+                results.append(np.empty((0,), np.float32))
+                continue
+            y = np.stack(outs_k[k][::-1] if out_dirs[k] else outs_k[k])
+            axis = out_axes[k] + y.ndim if out_axes[k] < 0 else out_axes[k]
+            if not 0 <= axis < y.ndim:
+                raise IndexError(f"Scan output axis {out_axes[k]} is outside its output's {y.ndim} dims")
+            results.append(np.moveaxis(y, 0, axis))
+        return results[:self.n_outputs]
+
+    def _scan8(self, args: list, env: dict) -> list:
+        """Scan 8: a batch axis 0 on every input and output, ``sequence_lens`` first (optional): each
+        batch row scanned alone along axis 1 (directions as in 9+), outputs past a row's length zero."""
+        lens, rest = args[0], list(args[1:])
+        m = int(self.attrs.get("num_scan_inputs", 0))
+        n = len(rest) - m
+        if m <= 0 or n < 0:
+            raise ValueError(f"Scan has num_scan_inputs {m} for {len(rest)} inputs")
+        batch = np.asarray(rest[0]).shape[0] if rest else 0
+        seq = np.asarray(rest[n]).shape[1]
+        lens = np.full(batch, seq, np.int64) if lens is None else np.asarray(lens).astype(np.int64).reshape(-1)
+        if lens.shape != (batch,) or (lens.size and (lens.min() < 0 or lens.max() > seq)):
+            raise IndexError(f"Scan sequence_lens {lens.tolist()[:8]} do not fit batch {batch}, length {seq}")
+        directions = list(self.attrs.get("directions") or [0] * m)
+        attrs = {"num_scan_inputs": m, "scan_input_directions": directions}
+        rows = []
+        for b in range(batch):
+            row = [np.asarray(v)[b] for v in rest[:n]] + [np.asarray(v)[b, :lens[b]] for v in rest[n:]]
+            rows.append(self._scan_axes(row, env, attrs))
+        results = []
+        for k in range(len(rows[0]) if rows else 0):
+            if k < n:
+                results.append(np.stack([r[k] for r in rows]))
+                continue
+            padded = []
+            for r in rows:
+                y = r[k]
+                pad = np.zeros((seq - y.shape[0], *y.shape[1:]), y.dtype) if y.ndim else np.zeros((seq,), np.float32)
+                padded.append(np.concatenate([y, pad]) if y.ndim else pad)
+            results.append(np.stack(padded))
+        return results[:self.n_outputs]
