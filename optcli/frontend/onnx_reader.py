@@ -16,8 +16,8 @@ from onnx import external_data_helper, helper, numpy_helper
 
 from optcli.errors import ModelError
 from optcli.frontend.input_shapes import MAX_ELEMENTS, apply_input_shapes, infer_shapes, normalize_negative_dims
-from optcli.ir import Graph, Node, Value, subgraph_outer_refs
-from optcli.ops.registry import has_native_kernel
+from optcli.ir import Graph, Node, Value
+from optcli.ops.reference import node_from_proto
 
 MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -326,30 +326,7 @@ def _node(proto: onnx.NodeProto, index: int, used: set[str]) -> Node:
     while name in used:
         name = f"{name}_{index}"
     used.add(name)
-    attrs, opaque = {}, False
-    for a in proto.attribute:
-        value = helper.get_attribute_value(a)
-        if isinstance(value, onnx.TensorProto):
-            value = numpy_helper.to_array(value)
-        elif isinstance(value, bytes):
-            value = value.decode("utf-8", errors="replace")
-        elif isinstance(value, list) and value and isinstance(value[0], bytes):
-            value = [v.decode("utf-8", errors="replace") for v in value]
-        elif isinstance(value, list) and value and isinstance(value[0], onnx.TensorProto):
-            value = [numpy_helper.to_array(v) for v in value]
-        elif not isinstance(value, (int, float, str, list)):
-            opaque = True  # subgraphs, sparse tensors, type protos: only the reference reads them
-            continue
-        attrs[a.name] = value
-    domain = "" if proto.domain == "ai.onnx" else proto.domain
-    keep_proto = opaque or not has_native_kernel(proto.op_type, domain, list(proto.output))
-    data = proto.SerializeToString(deterministic=True) if keep_proto else None
-    inputs = list(proto.input)
-    if opaque and data is not None:
-        # Values the subgraphs read from this graph become inputs after the explicit ones, so
-        # dataflow (ordering, liveness, dead-code removal) sees them like any other read.
-        inputs += sorted(subgraph_outer_refs(data) - set(inputs))
-    return Node(proto.op_type, inputs, list(proto.output), attrs, name, domain, proto=data)
+    return node_from_proto(proto, name)
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -18,6 +18,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from optcli.ir import Node, subgraph_outer_refs
 from optcli.ops.registry import has_native_kernel, kernels_for
 
 _LOCK = threading.Lock()
@@ -56,6 +57,22 @@ def attribute_values(proto) -> tuple[dict, bool]:
             continue
         attrs[a.name] = value
     return attrs, opaque
+
+
+def node_from_proto(proto, name: str):
+    """An ONNX NodeProto as optcli's IR node named ``name``.  Nodes no kernel describes (no kernel
+    for the op or its outputs, or subgraph attributes) keep their serialized proto for the
+    fallback; the values their subgraphs read from the enclosing graph become inputs after the
+    explicit ones, so dataflow (ordering, liveness, dead-code removal) sees them like any other
+    read."""
+    attrs, opaque = attribute_values(proto)
+    domain = "" if proto.domain == "ai.onnx" else proto.domain
+    keep_proto = opaque or not has_native_kernel(proto.op_type, domain, list(proto.output))
+    data = proto.SerializeToString(deterministic=True) if keep_proto else None
+    inputs = list(proto.input)
+    if opaque and data is not None:
+        inputs += sorted(subgraph_outer_refs(data) - set(inputs))
+    return Node(proto.op_type, inputs, list(proto.output), attrs, name, domain, proto=data)
 
 
 CONTROL_FLOW = ("If", "Loop", "Scan")

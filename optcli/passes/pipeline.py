@@ -37,6 +37,7 @@ from optcli.passes import (
     fuse_gelu,
     fuse_layer_norm,
     fuse_matmul_add,
+    inline_constant_if,
     insert_copies,
     keep_small_islands_on_host,
     place_nodes,
@@ -53,6 +54,7 @@ PASSES: list[ModuleType] = [
     fold_qdq,
     # cleanup
     fold_constants,
+    inline_constant_if,  # after folding made its condition a constant; folds the branch it inlines
     eliminate_identity,
     remove_dead_nodes,
     eliminate_common_subexpressions,
