@@ -47,17 +47,23 @@ def reshape_shape(args: ShapeArgs) -> list[Shape]:
     if sum(1 for d in target if d == -1) > 1:
         raise ShapeDerivationError(f"the target {show(target)} has more than one -1")
     out: list[Dim] = []
+    copied: set[int] = set()  # positions whose dim a 0 copies from x
     for i, d in enumerate(target):
         if d == 0 and not args.attrs.get("allowzero", 0):
             if x is not None and i >= len(x):
                 raise ShapeDerivationError(f"the target {show(target)} copies dim {i} of {show(x)}")
             d = x[i] if x is not None else None
+            copied.add(i)
         elif is_int(d) and d < -1:
             raise ShapeDerivationError(f"the target {show(target)} has a negative dim")
         out.append(d)
     if -1 in out:
         at = out.index(-1)
-        out[at] = None if x is None else _quotient(x, [d for i, d in enumerate(out) if i != at], target)
+        # A copied dim is the same on both sides, known or not: it cancels (a BiLSTM's [T, 1, 2, 64]
+        # reshaped by [0, 0, -1] gives [T, 1, 128] with T unknown).
+        out[at] = None if x is None else _quotient([d for i, d in enumerate(x) if i not in copied],
+                                                   [d for i, d in enumerate(out) if i != at and i not in copied],
+                                                   target)
     elif x is not None:
         total, new = product(x), product(out)
         if is_int(total) and is_int(new) and total != new:

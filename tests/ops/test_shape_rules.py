@@ -94,6 +94,9 @@ def test_conv_window_channels_groups_and_bias():
     (("N", 3, 4), [0, -1], {}, ("N", 12)),
     (("N", 3, 4), [-1, 12], {}, ("N", 12)),
     (("N", 3, 4), [-1, 6], {}, (None, 6)),
+    ((None, 1, 2, 64), [0, 0, -1], {}, (None, 1, 128)),  # a BiLSTM's output, T unknown: copied dims cancel
+    ((None, None, 2, 64), [0, 0, -1], {}, (None, None, 128)),
+    ((None, 3, 4), [-1, 0, 4], {}, (None, 3, 4)),  # -1 still stands for the unknown dim itself
 ])
 def test_reshape_zero_and_minus_one(x, target, attrs, expected):
     assert _one("Reshape", [x, None], {1: np.array(target, np.int64)}, attrs) == [expected]
