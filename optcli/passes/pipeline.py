@@ -19,6 +19,7 @@ from optcli.passes import (
     batchnorm_to_affine,
     choose_host_layout,
     compress_weights,
+    constants_into_bodies,
     drop_redundant_fake_quant,
     eliminate_common_subexpressions,
     eliminate_identity,
@@ -55,6 +56,7 @@ PASSES: list[ModuleType] = [
     # cleanup
     fold_constants,
     inline_constant_if,  # after folding made its condition a constant; folds the branch it inlines
+    constants_into_bodies,  # the If/Loop/Scan left: their bodies fold what they compute from constants
     eliminate_identity,
     remove_dead_nodes,
     eliminate_common_subexpressions,
