@@ -8,13 +8,15 @@ the numpy kernels run: ``optcli.native.status()`` says so.
 
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-SOURCES = ["kernels/host/pool.c", "kernels/host/window.c", "kernels/host/epilogue.c", "kernels/host/gemm.c",
-           "kernels/host/elementwise.c", "kernels/host/stem.c", "kernels/host/blocked_conv.c",
-           "kernels/host/blocked_window.c", "kernels/host/recurrent.c"]
+# Slowest to compile first (blocked_window.c alone takes minutes): the files build side by side.
+SOURCES = ["kernels/host/blocked_window.c", "kernels/host/gemm.c", "kernels/host/blocked_conv.c",
+           "kernels/host/window.c", "kernels/host/stem.c", "kernels/host/pool.c", "kernels/host/epilogue.c",
+           "kernels/host/elementwise.c", "kernels/host/recurrent.c"]
 HEADERS = ["kernels/host/optcli_native.h", "kernels/host/simd.h", "kernels/host/gemm_kernel.h",
            "kernels/host/stem_kernel.h", "kernels/host/blocked_conv_kernel.h", "kernels/host/blocked_window_kernel.h"]
 # No -march=native: x86-64 gets an AVX2/FMA clone of each hot function picked at load (simd.h),
@@ -39,6 +41,7 @@ class OptionalBuildExt(build_ext):
             self._skip(exc)
 
     def build_extension(self, ext):
+        _compile_in_parallel(self.compiler)
         try:
             super().build_extension(ext)
         except Exception as exc:
@@ -51,6 +54,32 @@ class OptionalBuildExt(build_ext):
     def _skip(why):
         print(f"optcli: native host kernels not built ({why}); the numpy kernels will run instead",
               file=sys.stderr)
+
+
+def _compile_in_parallel(compiler):
+    """Compile the C files side by side, one per core: distutils compiles one extension's sources
+    one after another, and the slowest file alone takes minutes (blocked_window.c), so a 2-core
+    install spent the sum of all of them."""
+    serial = compiler.compile
+
+    def compile(sources, output_dir=None, macros=None, include_dirs=None, debug=0, extra_preargs=None,
+                extra_postargs=None, depends=None):
+        setup = getattr(compiler, "_setup_compile", None)
+        if setup is None or len(sources) < 2:
+            return serial(sources, output_dir, macros, include_dirs, debug, extra_preargs, extra_postargs, depends)
+        macros, objects, extra_postargs, pp_opts, build = setup(output_dir, macros, include_dirs, sources, depends,
+                                                                extra_postargs)
+        cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
+
+        def one(obj):
+            src, ext = build[obj]
+            compiler._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
+
+        with ThreadPoolExecutor(max_workers=max(1, min(len(objects), os.cpu_count() or 1))) as pool:
+            list(pool.map(one, objects))  # list(): the first compile error is raised here
+        return objects
+
+    compiler.compile = compile
 
 
 native = Extension(
