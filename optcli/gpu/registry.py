@@ -83,6 +83,10 @@ class GpuKernel:
     launch: LaunchFn
     cost: CostFn | None = None
     priority: int = 0
+    # Inputs of an integer dtype the kernel reads as data (uploaded in the storage float, like a
+    # tensor), by index: a recurrent layer's sequence_lens.  Any other non-float input must be a
+    # constant: launches are planned from it at load (axes, shapes, pads).
+    data_inputs: tuple[int, ...] = ()
 
     @property
     def id(self) -> str:
@@ -92,7 +96,7 @@ class GpuKernel:
 # Every module of this package that registers GPU kernels (one per kernel family), imported on the
 # first lookup (``ops.registry.Families``: nobody imports a module for its registrations).
 FAMILIES = Families("optcli.gpu", ("ops_activation", "ops_conv", "ops_elementwise", "ops_gemm", "ops_layout",
-                                   "ops_lstm", "ops_matmul", "ops_norm", "ops_pool", "ops_quant", "ops_reduce",
+                                   "ops_matmul", "ops_norm", "ops_pool", "ops_quant", "ops_recurrent", "ops_reduce",
                                    "ops_resize", "ops_softmax", "ops_tensor"))
 
 _BY_OP: dict[tuple[str, str], list[GpuKernel]] = {}
@@ -100,12 +104,13 @@ _BY_ID: dict[str, GpuKernel] = {}
 
 
 def gpu_kernel(op_type: str | list[str], domain: str = "", variant: str = "default", check: CheckFn | None = None,
-               cost: CostFn | None = None, priority: int = 0) -> Callable[[LaunchFn], LaunchFn]:
+               cost: CostFn | None = None, priority: int = 0,
+               data_inputs: tuple[int, ...] = ()) -> Callable[[LaunchFn], LaunchFn]:
     """Register a launch function as the GPU kernel of one or more ops (decorator)."""
 
     def register(fn: LaunchFn) -> LaunchFn:
         for op in [op_type] if isinstance(op_type, str) else op_type:
-            k = GpuKernel(op, domain, variant, check or (lambda node, graph: None), fn, cost, priority)
+            k = GpuKernel(op, domain, variant, check or (lambda node, graph: None), fn, cost, priority, data_inputs)
             if k.id in _BY_ID:
                 raise RuntimeError(f"GPU kernel {k.id} registered twice")
             _BY_OP.setdefault((domain, op), []).append(k)

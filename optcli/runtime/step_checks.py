@@ -34,6 +34,10 @@ EPILOGUE = ("activation", "activation_alpha", "activation_beta", QUANT_ATTR)
 # Ops whose window attributes size loops and launch grids (int32 kernel arguments on the GPU).
 WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool",
                         "MaxUnpool", "QLinearAveragePool"})
+# Recurrent ops own attributes named like the fused epilogue's floats: their activation_alpha /
+# activation_beta are lists (one per activation), checked against the op's schema instead.
+RECURRENT_OPS = frozenset({("", "LSTM"), ("", "GRU"), ("", "RNN"), ("ai.onnx", "LSTM"), ("ai.onnx", "GRU"),
+                           ("ai.onnx", "RNN"), ("com.microsoft", "DynamicQuantizeLSTM")})
 WINDOW_LOW = {"pads": 0, "output_padding": 0, "output_shape": 0, "strides": 1, "dilations": 1, "kernel_shape": 1,
               "group": 1}
 # optcli's own ops: (required input slots, most input slots, attributes: name -> type).
@@ -93,7 +97,7 @@ def _problem(step: Step, opsets: dict[str, int], version: int) -> str:
     if step.proto is not None:
         reads = tuple(dict.fromkeys(n for n in step.inputs if n))
         return _proto_problem(step.proto, tuple(sorted(opsets.items())), reads)
-    problem = _epilogue_problem(step.attrs)
+    problem = "" if (step.domain, step.op_type) in RECURRENT_OPS else _epilogue_problem(step.attrs)
     if problem:
         return problem
     if step.domain == "optcli":

@@ -73,9 +73,12 @@ class _SizingContext:
 _LIMITS_SEEN: dict[tuple, str | None] = {}
 
 
-def _runtime_index_input(node: Node, graph: Graph) -> str | None:
-    """The first non-float input that is not a constant (axes, shapes, pads, indices...)."""
-    for name in node.inputs:
+def _runtime_index_input(node: Node, graph: Graph, kernels) -> str | None:
+    """The first non-float input that is not a constant (axes, shapes, pads, indices...), but for
+    the integer inputs every kernel of the op reads as data (``GpuKernel.data_inputs``)."""
+    for i, name in enumerate(node.inputs):
+        if all(i in k.data_inputs for k in kernels):
+            continue
         if name and name not in graph.initializers and graph.dtype_of(name) not in ("float32", "float16", "bool"):
             return name
     return None
@@ -112,7 +115,7 @@ class GpuTarget(Target):
         kernels = _kernels(node)
         if not kernels:
             return False, f"no {self.name} kernel for {node.op_type}"
-        runtime_index = _runtime_index_input(node, graph)
+        runtime_index = _runtime_index_input(node, graph, kernels)
         if runtime_index:
             # GPU launches are planned from static shapes and constant parameters at load: an
             # axes/shape/pads input computed at run time could change the result under them.

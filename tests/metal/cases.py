@@ -21,6 +21,7 @@ from tests.gpu import (
     test_matmul,
     test_norm,
     test_pool,
+    test_recurrent,
     test_resize,
     test_tensor,
 )
@@ -174,7 +175,7 @@ def _cases() -> list[Case]:
     for x_shape in ((2, 6, 17), (1, 3, 4, 5)):
         out.append(Case(f"instancenorm-{len(x_shape)}d", _onnx("InstanceNormalization", {"x": _r(*x_shape, scale=3.0)},
                                                                {"s": _r(x_shape[1]), "b": _r(x_shape[1])})))
-    # ---- pooling, reductions, softmax, resize, data movement, LSTM
+    # ---- pooling, reductions, softmax, resize, data movement, recurrent layers
     for k, (op, attrs) in enumerate(test_pool.CASES):
         out.append(Case(f"pool-{op}-{k}", _onnx(op, {"x": test_pool.X}, attrs=attrs,
                                                 opset=19 if "dilations" in attrs else 17)))
@@ -207,15 +208,25 @@ def _cases() -> list[Case]:
         out.append(Case(f"concat-{k}", _onnx("Concat", inputs, attrs={"axis": axis})))
     out.append(Case("split", _onnx("Split", {"x": _r(2, 7, 3, 5)}, {"s": np.array([3, 4], I64)}, {"axis": 1},
                                    n_outputs=2)))
-    seq, batch, inp, hidden = 4, 5, 3, 5
-    weights = {"W": RNG.uniform(-0.5, 0.5, (1, 4 * hidden, inp)).astype(F32),
-               "R": RNG.uniform(-0.5, 0.5, (1, 4 * hidden, hidden)).astype(F32),
-               "B": RNG.uniform(-0.5, 0.5, (1, 8 * hidden)).astype(F32)}
-    lstm_in = {"x": _r(seq, batch, inp), "h0": _r(1, batch, hidden), "c0": _r(1, batch, hidden)}
-    out.append(Case("lstm", _onnx("LSTM", lstm_in, weights, {"hidden_size": hidden}, n_outputs=3,
-                                  input_names=["x", "W", "R", "B", "", "h0", "c0"])))
+    for case in test_recurrent.CASES:
+        if case.id in RECURRENT_CASES:
+            out.append(Case(case.id, _recurrent(case)))
     out.append(Case("fake-quant", _fake_quant))
     return out
+
+
+# The recurrent cases of tests/gpu/test_recurrent.py run here: every entry, cell, direction and
+# layout, sequence_lens, peepholes, clip, the activations with alpha / beta and weights as data.
+RECURRENT_CASES = ("lstm-forward", "lstm-layout1-bidirectional-lens", "lstm-activations-per-direction",
+                   "lstm-input-forget", "lstm-data-weights", "gru-forward", "gru-layout1-lens",
+                   "gru-clip-activations", "gru-data-weights", "rnn-bidirectional-lens")
+
+
+def _recurrent(case):
+    def build():
+        graph, node, feeds = test_recurrent.node_of(case)
+        return graph, node, feeds, None
+    return build
 
 
 def _fake_quant():
