@@ -49,12 +49,15 @@ def compile_model(options: CompileOptions | None = None, progress: Callable[[str
     targets = parse_targets(o.valid_targets)
     shapes = parse_input_shapes(o.input_shapes) if isinstance(o.input_shapes, str) or o.input_shapes is None \
         else dict(o.input_shapes)
+    found: list[str] = []  # what the model declares and its graph does not compute
     graph = read_model(str(o.model_file) if o.model_file else None, str(o.model_dir) if o.model_dir else None,
-                       shapes, model=o.model)
+                       shapes, model=o.model, warnings=found, strict=True)
     before = graph.op_counts()
     nodes_before = len(graph.nodes)
     ctx = PassContext(targets=targets, placement_overrides=dict(o.placement_overrides or {}),
                       weight_scheme=weight_scheme)
+    for message in found:
+        ctx.warn(message)
     if full_int8:
         from optcli.calib import load_samples
 

@@ -15,6 +15,7 @@ import onnx
 from onnx import external_data_helper, helper, numpy_helper
 
 from optcli.errors import ModelError
+from optcli.frontend.declared_shapes import reconcile, restore_where_silent, set_aside
 from optcli.frontend.input_shapes import MAX_ELEMENTS, apply_input_shapes, infer_shapes, normalize_negative_dims
 from optcli.ir import Graph, Node, Value
 from optcli.ops.reference import node_from_proto
@@ -159,8 +160,13 @@ def read_model(
     model_dir: str | None = None,
     input_shapes: dict[str, list[int]] | None = None,
     model: onnx.ModelProto | None = None,
+    warnings: list[str] | None = None,
+    strict: bool = False,
 ) -> Graph:
-    """Read, validate, pin input shapes, infer shapes and convert to the IR."""
+    """Read, validate, pin input shapes, infer shapes and convert to the IR.  What the model
+    declares and the graph does not compute is appended to ``warnings`` (when given).  ``strict``
+    (what ``opt`` asks): a node whose inputs' shapes do not fit it is a ``ModelError``; tests that
+    build such a node on purpose (to see a kernel check refuse it) leave it off."""
     path = Path("<memory>") if model is not None else find_model_file(model_file, model_dir)
     if model is None:
         model = load_onnx(path)
@@ -174,7 +180,12 @@ def read_model(
     normalize_negative_dims(model)
     apply_input_shapes(model, input_shapes or {}, path)
     # Inference first: it fills in output types exporters leave out, which the checker demands.
+    # Declared output and value_info shapes are hints: inference computes them from the inputs.
+    found: list[str] = []
+    declared = set_aside(model)
     model = infer_shapes(model, path)
+    if restore_where_silent(model, declared, found):
+        model = infer_shapes(model, path)  # what follows a value only its declaration shapes
     try:
         onnx.checker.check_model(_typed_outputs_for_checker(model))
     except onnx.checker.ValidationError as exc:
@@ -183,6 +194,9 @@ def read_model(
         raise ModelError(f"{path}: the ONNX checker rejects the model: {text[:300]}") from None
     check_static_sizes(model, path)
     graph = to_ir(model, opsets)
+    reconcile(graph, declared, found, str(path), strict)
+    if warnings is not None:
+        warnings.extend(found)
     graph.metadata["source"] = path.name
     graph.toposort()
     return graph
@@ -267,7 +281,8 @@ def to_ir(model: onnx.ModelProto, opsets: dict[str, int]) -> Graph:
     initializers = {t.name: _weight(t) for t in g.initializer}
     for sparse in g.sparse_initializer:
         initializers[sparse.values.name] = _dense(sparse)
-    values = {vi.name: _value(vi) for vi in [*g.input, *g.value_info, *g.output]}
+    # A graph input's declaration is the fact: an output or value_info of the same name is not.
+    values = {vi.name: _value(vi) for vi in [*g.value_info, *g.output, *g.input]}
     inputs = [values[vi.name] for vi in g.input if vi.name not in initializers]
     outputs = [values[vi.name] for vi in g.output]
     nodes, used = [], set()

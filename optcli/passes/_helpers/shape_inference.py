@@ -15,7 +15,8 @@ onnx's inference is kept here because it also refines dtypes and reads the model
 graph (small constants as initializers so data propagation can read them, big
 weights only as typed inputs), runs onnx's shape inference, and takes back only what is *more*
 known than before: a dim that becomes a number, a rank that becomes known.  A fixed dim is
-never replaced, so a wrong inference can refine but never contradict what the model declares.
+never replaced, so a wrong inference can refine but never contradict what the frontend computed
+(the model's own declarations are hints it has already checked, ``frontend/declared_shapes.py``).
 """
 
 from __future__ import annotations
