@@ -136,5 +136,9 @@ OPT_API int optcli_recurrent_f32(int cell, const float *xp, const float *rt, con
                                  const float *h0, const float *c0, const int32_t *lens, float *y, float *yh, float *yc,
                                  const int64_t *geom, const int32_t *acts, const float *alphas, const float *betas,
                                  float clip, int flags);
+/* For the tests: the size of R (floats) from which a layer whose rows leave cores idle splits each
+ * row's hidden units over the pool, one time step at a time (default 65536; 0: always, -1: never);
+ * -2 changes nothing.  Returns the previous value. */
+OPT_API int64_t optcli_recurrent_split_from(int64_t floats);
 
 #endif

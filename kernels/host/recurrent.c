@@ -26,6 +26,16 @@ enum { CELL_LSTM = 0, CELL_GRU = 1, CELL_RNN = 2 };
 enum { FLAG_INPUT_FORGET = 1, FLAG_LINEAR_BEFORE_RESET = 2, FLAG_CLIP = 4 };
 enum { DIR_FORWARD = 0, DIR_REVERSE = 1, DIR_BIDIRECTIONAL = 2 };
 
+/* For the tests: R's size in floats from which a layer splits its rows over the pool (64K by
+ * default; 0 always, -1 never), so both paths are checked on small layers. */
+static int64_t g_split_min_floats = 65536;
+
+OPT_API int64_t optcli_recurrent_split_from(int64_t floats) {
+    int64_t old = g_split_min_floats;
+    if (floats >= -1) g_split_min_floats = floats;
+    return old;
+}
+
 typedef struct {
     int cell, flags, direction;
     int64_t dirs, seq, batch, hidden, gates;
@@ -35,6 +45,7 @@ typedef struct {
     const int32_t *acts;
     const float *alphas, *betas;
     float clip;
+    int64_t split_min_floats; /* R's size from which the split path runs (-1: never) */
     int failed; /* set by an item whose scratch could not be had */
 } rnn_t;
 
@@ -80,69 +91,106 @@ HOT_CLONES static void gemv_rows(float *g, const float *h, const float *rt, int6
 }
 
 /* Gate activation number `which` of direction d (acts, alphas, betas hold 3 per direction). */
-static void gate_act(const rnn_t *a, int64_t d, int which, float *v, int64_t n) {
+HOT_CLONES static void gate_act(const rnn_t *a, int64_t d, int which, float *v, int64_t n) {
     int64_t at = d * 3 + which;
     if (a->flags & FLAG_CLIP) clip_span(v, n, -a->clip, a->clip);
     act_span(v, n, a->acts[at], a->alphas[at], a->betas[at]);
 }
 
-/* One LSTM step of one row: g (4H) holds x @ W^T + biases, h and c the state, updated in place. */
-HOT_CLONES static void lstm_step(const rnn_t *a, int64_t d, float *g, float *h, float *c, float *tmp) {
-    const int64_t H = a->hidden;
+/* The steps below compute hidden units [j0, j1) of one row: the whole row (j0 = 0, j1 = H) in the
+ * sequential path, a slice of it per work item in the split path (`split_step`).  g holds the
+ * row's G * H gate values, its columns of [j0, j1) preloaded with x @ W^T + biases; hin is h(t-1)
+ * (read whole: the product needs all of it), hout receives h(t) for [j0, j1) (it may be hin: h
+ * is read whole before any of it is written); c is the row's cell state, updated in place for
+ * [j0, j1); tmp has H floats. */
+
+/* One LSTM step. */
+HOT_CLONES static void lstm_range(const rnn_t *a, int64_t d, float *g, const float *hin, float *hout, float *c,
+                                  float *tmp, int64_t j0, int64_t j1) {
+    const int64_t H = a->hidden, n = j1 - j0;
     const float *rt = a->rt + d * H * 4 * H, *p = a->p ? a->p + d * 3 * H : NULL;
-    gemv_rows(g, h, rt, H, 4 * H, 4 * H);
-    float *gi = g, *go = g + H, *gf = g + 2 * H, *gc = g + 3 * H;
+    for (int q = 0; q < 4; q++) gemv_rows(g + q * H + j0, hin, rt + q * H + j0, H, n, 4 * H);
+    float *gi = g + j0, *go = g + H + j0, *gf = g + 2 * H + j0, *gc = g + 3 * H + j0;
+    c += j0;
     if (p) {
-        for (int64_t j = 0; j < H; j++) {
-            gi[j] += p[j] * c[j];
-            gf[j] += p[2 * H + j] * c[j];
+        for (int64_t j = 0; j < n; j++) {
+            gi[j] += p[j0 + j] * c[j];
+            gf[j] += p[2 * H + j0 + j] * c[j];
         }
     }
-    gate_act(a, d, 0, gi, H);
-    if (a->flags & FLAG_INPUT_FORGET) {
-        for (int64_t j = 0; j < H; j++) gf[j] = 1.0f - gi[j];
+    if (!p && !(a->flags & FLAG_INPUT_FORGET) && n == H) {
+        gate_act(a, d, 0, g, 3 * H); /* i, o, f side by side: one pass */
     } else {
-        gate_act(a, d, 0, gf, H);
+        gate_act(a, d, 0, gi, n);
+        if (a->flags & FLAG_INPUT_FORGET) {
+            for (int64_t j = 0; j < n; j++) gf[j] = 1.0f - gi[j];
+        } else {
+            gate_act(a, d, 0, gf, n);
+        }
     }
-    gate_act(a, d, 1, gc, H);
-    for (int64_t j = 0; j < H; j++) c[j] = gf[j] * c[j] + gi[j] * gc[j];
+    gate_act(a, d, 1, gc, n);
+    for (int64_t j = 0; j < n; j++) c[j] = gf[j] * c[j] + gi[j] * gc[j];
     if (p) {
-        for (int64_t j = 0; j < H; j++) go[j] += p[H + j] * c[j];
+        for (int64_t j = 0; j < n; j++) go[j] += p[H + j0 + j] * c[j];
+        gate_act(a, d, 0, go, n);
+    } else if (a->flags & FLAG_INPUT_FORGET || n != H) {
+        gate_act(a, d, 0, go, n);
     }
-    gate_act(a, d, 0, go, H);
-    memcpy(tmp, c, (size_t)H * sizeof(float));
-    act_span(tmp, H, a->acts[d * 3 + 2], a->alphas[d * 3 + 2], a->betas[d * 3 + 2]);
-    for (int64_t j = 0; j < H; j++) h[j] = go[j] * tmp[j];
+    memcpy(tmp, c, (size_t)n * sizeof(float));
+    act_span(tmp, n, a->acts[d * 3 + 2], a->alphas[d * 3 + 2], a->betas[d * 3 + 2]);
+    for (int64_t j = 0; j < n; j++) hout[j0 + j] = go[j] * tmp[j];
 }
 
-/* One GRU step: g (3H) holds x @ W^T + Wb + Rb of z and r (not of h: with linear_before_reset it
- * sits inside r * (...)); tmp has 3H floats. */
-HOT_CLONES static void gru_step(const rnn_t *a, int64_t d, float *g, float *h, float *tmp) {
-    const int64_t H = a->hidden;
-    const float *rt = a->rt + d * H * 3 * H, *rbh = a->rbh + d * H;
-    float *gz = g, *gr = g + H, *gh = g + 2 * H;
-    if (a->flags & FLAG_LINEAR_BEFORE_RESET) {
-        memset(tmp, 0, (size_t)(3 * H) * sizeof(float));
-        gemv_rows(tmp, h, rt, H, 3 * H, 3 * H);
-        for (int64_t j = 0; j < 2 * H; j++) g[j] += tmp[j];
-        gate_act(a, d, 0, gz, 2 * H); /* z and r: one activation */
-        for (int64_t j = 0; j < H; j++) gh[j] += gr[j] * (tmp[2 * H + j] + rbh[j]);
+/* GRU, first half: z and r of [j0, j1), and rh = r * h(t-1) there.  g holds x @ W^T + Wb + Rb of z
+ * and r (not of h: with linear_before_reset its Rb sits inside r * (...)). */
+HOT_CLONES static void gru_gates(const rnn_t *a, int64_t d, float *g, const float *hin, float *rh, int64_t j0,
+                                 int64_t j1) {
+    const int64_t H = a->hidden, n = j1 - j0;
+    const float *rt = a->rt + d * H * 3 * H;
+    gemv_rows(g + j0, hin, rt + j0, H, n, 3 * H);
+    gemv_rows(g + H + j0, hin, rt + H + j0, H, n, 3 * H);
+    if (n == H) {
+        gate_act(a, d, 0, g, 2 * H); /* z and r side by side: one pass */
     } else {
-        gemv_rows(g, h, rt, H, 2 * H, 3 * H);
-        gate_act(a, d, 0, gz, 2 * H);
-        for (int64_t j = 0; j < H; j++) tmp[j] = gr[j] * h[j];
-        for (int64_t j = 0; j < H; j++) gh[j] += rbh[j];
-        gemv_rows(gh, tmp, rt + 2 * H, H, H, 3 * H);
+        gate_act(a, d, 0, g + j0, n);
+        gate_act(a, d, 0, g + H + j0, n);
     }
-    gate_act(a, d, 1, gh, H);
-    for (int64_t j = 0; j < H; j++) h[j] = (1.0f - gz[j]) * gh[j] + gz[j] * h[j];
+    for (int64_t j = j0; j < j1; j++) rh[j] = g[H + j] * hin[j];
 }
 
-HOT_CLONES static void rnn_step(const rnn_t *a, int64_t d, float *g, float *h) {
-    const int64_t H = a->hidden;
-    gemv_rows(g, h, a->rt + d * H * H, H, H, H);
-    gate_act(a, d, 0, g, H);
-    memcpy(h, g, (size_t)H * sizeof(float));
+/* GRU, second half (rh of every unit known): the h gate and h(t) of [j0, j1).  With
+ * linear_before_reset, tmp receives h(t-1) @ Rh^T for the range first. */
+HOT_CLONES static void gru_out(const rnn_t *a, int64_t d, float *g, const float *hin, float *hout, const float *rh,
+                               float *tmp, int64_t j0, int64_t j1) {
+    const int64_t H = a->hidden, n = j1 - j0;
+    const float *rt = a->rt + d * H * 3 * H + 2 * H, *rbh = a->rbh + d * H;
+    float *gz = g + j0, *gr = g + H + j0, *gh = g + 2 * H + j0;
+    if (a->flags & FLAG_LINEAR_BEFORE_RESET) {
+        memset(tmp, 0, (size_t)n * sizeof(float));
+        gemv_rows(tmp, hin, rt + j0, H, n, 3 * H);
+        for (int64_t j = 0; j < n; j++) gh[j] += gr[j] * (tmp[j] + rbh[j0 + j]);
+    } else {
+        for (int64_t j = 0; j < n; j++) gh[j] += rbh[j0 + j];
+        gemv_rows(gh, rh, rt + j0, H, n, 3 * H);
+    }
+    gate_act(a, d, 1, gh, n);
+    for (int64_t j = 0; j < n; j++) hout[j0 + j] = (1.0f - gz[j]) * gh[j] + gz[j] * hin[j0 + j];
+}
+
+HOT_CLONES static void rnn_range(const rnn_t *a, int64_t d, float *g, const float *hin, float *hout, int64_t j0,
+                                 int64_t j1) {
+    const int64_t H = a->hidden, n = j1 - j0;
+    gemv_rows(g + j0, hin, a->rt + d * H * H + j0, H, n, H);
+    gate_act(a, d, 0, g + j0, n);
+    memcpy(hout + j0, g + j0, (size_t)n * sizeof(float));
+}
+
+/* Whether row b of direction d is still inside its sequence at step s, and the time t it is at. */
+static int row_time(const rnn_t *a, int64_t d, int64_t b, int64_t s, int64_t *t) {
+    const int64_t len = a->lens ? a->lens[b] : a->seq;
+    const int reverse = a->direction == DIR_REVERSE || (a->direction == DIR_BIDIRECTIONAL && d == 1);
+    *t = reverse ? len - 1 - s : s;
+    return s < len;
 }
 
 /* Item d * batch + b: direction d of batch row b, its whole sequence. */
@@ -150,25 +198,29 @@ static void rnn_item(void *ctx, int64_t item) {
     rnn_t *a = ctx;
     const int64_t H = a->hidden, G = a->gates, B = a->batch, S = a->seq;
     const int64_t d = item / B, b = item % B;
-    const int reverse = a->direction == DIR_REVERSE || (a->direction == DIR_BIDIRECTIONAL && d == 1);
     const int64_t len = a->lens ? a->lens[b] : S;
-    float *g = malloc((size_t)(G * H + 3 * H + 3 * H) * sizeof(float));
+    float *g = malloc((size_t)(G * H + 4 * H) * sizeof(float));
     if (!g) {
         __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
         return;
     }
-    float *h = g + G * H, *c = h + H, *tmp = c + H; /* tmp: 3H */
+    float *h = g + G * H, *c = h + H, *tmp = c + H, *rh = tmp + H;
     const int64_t state = (d * B + b) * H;
     if (a->h0) memcpy(h, a->h0 + state, (size_t)H * sizeof(float));
     else memset(h, 0, (size_t)H * sizeof(float));
     if (a->c0) memcpy(c, a->c0 + state, (size_t)H * sizeof(float));
     else memset(c, 0, (size_t)H * sizeof(float));
-    for (int64_t s = 0; s < len; s++) {
-        const int64_t t = reverse ? len - 1 - s : s;
+    int64_t t;
+    for (int64_t s = 0; row_time(a, d, b, s, &t); s++) {
         memcpy(g, a->xp + ((d * S + t) * B + b) * G * H, (size_t)(G * H) * sizeof(float));
-        if (a->cell == CELL_LSTM) lstm_step(a, d, g, h, c, tmp);
-        else if (a->cell == CELL_GRU) gru_step(a, d, g, h, tmp);
-        else rnn_step(a, d, g, h);
+        if (a->cell == CELL_LSTM) {
+            lstm_range(a, d, g, h, h, c, tmp, 0, H);
+        } else if (a->cell == CELL_GRU) {
+            gru_gates(a, d, g, h, rh, 0, H);
+            gru_out(a, d, g, h, h, rh, tmp, 0, H);
+        } else {
+            rnn_range(a, d, g, h, h, 0, H);
+        }
         if (a->y) memcpy(a->y + ((t * a->dirs + d) * B + b) * H, h, (size_t)H * sizeof(float));
     }
     if (a->y) {
@@ -183,6 +235,106 @@ static void rnn_item(void *ctx, int64_t item) {
     free(g);
 }
 
+/* The split path: one time step at a time, each row's hidden units cut into `chunks` slices, one
+ * work item per (direction, row, slice), so a big layer's R (1 MiB for an LSTM of 256 units,
+ * more than a core's L2) is read half by each core, from its own cache.  State per row: g (G * H),
+ * h twice (read h(t-1), write h(t), swapped between steps), c, rh, and tmp per slice. */
+typedef struct {
+    rnn_t *a;
+    int64_t chunks, s, cur; /* cur: which of the two h buffers holds h(t-1) */
+    int phase;              /* GRU without linear_before_reset: 0 gates, 1 output */
+    float *g, *h[2], *c, *rh, *tmp;
+} split_t;
+
+static void split_item(void *ctx, int64_t item) {
+    split_t *sp = ctx;
+    const rnn_t *a = sp->a;
+    const int64_t H = a->hidden, G = a->gates, B = a->batch, S = a->seq;
+    const int64_t chunk = item % sp->chunks, row = item / sp->chunks, d = row / B, b = row % B;
+    const int64_t per = (H + sp->chunks - 1) / sp->chunks;
+    const int64_t j0 = chunk * per, j1 = j0 + per < H ? j0 + per : H;
+    if (j0 >= j1) return;
+    float *g = sp->g + row * G * H, *c = sp->c + row * H, *rh = sp->rh + row * H, *tmp = sp->tmp + item * per;
+    const float *hin = sp->h[sp->cur] + row * H;
+    float *hout = sp->h[1 - sp->cur] + row * H;
+    int64_t t;
+    if (!row_time(a, d, b, sp->s, &t)) { /* past this row's length: its state stays */
+        if (sp->phase == 0) memcpy(hout + j0, hin + j0, (size_t)(j1 - j0) * sizeof(float));
+        return;
+    }
+    if (sp->phase == 0) {
+        const float *x = a->xp + ((d * S + t) * B + b) * G * H;
+        for (int64_t q = 0; q < G; q++) memcpy(g + q * H + j0, x + q * H + j0, (size_t)(j1 - j0) * sizeof(float));
+    }
+    if (a->cell == CELL_LSTM) {
+        lstm_range(a, d, g, hin, hout, c, tmp, j0, j1);
+    } else if (a->cell == CELL_RNN) {
+        rnn_range(a, d, g, hin, hout, j0, j1);
+    } else if (a->flags & FLAG_LINEAR_BEFORE_RESET) {
+        gru_gates(a, d, g, hin, rh, j0, j1);
+        gru_out(a, d, g, hin, hout, rh, tmp, j0, j1);
+    } else if (sp->phase == 0) {
+        gru_gates(a, d, g, hin, rh, j0, j1);
+    } else {
+        gru_out(a, d, g, hin, hout, rh, tmp, j0, j1);
+    }
+    if (a->y && (a->cell != CELL_GRU || a->flags & FLAG_LINEAR_BEFORE_RESET || sp->phase == 1)) {
+        memcpy(a->y + ((t * a->dirs + d) * B + b) * H + j0, hout + j0, (size_t)(j1 - j0) * sizeof(float));
+    }
+}
+
+static int run_split(rnn_t *a, int64_t chunks) {
+    const int64_t H = a->hidden, G = a->gates, rows = a->dirs * a->batch, S = a->seq;
+    const int64_t per = (H + chunks - 1) / chunks;
+    float *mem = malloc((size_t)(rows * (G * H + 4 * H) + rows * chunks * per) * sizeof(float));
+    if (!mem) return OPT_ENOMEM;
+    split_t sp = {.a = a, .chunks = chunks, .g = mem};
+    sp.h[0] = mem + rows * G * H;
+    sp.h[1] = sp.h[0] + rows * H;
+    sp.c = sp.h[1] + rows * H;
+    sp.rh = sp.c + rows * H;
+    sp.tmp = sp.rh + rows * H;
+    if (a->h0) memcpy(sp.h[0], a->h0, (size_t)(rows * H) * sizeof(float));
+    else memset(sp.h[0], 0, (size_t)(rows * H) * sizeof(float));
+    if (a->c0) memcpy(sp.c, a->c0, (size_t)(rows * H) * sizeof(float));
+    else memset(sp.c, 0, (size_t)(rows * H) * sizeof(float));
+    const int two_phases = a->cell == CELL_GRU && !(a->flags & FLAG_LINEAR_BEFORE_RESET);
+    for (int64_t s = 0; s < S; s++) {
+        sp.s = s;
+        for (sp.phase = 0; sp.phase <= two_phases; sp.phase++) opt_parallel(split_item, &sp, rows * chunks, 0);
+        sp.cur = 1 - sp.cur;
+    }
+    for (int64_t row = 0; row < rows; row++) {
+        const int64_t b = row % a->batch, d = row / a->batch, len = a->lens ? a->lens[b] : S;
+        float *h = sp.h[sp.cur] + row * H, *c = sp.c + row * H;
+        if (a->y) {
+            for (int64_t t = len; t < S; t++) {
+                memset(a->y + ((t * a->dirs + d) * a->batch + b) * H, 0, (size_t)H * sizeof(float));
+            }
+        }
+        if (len == 0) {
+            memset(h, 0, (size_t)H * sizeof(float));
+            memset(c, 0, (size_t)H * sizeof(float));
+        }
+        if (a->yh) memcpy(a->yh + row * H, h, (size_t)H * sizeof(float));
+        if (a->yc) memcpy(a->yc + row * H, c, (size_t)H * sizeof(float));
+    }
+    free(mem);
+    return 0;
+}
+
+/* Slices per row for the split path, 1 for the sequential one: split only where cores would sit
+ * idle (fewer rows than threads) and a step is long enough (R of 64K floats or more: an LSTM of
+ * 128 units) that a fork and join per step (a few microseconds) pays; slices of 32 units or more. */
+static int64_t split_chunks(const rnn_t *a) {
+    const int64_t rows = a->dirs * a->batch, threads = optcli_get_num_threads();
+    if (a->split_min_floats == 0) return a->hidden < 3 ? a->hidden : 3; /* the tests: uneven slices, any size */
+    if (a->split_min_floats < 0 || rows >= threads || a->gates * a->hidden * a->hidden < a->split_min_floats) return 1;
+    int64_t chunks = threads / rows;
+    while (chunks > 1 && a->hidden / chunks < 32) chunks--;
+    return chunks;
+}
+
 OPT_API int optcli_recurrent_f32(int cell, const float *xp, const float *rt, const float *rbh, const float *p,
                                  const float *h0, const float *c0, const int32_t *lens, float *y, float *yh, float *yc,
                                  const int64_t *geom, const int32_t *acts, const float *alphas, const float *betas,
@@ -190,7 +342,7 @@ OPT_API int optcli_recurrent_f32(int cell, const float *xp, const float *rt, con
     rnn_t a = {.cell = cell, .flags = flags, .direction = (int)geom[4], .dirs = geom[0], .seq = geom[1],
                .batch = geom[2], .hidden = geom[3], .xp = xp, .rt = rt, .rbh = rbh, .p = p, .h0 = h0, .c0 = c0,
                .lens = lens, .y = y, .yh = yh, .yc = yc, .acts = acts, .alphas = alphas, .betas = betas,
-               .clip = clip};
+               .clip = clip, .split_min_floats = g_split_min_floats};
     if (cell < CELL_LSTM || cell > CELL_RNN || a.direction < DIR_FORWARD || a.direction > DIR_BIDIRECTIONAL) {
         return OPT_EINVAL;
     }
@@ -210,6 +362,8 @@ OPT_API int optcli_recurrent_f32(int cell, const float *xp, const float *rt, con
             if (lens[b] < 0 || lens[b] > a.seq) return OPT_EINVAL;
         }
     }
+    const int64_t chunks = split_chunks(&a);
+    if (chunks > 1) return run_split(&a, chunks);
     opt_parallel(rnn_item, &a, a.dirs * a.batch, 0);
     return a.failed ? OPT_ENOMEM : 0;
 }

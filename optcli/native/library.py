@@ -74,6 +74,7 @@ _SIGNATURES = {
                                       ctypes.c_int),
     "optcli_recurrent_f32": ([ctypes.c_int, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
                               ctypes.c_float, ctypes.c_int], ctypes.c_int),
+    "optcli_recurrent_split_from": ([ctypes.c_int64], ctypes.c_int64),  # tests only
 }
 
 

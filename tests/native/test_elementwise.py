@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 import optcli
 from optcli import native
 from optcli.ops import kernels_for
-from optcli.ops.activation import hard_swish, leaky_relu, sigmoid, tanh
+from optcli.ops.activation import NUMPY_TANH_BELOW, hard_swish, leaky_relu, sigmoid, tanh
 from optcli.ops.elementwise import add, gelu
 from optcli.ops.normalization import batch_normalization, channel_affine, layer_normalization
 from optcli.ops.pool import global_average_pool
@@ -102,7 +102,8 @@ def test_gelu_non_contiguous_input(threads, calls):
 def test_standalone_activations_match_numpy_and_onnxruntime(kernel, name, attrs, shape, threads, calls):
     x = _x(shape)
     got = kernel([x], attrs)[0]
-    assert calls["activation"] == 1
+    # Tanh of a few elements stays in numpy (one vectorised call beats a native call's overhead).
+    assert calls["activation"] == (0 if name == "tanh" and x.size < NUMPY_TANH_BELOW else 1)
     assert_close(got, numpy_kernel(kernel, [x], attrs)[0], what=f"{name} vs the numpy kernel")
     op = {"sigmoid": "Sigmoid", "tanh": "Tanh", "hard_swish": "HardSwish", "leaky_relu": "LeakyRelu"}[name]
     assert_close(got, run_ort(single_node_model(op, {"x": x}, attrs=attrs), {"x": x})[0], what=f"{name} vs ort")

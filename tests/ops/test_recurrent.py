@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from optcli import native
+from optcli.native import library
 from optcli.ops.recurrent import CELLS, resolve_activations, run_recurrent
 from optcli.ops.shape_functions import ShapeDerivationError
 from optcli.tolerance import RELATIVE, VERIFY_NOISE, max_error
@@ -71,14 +72,29 @@ def _ort(op: str, values: dict, attrs: dict) -> list[np.ndarray]:
     return run_ort(model, feeds)
 
 
+# The loops compared: numpy, and with the native library the sequential native loop and its split
+# path (each row's hidden units cut into three uneven slices, one time step at a time, as a big
+# layer runs on idle cores), forced on these small layers through optcli_recurrent_split_from.
+LOOPS = ["numpy", "native", "native split"] if native.available() else ["numpy"]
+
+
+def _run_loop(op: str, inputs: list, attrs: dict, loop: str) -> list:
+    if loop == "numpy":
+        return run_recurrent(CELLS[op], inputs, attrs, use_native=False)
+    old = library._lib.optcli_recurrent_split_from(0 if loop == "native split" else -1)
+    try:
+        return run_recurrent(CELLS[op], inputs, attrs)
+    finally:
+        library._lib.optcli_recurrent_split_from(old)
+
+
 def check(op: str, values: dict, attrs: dict) -> None:
     expected = _ort(op, values, attrs)
     inputs = [values.get(n) for n in INPUT_NAMES[op]]
-    loops = [False, True] if native.available() else [False]
-    for use_native in loops:
-        got = run_recurrent(CELLS[op], inputs, attrs, use_native=use_native)
+    for loop in LOOPS:
+        got = _run_loop(op, inputs, attrs, loop)
         for k, e in enumerate(expected):
-            assert_close(got[k], e, what=f"{op} output {k} ({'native' if use_native else 'numpy'} loop) {attrs}")
+            assert_close(got[k], e, what=f"{op} output {k} ({loop} loop) {attrs}")
 
 
 # Every combination of the structural attributes, for each cell.
@@ -151,11 +167,11 @@ def test_batch_of_one_long_sequence_and_wide_hidden(op, hidden, direction):
     the largest error against RELATIVE of the tensor's scale."""
     values, attrs = _case(op, seq=40, batch=1, size=20, hidden=hidden, direction=direction, initial=True)
     expected = _ort(op, values, attrs)
-    for use_native in ([False, True] if native.available() else [False]):
-        got = run_recurrent(CELLS[op], [values.get(n) for n in INPUT_NAMES[op]], attrs, use_native=use_native)
+    for loop in LOOPS:
+        got = _run_loop(op, [values.get(n) for n in INPUT_NAMES[op]], attrs, loop)
         for k, e in enumerate(expected):
             err, scale = max_error(got[k], e)
-            assert err <= RELATIVE["fp32"] * scale, f"{op} output {k}, native {use_native}: {err} at scale {scale}"
+            assert err <= RELATIVE["fp32"] * scale, f"{op} output {k}, {loop} loop: {err} at scale {scale}"
 
 
 def test_float64_and_float16():
