@@ -37,9 +37,10 @@ def test_fusions_fire_on_mobilenet():
     assert sum(changed["fuse_conv_bn"].values()) > 0
 
 
-def test_lstm_runs_through_the_reference_fallback():
+def test_lstm_runs_optcli_kernel_not_the_reference_fallback():
     report = optcli.optimize(model=build("lstm_model")).report
-    assert report["fallback_ops"] == {"LSTM": 1}
+    assert not report["fallback_ops"]
+    assert [s["kernel"] for s in report["steps"] if s["op"] == "LSTM"] == ["onnx.LSTM.default"]
 
 
 def test_dynamic_batch_and_spatial_dims():

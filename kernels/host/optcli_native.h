@@ -137,7 +137,7 @@ OPT_API int optcli_recurrent_f32(int cell, const float *xp, const float *rt, con
                                  const int64_t *geom, const int32_t *acts, const float *alphas, const float *betas,
                                  float clip, int flags);
 /* For the tests: the size of R (floats) from which a layer whose rows leave cores idle splits each
- * row's hidden units over the pool, one time step at a time (default 65536; 0: always, -1: never);
+ * row's hidden units over the pool, one time step at a time (default 163840; 0: always, -1: never);
  * -2 changes nothing.  Returns the previous value. */
 OPT_API int64_t optcli_recurrent_split_from(int64_t floats);
 

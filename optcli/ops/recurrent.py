@@ -14,8 +14,8 @@ tests compare against: rows past their sequence length give zeros in Y and keep 
 in Y_h / Y_c (a row of length 0: zeros), and the reverse direction of such a row starts at its
 last step.
 
-The GPU has an LSTM kernel of its own (``optcli.gpu.ops_lstm``), whose buffers are sized from
-these rules.
+The GPU runs all three with the same attributes (``optcli.gpu.ops_recurrent``), its buffers sized
+from these rules.
 """
 
 from __future__ import annotations

@@ -163,8 +163,15 @@ def split(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
         sizes = [chunk] * (n - 1) + [dim - chunk * (n - 1)]
         if attrs.get("num_outputs") is None and dim % n:
             raise ValueError(f"Split: dim {dim} not divisible into {n} equal outputs")
-    offsets = np.cumsum(sizes)[:-1]
-    return list(np.split(x, offsets, axis=axis))
+    # Views by plain slicing: np.split's generic path cost ~20 us for a GRU cell's three gates.
+    outs, start, index = [], 0, [slice(None)] * x.ndim
+    for size in sizes:
+        index[axis] = slice(start, start + int(size))
+        outs.append(x[tuple(index)])
+        start += int(size)
+    if start != dim:
+        raise ValueError(f"Split: sizes {list(sizes)} add up to {start}, not the dim {dim}")
+    return outs
 
 
 @kernel("Concat")
@@ -385,6 +392,16 @@ def _indices(op: str, idx, dims) -> np.ndarray:
     if idx.dtype not in (np.int32, np.int64):
         raise InputError(f"{op}: the indices have dtype {idx.dtype}; ONNX takes int32 or int64 indices")
     idx = idx.astype(np.int64, copy=False)
+    if idx.size <= 32:  # a few indices (a decoder's step, a shape chain): checked in Python, ~10x cheaper
+        per_column = list(dims) if np.ndim(dims) else [int(dims)]
+        negative = False
+        for k, v in enumerate(idx.reshape(-1).tolist()):
+            d = per_column[k % len(per_column)]
+            if not -d <= v < d:
+                raise IndexError(f"{op}: index {v} is out of range for a dim of {dims}")
+            negative |= v < 0
+        if not negative:
+            return idx
     dim = np.asarray(dims, dtype=np.int64)
     if idx.size and (np.any(idx < -dim) or np.any(idx >= dim)):
         bad = idx[(idx < -dim) | (idx >= dim)].reshape(-1)[0]
