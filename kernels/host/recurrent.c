@@ -53,7 +53,7 @@ typedef struct {
 } rnn_t;
 
 /* g[0:n] += h[0:k] @ rt[0:k, 0:n] (rows of rt ld floats apart): 64 columns at a time in eight
- * vector accumulators (enough independent FMAs to hide their latency), then 8, then one. */
+ * vector accumulators (enough independent FMAs to hide their latency), then 32, 8, then one. */
 HOT_CLONES static void gemv_rows(float *g, const float *h, const float *rt, int64_t k, int64_t n, int64_t ld) {
     int64_t j = 0;
     for (; j + 8 * VL <= n; j += 8 * VL) {
@@ -80,6 +80,21 @@ HOT_CLONES static void gemv_rows(float *g, const float *h, const float *rt, int6
         vstore(g + j + 5 * VL, a5);
         vstore(g + j + 6 * VL, a6);
         vstore(g + j + 7 * VL, a7);
+    }
+    for (; j + 4 * VL <= n; j += 4 * VL) { /* 32 columns: four chains, not one waiting on its FMA */
+        v8f a0 = vload(g + j), a1 = vload(g + j + VL), a2 = vload(g + j + 2 * VL), a3 = vload(g + j + 3 * VL);
+        for (int64_t i = 0; i < k; i++) {
+            const float *r = rt + i * ld + j;
+            v8f s = vsplat(h[i]);
+            a0 += s * vload(r);
+            a1 += s * vload(r + VL);
+            a2 += s * vload(r + 2 * VL);
+            a3 += s * vload(r + 3 * VL);
+        }
+        vstore(g + j, a0);
+        vstore(g + j + VL, a1);
+        vstore(g + j + 2 * VL, a2);
+        vstore(g + j + 3 * VL, a3);
     }
     for (; j + VL <= n; j += VL) {
         v8f a = vload(g + j);
@@ -112,7 +127,11 @@ HOT_CLONES static void lstm_range(const rnn_t *a, int64_t d, float *g, const flo
                                   float *tmp, int64_t j0, int64_t j1) {
     const int64_t H = a->hidden, n = j1 - j0;
     const float *rt = a->rt + d * H * 4 * H, *p = a->p ? a->p + d * 3 * H : NULL;
-    for (int q = 0; q < 4; q++) gemv_rows(g + q * H + j0, hin, rt + q * H + j0, H, n, 4 * H);
+    if (n == H) {
+        gemv_rows(g, hin, rt, H, 4 * H, 4 * H); /* the four gates side by side: one product */
+    } else {
+        for (int q = 0; q < 4; q++) gemv_rows(g + q * H + j0, hin, rt + q * H + j0, H, n, 4 * H);
+    }
     float *gi = g + j0, *go = g + H + j0, *gf = g + 2 * H + j0, *gc = g + 3 * H + j0;
     c += j0;
     if (p) {
@@ -150,8 +169,12 @@ HOT_CLONES static void gru_gates(const rnn_t *a, int64_t d, float *g, const floa
                                  int64_t j1) {
     const int64_t H = a->hidden, n = j1 - j0;
     const float *rt = a->rt + d * H * 3 * H;
-    gemv_rows(g + j0, hin, rt + j0, H, n, 3 * H);
-    gemv_rows(g + H + j0, hin, rt + H + j0, H, n, 3 * H);
+    if (n == H) {
+        gemv_rows(g, hin, rt, H, 2 * H, 3 * H); /* z and r side by side: one product */
+    } else {
+        gemv_rows(g + j0, hin, rt + j0, H, n, 3 * H);
+        gemv_rows(g + H + j0, hin, rt + H + j0, H, n, 3 * H);
+    }
     if (n == H) {
         gate_act(a, d, 0, g, 2 * H); /* z and r side by side: one pass */
     } else {
