@@ -280,8 +280,8 @@ class ControlFlow:
         batch = np.asarray(rest[0]).shape[0] if rest else 0
         seq = np.asarray(rest[n]).shape[1]
         lens = np.full(batch, seq, np.int64) if lens is None else np.asarray(lens).astype(np.int64).reshape(-1)
-        if lens.shape != (batch,) or (lens.size and (lens.min() < 0 or lens.max() > seq)):
-            raise IndexError(f"Scan sequence_lens {lens.tolist()[:8]} do not fit batch {batch}, length {seq}")
+        if lens.shape != (batch,) or (lens.size and (lens.min() < 1 or lens.max() > seq)):  # 1..seq, as onnxruntime
+            raise IndexError(f"Scan sequence_lens {lens.tolist()[:8]} do not fit batch {batch}, lengths 1..{seq}")
         directions = list(self.attrs.get("directions") or [0] * m)
         attrs = {"num_scan_inputs": m, "scan_input_directions": directions}
         rows = []
@@ -293,10 +293,7 @@ class ControlFlow:
             if k < n:
                 results.append(np.stack([r[k] for r in rows]))
                 continue
-            padded = []
-            for r in rows:
-                y = r[k]
-                pad = np.zeros((seq - y.shape[0], *y.shape[1:]), y.dtype) if y.ndim else np.zeros((seq,), np.float32)
-                padded.append(np.concatenate([y, pad]) if y.ndim else pad)
+            padded = [np.concatenate([r[k], np.zeros((seq - r[k].shape[0], *r[k].shape[1:]), r[k].dtype)])
+                      for r in rows]  # every row made at least one step (lengths 1..seq)
             results.append(np.stack(padded))
         return results[:self.n_outputs]

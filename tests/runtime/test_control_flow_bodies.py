@@ -208,3 +208,32 @@ def test_if_inside_loop_reads_outer_values_and_zero_iterations():
         assert got["all"].shape[0] == expected[1].shape[0] == trips
         if trips:
             assert_close(got["all"], expected[1], what="all")
+
+
+def test_scan8_rows_of_different_lengths():
+    """Scan opset 8: a batch axis and sequence_lens (onnx.reference cannot run Scan-8 at all): rows
+    stop at their length, outputs past it are zeros; a length of 0 is refused, as onnxruntime does."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["acc_in", "row"], ["acc_out"]), helper.make_node("Identity", ["acc_out"], ["out"])],
+        "body", [helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [2]),
+                 helper.make_tensor_value_info("row", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("out", TensorProto.FLOAT, [2])])
+    scan = helper.make_node("Scan", ["lens", "init", "xs"], ["final", "ys"], body=body, num_scan_inputs=1)
+    graph = helper.make_graph(
+        [scan], "scan8", [helper.make_tensor_value_info("lens", TensorProto.INT64, [3]),
+                          helper.make_tensor_value_info("init", TensorProto.FLOAT, [3, 2]),
+                          helper.make_tensor_value_info("xs", TensorProto.FLOAT, [3, 4, 2])],
+        [helper.make_tensor_value_info("final", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("ys", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8)])
+    model.ir_version = 3
+    feeds = {"lens": np.array([4, 1, 2], np.int64), "init": RNG.standard_normal((3, 2)).astype(np.float32),
+             "xs": RNG.standard_normal((3, 4, 2)).astype(np.float32)}
+    predictor = optcli.load(optcli.optimize(model=model, valid_targets="arm").data)
+    got = predictor.run(feeds)
+    expected = run_ort(model, feeds)
+    assert_close(got["final"], expected[0], what="final")
+    assert_close(got["ys"], expected[1], what="ys")
+    with pytest.raises(optcli.OptError, match="lengths 1..4"):
+        predictor.run({**feeds, "lens": np.array([4, 0, 2], np.int64)})
