@@ -101,10 +101,37 @@ def _bias(inputs: list[np.ndarray | None]) -> np.ndarray | None:
 
 
 # ----------------------------------------------------------------------------------- variants
+def _conv1d_as_2d(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """A 1-D convolution as a 2-D one of height 1 ([N, C, L] as [N, C, 1, L]), so it gets the native
+    stem / implicit-GEMM kernels: the numpy im2col path cost 0.24 ms for a speech model's Conv1d of
+    64 -> 96 channels over 100 frames.  The 2-D attributes and the weight's 4-D view are made once
+    per bound step (the view kept while the same weight comes back, so the kernels' caches, keyed
+    on the weight array, find it again)."""
+    memo = getattr(attrs, "memo", None)
+    made = memo.get("conv1d_as_2d") if memo is not None else None
+    w = inputs[1]
+    if made is None or made[0] is not w:
+        values = dict(attrs)
+        for name in ("kernel_shape", "strides", "dilations"):
+            if attrs.get(name) is not None:
+                values[name] = [1, *[int(v) for v in attrs[name]]]
+        if attrs.get("pads") is not None:
+            begin, end = [int(v) for v in attrs["pads"]]
+            values["pads"] = [0, begin, 0, end]
+        made = (w, w[:, :, None, :], StepAttrs(values))
+        if memo is not None:
+            memo["conv1d_as_2d"] = made
+    x = inputs[0]
+    y = conv_im2col([x[:, :, None, :], made[1], *inputs[2:]], made[2])[0]
+    return [y.reshape(y.shape[0], y.shape[1], y.shape[3])]
+
+
 @kernel("Conv", variant="im2col", priority=0)
 def conv_im2col(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """Generic convolution: gather columns with one strided view, then a grouped BLAS matmul."""
     x, w = inputs[0], inputs[1]
+    if x.ndim == 3 and w.ndim == 3 and native.available():
+        return _conv1d_as_2d(inputs, attrs)
     strided = _strided_pointwise(inputs, attrs)
     if strided is not None:
         return strided

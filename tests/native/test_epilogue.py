@@ -38,7 +38,8 @@ def test_without_bias(native_lib):
 
 
 @pytest.mark.parametrize("kernel, xshape, wshape, attrs", [  # 2-D 1x1 / im2col: the native GEMM (test_gemm.py)
-    (conv_im2col, (1, 16, 3500), (12, 8, 3), {"pads": [1, 1], "strides": [1], "group": 2}),  # 1-D grouped: BLAS
+    # 3-D grouped: BLAS columns (1-D convs now run as 2-D of height 1, with the GEMM's own epilogue)
+    (conv_im2col, (1, 16, 8, 20, 24), (12, 8, 3, 3, 3), {"pads": [1, 1, 1, 1, 1, 1], "group": 2}),
     (conv_transpose, (1, 16, 57, 61), (16, 5, 3, 3), {"strides": [2, 2]}),
 ])
 @pytest.mark.parametrize("activation", ["clip", "swish", None])

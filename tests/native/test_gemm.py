@@ -197,7 +197,7 @@ CONVS = [  # (kernel, x shape, w shape, attrs)
     (conv_im2col, (1, 16, 23, 9), (24, 16, 1, 1), {"strides": [2, 2]}),  # strided 1x1: the subsampled input's GEMM
     (conv_im2col, (2, 40, 14, 15), (64, 40, 1, 1), {"strides": [2, 3]}),  # two images, unequal strides, 7x5 out
     (conv_im2col, (1, 8, 9, 9), (16, 8, 1, 1), {"strides": [2, 2], "pads": [1, 1, 0, 0]}),  # padded: implicit
-    (conv_im2col, (2, 6, 40), (7, 6, 3), {"pads": [1, 1], "strides": [2]}),  # 1-D: explicit columns
+    (conv_im2col, (2, 6, 40), (7, 6, 3), {"pads": [1, 1], "strides": [2]}),  # 1-D: a 2-D conv of height 1
     # grouped: each group a GEMM of its own rows of W, the groups of all images spread over the pool
     (conv_im2col, (1, 8, 12, 12), (8, 2, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}),
     (conv_im2col, (1, 56, 28, 28), (56, 8, 3, 3), {"group": 7, "strides": [2, 2], "pads": [1, 1, 1, 1]}),  # RegNet
@@ -223,6 +223,12 @@ def test_convs_match_onnxruntime(kernel, xs, ws, attrs, act, route, native_calls
         a, be = ACT_PARAMS[act]
         full.update(activation=act, activation_alpha=a, activation_beta=be)
     got = kernel([x, w, b], dict(full))[0]
+    reference_attrs = {k: v for k, v in full.items() if not k.startswith("activation")}
+    if kernel is conv_im2col and len(xs) == 3:  # 1-D runs as 2-D of height 1 (conv._conv1d_as_2d)
+        xs, ws = (xs[0], xs[1], 1, xs[2]), (ws[0], ws[1], 1, ws[2])
+        full = {**full, "kernel_shape": list(ws[2:]), "strides": [1, *full.get("strides", [1])],
+                "pads": [0, full.get("pads", [0, 0])[0], 0, full.get("pads", [0, 0])[1]]}
+        attrs = {**attrs, "strides": full["strides"], "pads": full["pads"]}
     implicit = kernel is conv_im2col and len(xs) == 4  # 2-D: the implicit GEMM, no column matrix
     win = window(full, xs[2:], ws[2:])
     stem = implicit and attrs.get("group", 1) == 1 and native.stem_fits(xs[1], win.kernel, win.strides, win.out)
@@ -233,7 +239,7 @@ def test_convs_match_onnxruntime(kernel, xs, ws, attrs, act, route, native_calls
                                                                  (1, 0) if implicit else
                                                                  (0, 1 if kernel is conv_1x1 else xs[0]))
     assert native_calls["epilogue"] == 0  # the GEMM's own epilogue, no second pass
-    want = ort_conv(x, w, b, {k: v for k, v in full.items() if not k.startswith("activation")})
+    want = ort_conv(x, w, b, reference_attrs)
     assert_epilogue_close(got, want, act, f"{kernel.__name__} {xs} {act} vs onnxruntime")
 
 

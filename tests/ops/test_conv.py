@@ -172,3 +172,32 @@ def test_conv_transpose_epilogue():
         out = run_variants("ConvTranspose", [x, w, b], {"strides": [2, 2], **act_attrs(name)})["col2im"][0]
         assert_close(out, act_ref(plain, name), what=name)
 
+
+
+CONV1D = [((4, 6, 3, 1), 1, 1, [0, 0]), ((4, 6, 3, 1), 2, 2, [1, 2]), ((6, 6, 5, 3), 2, 1, [2, 2]),
+          ((1, 8, 7, 1), 1, 2, [3, 0]), ((64, 96, 3, 1), 1, 1, [1, 1]), ((64, 96, 3, 1), 2, 1, "SAME_UPPER")]
+
+
+@pytest.mark.parametrize("shape, stride, dilation, pads", CONV1D, ids=str)
+@pytest.mark.parametrize("native_on", [True, False], ids=["native", "numpy"])
+def test_conv1d_runs_as_a_2d_conv_of_height_one(monkeypatch, shape, stride, dilation, pads, native_on):
+    """Conv1d through the 2-D native kernels (height 1) where the library is loaded, the numpy im2col
+    where not: both against onnxruntime, a run twice on the same step attributes (the memo)."""
+    from optcli import native
+    from optcli.ops.conv import conv_im2col
+    from optcli.ops.registry import StepAttrs
+
+    if native_on and not native.available():
+        pytest.skip("the native library is not built here")
+    if not native_on:
+        monkeypatch.setattr(native, "available", lambda: False)
+    c, m, k, group = shape
+    x = RNG.standard_normal((2, c, 37)).astype(np.float32)
+    w = RNG.standard_normal((m, c // group, k)).astype(np.float32)
+    b = RNG.standard_normal(m).astype(np.float32)
+    attrs = {"strides": [stride], "dilations": [dilation], "group": group, "kernel_shape": [k]}
+    attrs.update({"auto_pad": pads} if isinstance(pads, str) else {"pads": pads})
+    expected = run_ort(single_node_model("Conv", {"x": x, "w": w, "b": b}, attrs=attrs), {"x": x, "w": w, "b": b})[0]
+    bound = StepAttrs(attrs)
+    for run in range(2):
+        assert_close(conv_im2col([x, w, b], bound)[0], expected, what=f"{attrs}, run {run}")
