@@ -52,55 +52,27 @@ typedef struct {
     int failed; /* set by an item whose scratch could not be had */
 } rnn_t;
 
+/* Columns [j, j + nv * VL) of the product below, in nv vector accumulators (nv a constant once
+ * inlined, so the accumulators live in registers): nv independent FMA chains per row of rt. */
+ALWAYS_INLINE void gemv_block(float *g, const float *h, const float *rt, int64_t k, int64_t ld, const int nv) {
+    v8f a[8];
+    for (int q = 0; q < nv; q++) a[q] = vload(g + q * VL);
+    for (int64_t i = 0; i < k; i++) {
+        const float *r = rt + i * ld;
+        v8f s = vsplat(h[i]);
+        for (int q = 0; q < nv; q++) a[q] += s * vload(r + q * VL);
+    }
+    for (int q = 0; q < nv; q++) vstore(g + q * VL, a[q]);
+}
+
 /* g[0:n] += h[0:k] @ rt[0:k, 0:n] (rows of rt ld floats apart): 64 columns at a time in eight
- * vector accumulators (enough independent FMAs to hide their latency), then 32, 8, then one. */
+ * vector accumulators (enough independent FMAs to hide their latency), then 32 in four (a single
+ * chain waits on each FMA's latency), then 8, then one. */
 HOT_CLONES static void gemv_rows(float *g, const float *h, const float *rt, int64_t k, int64_t n, int64_t ld) {
     int64_t j = 0;
-    for (; j + 8 * VL <= n; j += 8 * VL) {
-        v8f a0 = vload(g + j), a1 = vload(g + j + VL), a2 = vload(g + j + 2 * VL), a3 = vload(g + j + 3 * VL);
-        v8f a4 = vload(g + j + 4 * VL), a5 = vload(g + j + 5 * VL), a6 = vload(g + j + 6 * VL);
-        v8f a7 = vload(g + j + 7 * VL);
-        for (int64_t i = 0; i < k; i++) {
-            const float *r = rt + i * ld + j;
-            v8f s = vsplat(h[i]);
-            a0 += s * vload(r);
-            a1 += s * vload(r + VL);
-            a2 += s * vload(r + 2 * VL);
-            a3 += s * vload(r + 3 * VL);
-            a4 += s * vload(r + 4 * VL);
-            a5 += s * vload(r + 5 * VL);
-            a6 += s * vload(r + 6 * VL);
-            a7 += s * vload(r + 7 * VL);
-        }
-        vstore(g + j, a0);
-        vstore(g + j + VL, a1);
-        vstore(g + j + 2 * VL, a2);
-        vstore(g + j + 3 * VL, a3);
-        vstore(g + j + 4 * VL, a4);
-        vstore(g + j + 5 * VL, a5);
-        vstore(g + j + 6 * VL, a6);
-        vstore(g + j + 7 * VL, a7);
-    }
-    for (; j + 4 * VL <= n; j += 4 * VL) { /* 32 columns: four chains, not one waiting on its FMA */
-        v8f a0 = vload(g + j), a1 = vload(g + j + VL), a2 = vload(g + j + 2 * VL), a3 = vload(g + j + 3 * VL);
-        for (int64_t i = 0; i < k; i++) {
-            const float *r = rt + i * ld + j;
-            v8f s = vsplat(h[i]);
-            a0 += s * vload(r);
-            a1 += s * vload(r + VL);
-            a2 += s * vload(r + 2 * VL);
-            a3 += s * vload(r + 3 * VL);
-        }
-        vstore(g + j, a0);
-        vstore(g + j + VL, a1);
-        vstore(g + j + 2 * VL, a2);
-        vstore(g + j + 3 * VL, a3);
-    }
-    for (; j + VL <= n; j += VL) {
-        v8f a = vload(g + j);
-        for (int64_t i = 0; i < k; i++) a += vsplat(h[i]) * vload(rt + i * ld + j);
-        vstore(g + j, a);
-    }
+    for (; j + 8 * VL <= n; j += 8 * VL) gemv_block(g + j, h, rt + j, k, ld, 8);
+    for (; j + 4 * VL <= n; j += 4 * VL) gemv_block(g + j, h, rt + j, k, ld, 4);
+    for (; j + VL <= n; j += VL) gemv_block(g + j, h, rt + j, k, ld, 1);
     for (; j < n; j++) {
         float a = g[j];
         for (int64_t i = 0; i < k; i++) a += h[i] * rt[i * ld + j];

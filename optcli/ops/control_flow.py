@@ -80,6 +80,7 @@ class _Counter:
 
 _NOT_FOLDED = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
                          "Multinomial"})  # a new draw every run
+_GRAPH_TYPES = (5, 10)  # onnx.AttributeProto.GRAPH, GRAPHS (onnx is imported only when a body is compiled)
 _MAX_FOLDED = 16 * 1024 * 1024  # elements: a body's folded value is kept for the plan's life
 
 
@@ -104,7 +105,7 @@ class Body:
         """Evaluate a node of constants once, here: exporters put weight arithmetic inside bodies
         (torch's LSTM gate reordering is Slice/Concat over the weights, 0.8 ms a run in a voice
         detector's If), which the main graph's constant folding never sees.  True when folded."""
-        if node.op_type in _NOT_FOLDED or any(a.type in (5, 10) for a in node.attribute):  # GRAPH(S)
+        if node.op_type in _NOT_FOLDED or any(a.type in _GRAPH_TYPES for a in node.attribute):
             return False
         known = {**self.outer_consts, **self.consts}
         if not all(i in known for i in node.input if i):
