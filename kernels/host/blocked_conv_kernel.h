@@ -149,14 +149,6 @@ BC_INLINE void BC(tile)(const bc_t *a, int64_t n, int64_t ob0, int64_t oh, int64
 
 /* OB output blocks, and the widest tile for them: about 24 accumulators (BC_ACC). */
 #define BC_XF(OB) ((BC_ACC / (OB)) >= 12 ? 12 : (BC_ACC / (OB)) >= 8 ? 8 : (BC_ACC / (OB)) >= 6 ? 6 : 4)
-#define BC_BY_OB(OB, BODY)                                                            \
-    switch (OB) {                                                                     \
-    case 1: { const int ob_ = 1; BODY; break; }                                       \
-    case 2: { const int ob_ = 2; BODY; break; }                                       \
-    case 3: if (BC_OB >= 3) { const int ob_ = 3 <= BC_OB ? 3 : 1; BODY; } break;      \
-    default: if (BC_OB >= 4) { const int ob_ = 4 <= BC_OB ? 4 : 1; BODY; } break;     \
-    }
-
 #define BC_BY_X(W, F, ...)                                        \
     switch (W) {                                                  \
     case 12: if (BC_XMAX >= 12) F(__VA_ARGS__, 12 <= BC_XMAX ? 12 : 1); break; \
@@ -174,6 +166,33 @@ BC_INLINE void BC(tile)(const bc_t *a, int64_t n, int64_t ob0, int64_t oh, int64
 #define BC_CK(obn, q, X) BC(tile)(a, n, ob0, oh, q, b0, b1, obn, X, 1)
 #define BC_CK_CALL(q, w) BC_BY_X(w, BC_CK, ob_, q)
 
+/* The spans of one tile kind (pointwise, unchecked, checked), each a function of its own: it holds
+ * every (blocks, width) tile inlined, and GCC's data-flow passes grow faster than the size of the
+ * function they work on: all of them inlined into the item took the build minutes.  A call per row
+ * costs nothing next to a row's multiply-adds. */
+#define BC_SPAN_ARGS                                                                                 \
+    const bc_t *a, int64_t n, int64_t ob0, int64_t oh, int64_t first, int64_t last, int64_t b0, int64_t b1
+#define BC_SPAN_OB(name, CALL, OB)                                                                   \
+    BC_ATTR __attribute__((noinline)) static void BC(name##_##OB)(BC_SPAN_ARGS) {                      \
+        const int ob_ = (OB) <= BC_OB ? (OB) : 1;                                                    \
+        if ((OB) > BC_OB) return; /* no such group on this variant: nothing to compile */            \
+        BC_SPAN(BC_XF(ob_), CALL);                                                                   \
+    }
+#define BC_SPAN_FN(name, CALL)                                                                       \
+    BC_SPAN_OB(name, CALL, 1)                                                                        \
+    BC_SPAN_OB(name, CALL, 2)                                                                        \
+    BC_SPAN_OB(name, CALL, 3)                                                                        \
+    BC_SPAN_OB(name, CALL, 4)                                                                        \
+    static void BC(name)(BC_SPAN_ARGS, int64_t obn) {                                                \
+        if (obn == 1) BC(name##_1)(a, n, ob0, oh, first, last, b0, b1);                              \
+        else if (obn == 2) BC(name##_2)(a, n, ob0, oh, first, last, b0, b1);                         \
+        else if (obn == 3 && BC_OB >= 3) BC(name##_3)(a, n, ob0, oh, first, last, b0, b1);           \
+        else if (BC_OB >= 4) BC(name##_4)(a, n, ob0, oh, first, last, b0, b1);                       \
+    }
+BC_SPAN_FN(pw_span, BC_PW_CALL)
+BC_SPAN_FN(tl_span, BC_TL_CALL)
+BC_SPAN_FN(ck_span, BC_CK_CALL)
+
 /* Work item it: image n, a group of BC_OB output blocks, a band of output rows (pointwise: of
  * flattened positions).  The input channels go in blocks of a->kc, whose weights stay in L1
  * while every tile of the band takes them (partial sums in y in between). */
@@ -185,7 +204,7 @@ BC_INLINE void BC(item)(bc_t *a, int64_t it) {
         const int64_t b1 = b0 + a->kc < a->C ? b0 + a->kc : a->C;
         if (a->pointwise) {
             const int64_t first = band * a->band, last = first + a->band < a->OP ? first + a->band : a->OP;
-            BC_BY_OB(obn, BC_SPAN(BC_XF(ob_), BC_PW_CALL));
+            BC(pw_span)(a, n, ob0, 0, first, last, b0, b1, obn);
             continue;
         }
         const int64_t oh0 = band * a->band, oh1 = oh0 + a->band < a->OH ? oh0 + a->band : a->OH;
@@ -197,22 +216,12 @@ BC_INLINE void BC(item)(bc_t *a, int64_t it) {
         if (right < left) right = left;
         for (int64_t oh = oh0; oh < oh1; oh++) {
             if (left >= right) {
-                const int64_t first = 0, last = OW;
-                BC_BY_OB(obn, BC_SPAN(BC_XF(ob_), BC_CK_CALL));
+                BC(ck_span)(a, n, ob0, oh, 0, OW, b0, b1, obn);
                 continue;
             }
-            {
-                const int64_t first = left, last = right;
-                BC_BY_OB(obn, BC_SPAN(BC_XF(ob_), BC_TL_CALL));
-            }
-            if (left > 0) {
-                const int64_t first = 0, last = left;
-                BC_BY_OB(obn, BC_SPAN(BC_XF(ob_), BC_CK_CALL));
-            }
-            if (right < OW) {
-                const int64_t first = right, last = OW;
-                BC_BY_OB(obn, BC_SPAN(BC_XF(ob_), BC_CK_CALL));
-            }
+            BC(tl_span)(a, n, ob0, oh, left, right, b0, b1, obn);
+            if (left > 0) BC(ck_span)(a, n, ob0, oh, 0, left, b0, b1, obn);
+            if (right < OW) BC(ck_span)(a, n, ob0, oh, right, OW, b0, b1, obn);
         }
     }
     if (a->act == ACT_NONE || a->act == ACT_RELU || a->act == ACT_CLIP) return;
@@ -226,6 +235,9 @@ BC_INLINE void BC(item)(bc_t *a, int64_t it) {
 
 BC_ATTR static void BC(run_item)(void *ctx, int64_t it) { BC(item)(ctx, it); }
 
+#undef BC_SPAN_FN
+#undef BC_SPAN_OB
+#undef BC_SPAN_ARGS
 #undef BC_PW
 #undef BC_PW_CALL
 #undef BC_TL
@@ -238,7 +250,6 @@ BC_ATTR static void BC(run_item)(void *ctx, int64_t it) { BC(item)(ctx, it); }
 #undef BC_XMAX
 #undef BC_ACC
 #undef BC_BY_X
-#undef BC_BY_OB
 #undef BC_SPAN
 #undef BC_UNROLL
 #undef BC_INLINE

@@ -39,24 +39,33 @@ BW_INLINE void BW(tile)(const bw_t *a, BW(src_t) src, const float *wk, BW_V init
     BW_UNROLL
     for (int x = 0; x < X; x++) acc[x] = init;
     const float *p0 = src.p + (src.off + ow0 * sw * BW_L);
+/* tap (kh, kw) into the X accumulators */
+#define BW_TAP(kw)                                                                                \
+    {                                                                                             \
+        const float *q = rp + (kw) * dw * BW_L;                                                   \
+        if (op == OP_CONV) {                                                                      \
+            BW_V w = BW(ld)(wk + (kh * KW + (kw)) * BW_L);                                        \
+            BW_UNROLL                                                                             \
+            for (int x = 0; x < X; x++) acc[x] += w * BW(ld)(q + x * sw * BW_L);                  \
+        } else if (op == OP_MAX) {                                                                \
+            BW_UNROLL                                                                             \
+            for (int x = 0; x < X; x++) acc[x] = BW_VMAX(BW(ld)(q + x * sw * BW_L), acc[x]);      \
+        } else {                                                                                  \
+            BW_UNROLL                                                                             \
+            for (int x = 0; x < X; x++) acc[x] += BW(ld)(q + x * sw * BW_L);                      \
+        }                                                                                         \
+    }
     for (int64_t kh = 0; kh < KH; kh++) {
         const float *rp = p0 + kh * hstep;
-        BW_UNROLL
-        for (int64_t kw = 0; kw < KW; kw++) {
-            const float *q = rp + kw * dw * BW_L;
-            if (op == OP_CONV) {
-                BW_V w = BW(ld)(wk + (kh * KW + kw) * BW_L);
-                BW_UNROLL
-                for (int x = 0; x < X; x++) acc[x] += w * BW(ld)(q + x * sw * BW_L);
-            } else if (op == OP_MAX) {
-                BW_UNROLL
-                for (int x = 0; x < X; x++) acc[x] = BW_VMAX(BW(ld)(q + x * sw * BW_L), acc[x]);
-            } else {
-                BW_UNROLL
-                for (int x = 0; x < X; x++) acc[x] += BW(ld)(q + x * sw * BW_L);
-            }
+        if (K) { /* a constant window unrolls whole; a run-time one stays a loop (unrolled 16 times
+                  * with its remainder code, every tile shape's copy cost minutes of build) */
+            BW_UNROLL
+            for (int64_t kw = 0; kw < KW; kw++) BW_TAP(kw)
+        } else {
+            for (int64_t kw = 0; kw < KW; kw++) BW_TAP(kw)
         }
     }
+#undef BW_TAP
     if (op == OP_AVG) {
         float rr = a->rrow[oh];
         BW_UNROLL
@@ -137,21 +146,25 @@ BW_INLINE void BW(item)(bw_t *a, int64_t it, const int K, const int S, const int
     for (int64_t oh = bd.oh0; oh < bd.oh1; oh++) {
         float *y = yp + oh * OW * BW_L;
         const int64_t ih0 = oh * sh - a->pt, i = (oh - bd.oh0) * sh;
+        /* The row's spans (the middle read in place, the edge strips; or one padded row), gathered
+         * first and then run by ONE call site: span inlines its five tile widths, and one copy of
+         * them per item (not one per call site) keeps the build minutes shorter at no cost here. */
+        BW(src_t) src[3];
+        int64_t first[3], last[3], n = 0;
         if (!a->direct) {
-            BW(span)(a, (BW(src_t)){s + i * a->RS, 0, a->dh * a->RS}, wk, init, y, oh, 0, OW, K, S, op);
+            src[n] = (BW(src_t)){s + i * a->RS, 0, a->dh * a->RS}, first[n] = 0, last[n++] = OW;
         } else if (ih0 < 0 || ih0 + (a->KH - 1) * a->dh >= a->H || left >= right) {
             BW(pad_copy)(a, xp, s, ih0, a->dh, a->KH, 0, a->SW, op);
-            BW(span)(a, (BW(src_t)){s, 0, a->SW * BW_L}, wk, init, y, oh, 0, OW, K, S, op);
+            src[n] = (BW(src_t)){s, 0, a->SW * BW_L}, first[n] = 0, last[n++] = OW;
         } else {
-            BW(span)(a, (BW(src_t)){xp + ih0 * a->W * BW_L, -a->pl * BW_L, a->dh * a->W * BW_L}, wk, init, y, oh,
-                     left, right, K, S, op);
-            if (nl)
-                BW(span)(a, (BW(src_t)){strip_l + i * nl * BW_L, 0, a->dh * nl * BW_L}, wk, init, y, oh, 0, left, K,
-                         S, op);
+            src[n] = (BW(src_t)){xp + ih0 * a->W * BW_L, -a->pl * BW_L, a->dh * a->W * BW_L};
+            first[n] = left, last[n++] = right;
+            if (nl) src[n] = (BW(src_t)){strip_l + i * nl * BW_L, 0, a->dh * nl * BW_L}, first[n] = 0, last[n++] = left;
             if (nr)
-                BW(span)(a, (BW(src_t)){strip_r + i * nr * BW_L, -c0 * BW_L, a->dh * nr * BW_L}, wk, init, y, oh,
-                         right, OW, K, S, op);
+                src[n] = (BW(src_t)){strip_r + i * nr * BW_L, -c0 * BW_L, a->dh * nr * BW_L}, first[n] = right,
+                last[n++] = OW;
         }
+        for (int64_t g = 0; g < n; g++) BW(span)(a, src[g], wk, init, y, oh, first[g], last[g], K, S, op);
         if (op == OP_CONV && a->act != ACT_NONE && a->act != ACT_RELU) /* the row's output, still in L1 */
             act_span(y, OW * BW_L, a->act, a->alpha, a->beta);
     }

@@ -7,6 +7,10 @@
  */
 #define GK_NR (2 * GK_L)
 
+#ifndef GK_ACT_LATER
+#define GK_ACT_LATER (-1) /* the tiles' code for the activations applied after the store: GK(act_rows) */
+#endif
+
 ALWAYS_INLINE GK_V GK(vld)(const float *p) { GK_V v; memcpy(&v, p, sizeof v); return v; }
 ALWAYS_INLINE void GK(vst)(float *p, GK_V v) { memcpy(p, &v, sizeof v); }
 
@@ -50,7 +54,7 @@ ALWAYS_INLINE void GK(store_row)(float *p, int cols, GK_V lo, GK_V hi) {
 
 /* The activation over a vector, 4 lanes at a time (see simd.h); act is a constant here. */
 ALWAYS_INLINE GK_V GK(act)(GK_V v, const int act, float alpha, float beta) {
-    if (act == ACT_NONE || act == ACT_RELU || act == ACT_CLIP) return v; /* those two: see GK(clamp) */
+    if (act == ACT_NONE || act == ACT_RELU || act == ACT_CLIP || act == GK_ACT_LATER) return v; /* see GK(clamp) */
 #if GK_L >= 8 && defined(__x86_64__)
     /* sigmoid, swish and GELU 8 lanes at a time on x86-64 (simd.h's act8): the 4-lane halves
      * went through the stack and took twice as long */
@@ -117,6 +121,15 @@ ALWAYS_INLINE void GK(finish)(const gemm_t *g, GK_V c0, GK_V c1, float *y, const
     GK(store_row)(y, cols, c0, c1);
 }
 
+/* The activation over a stored tile's rows (still in L1), one copy of every activation's loop per
+ * variant: called by the tiles of GK_ACT_LATER (otherwise the tiles with no activation) and by the
+ * transposed tiles, rather than inlined into each of their many constant shapes (the build took
+ * minutes).  A call per tile costs nothing next to its K multiply-adds per float. */
+GK_ATTR __attribute__((noinline)) static void GK(act_rows)(const gemm_t *g, float *y, int64_t ld, int rows,
+                                                           int cols) {
+    for (int i = 0; i < rows; i++) act_span(y + i * ld, cols, g->act, g->alpha, g->beta);
+}
+
 /* One tile of Y at (m, n): MR rows (a constant: GK_MR, or a smaller tile for the last rows of M),
  * rows < MR and cols < GK_NR at the edges.  a is W at (m, k0), b the packed panel (kb x GK_NR);
  * first / last say whether this K block is the first / last one. */
@@ -143,6 +156,7 @@ ALWAYS_INLINE void GK(tile)(const gemm_t *g, const float *a, const float *b, int
         GK(finish)(g, c[i][0], c[i][1], y + i * N, r ? r + i * N : NULL, bias ? bias + i : NULL, cols, first, last,
                    act);
     }
+    if (act == GK_ACT_LATER && last) GK(act_rows)(g, y, N, rows, cols);
 }
 
 /* cols columns of kb rows of X (row stride ld) into GK_NR-wide panels, zero past cols. */
@@ -254,8 +268,8 @@ ALWAYS_INLINE void GK(item)(gemm_t *g, int64_t it, const int act) {
  * head (X is the 1024 x 1000 weight) that is a strided walk over 4 MB that the prefetchers do not
  * follow, 2-6x slower than one sequential pass. */
 #define GK_TB 2048
-ALWAYS_INLINE void GK(thin_block)(const gemm_t *g, const float *x, float *y, const float *r, int64_t c0, int64_t c1,
-                                  const int act) {
+ALWAYS_INLINE void GK(thin_block)(const gemm_t *g, const float *x, float *y, const float *r, int64_t c0,
+                                  int64_t c1) {
     const int64_t K = g->K, N = g->N, M = g->M;
     const int64_t vec_end = c0 + (c1 - c0) / GK_L * GK_L;
     for (int64_t m = 0; m < M; m++) {
@@ -288,20 +302,24 @@ ALWAYS_INLINE void GK(thin_block)(const gemm_t *g, const float *x, float *y, con
         }
     }
     GK_V zero = {0};
-    for (int64_t m = 0; m < M; m++)  /* the residual and the activation over the rows, still in L1 */
-        for (int64_t n = c0; n < c1; n += GK_NR) {
-            int cols = c1 - n < GK_NR ? (int)(c1 - n) : GK_NR;
-            GK(finish)(g, zero, zero, y + m * N + n, r ? r + m * N + n : NULL, NULL, cols, 0, 1, act);
-        }
+    for (int64_t m = 0; m < M; m++) { /* the residual and the activation over the rows, still in L1 */
+        if (r)
+            for (int64_t n = c0; n < c1; n += GK_NR) {
+                int cols = c1 - n < GK_NR ? (int)(c1 - n) : GK_NR;
+                GK(finish)(g, zero, zero, y + m * N + n, r + m * N + n, NULL, cols, 0, 1, ACT_NONE);
+            }
+        if (g->act != ACT_NONE) act_span(y + m * N + c0, c1 - c0, g->act, g->alpha, g->beta);
+    }
 }
 
-ALWAYS_INLINE void GK(thin_item)(gemm_t *g, int64_t it, const int act) {
+GK_ATTR static void GK(thin)(void *c, int64_t it) {
+    gemm_t *g = c;
     int64_t img = it / g->nn, n0 = it % g->nn * g->nb, n1 = g->N - n0 < g->nb ? g->N : n0 + g->nb;
     const float *x = g->x + img * g->K * g->N;
     float *y = g->y + img * g->M * g->N;
     const float *r = g->res ? g->res + img * g->M * g->N : NULL;
     for (int64_t c = n0; c < n1; c += GK_TB)
-        GK(thin_block)(g, x, y, r, c, n1 - c < GK_TB ? n1 : c + GK_TB, act);
+        GK(thin_block)(g, x, y, r, c, n1 - c < GK_TB ? n1 : c + GK_TB);
 }
 
 /* Narrow products (fewer than NARROW_COLS columns: a squeeze-excitation block or a conv head on a
@@ -436,7 +454,7 @@ ALWAYS_INLINE void GK(ttile)(const gemm_t *g, const float *x, const float *wt, f
     if (r)
         for (int j = 0; j < w; j++)
             for (int i = 0; i < nr; i++) t[i * w + j] += r[(m0 + j) * N + n0 + i];
-    act_span(t, nr * w, g->act, g->alpha, g->beta);
+    if (g->act != ACT_NONE) GK(act_rows)(g, t, 0, 1, nr * w);
     for (int j = 0; j < w; j++) {
         float *yj = y + (m0 + j) * N + n0;
         for (int i = 0; i < nr; i++) yj[i] = t[i * w + j];
@@ -501,39 +519,22 @@ GK_ATTR static void GK(prepack)(void *c, int64_t it) {
     }
 }
 
-/* The pool's entry points, one per work item kind and activation (a constant in each). */
-#define GK_ENTRY(name, body, act) \
-    GK_ATTR static void GK(name)(void *c, int64_t it) { GK(body)(c, it, act); }
-GK_ENTRY(none, item, ACT_NONE)
-GK_ENTRY(relu, item, ACT_RELU)
-GK_ENTRY(clip, item, ACT_CLIP)
-GK_ENTRY(leaky, item, ACT_LEAKY_RELU)
-GK_ENTRY(sigmoid, item, ACT_SIGMOID)
-GK_ENTRY(tanh, item, ACT_TANH)
-GK_ENTRY(hsigmoid, item, ACT_HARD_SIGMOID)
-GK_ENTRY(hswish, item, ACT_HARD_SWISH)
-GK_ENTRY(swish, item, ACT_SWISH)
-GK_ENTRY(gelu, item, ACT_GELU)
-GK_ENTRY(gelu_tanh, item, ACT_GELU_TANH)
-GK_ENTRY(thin_none, thin_item, ACT_NONE)
-GK_ENTRY(thin_relu, thin_item, ACT_RELU)
-GK_ENTRY(thin_clip, thin_item, ACT_CLIP)
-GK_ENTRY(thin_leaky, thin_item, ACT_LEAKY_RELU)
-GK_ENTRY(thin_sigmoid, thin_item, ACT_SIGMOID)
-GK_ENTRY(thin_tanh, thin_item, ACT_TANH)
-GK_ENTRY(thin_hsigmoid, thin_item, ACT_HARD_SIGMOID)
-GK_ENTRY(thin_hswish, thin_item, ACT_HARD_SWISH)
-GK_ENTRY(thin_swish, thin_item, ACT_SWISH)
-GK_ENTRY(thin_gelu, thin_item, ACT_GELU)
-GK_ENTRY(thin_gelu_tanh, thin_item, ACT_GELU_TANH)
+/* The pool's entry points for the register tiles: relu and clip are applied in registers, a
+ * constant in their own copy of the tiles; every other activation by act_span over each tile's rows
+ * once stored (still in L1), from one copy: eleven copies of the tiles took a minute of the build. */
+#define GK_ENTRY(name, act) \
+    GK_ATTR static void GK(name)(void *c, int64_t it) { GK(item)(c, it, act); }
+GK_ENTRY(none, ACT_NONE)
+GK_ENTRY(relu, ACT_RELU)
+GK_ENTRY(clip, ACT_CLIP)
+GK_ENTRY(later, GK_ACT_LATER)
 #undef GK_ENTRY
 
-static const opt_item_fn GK(items)[ACT_COUNT] = {GK(none), GK(relu), GK(clip), GK(leaky), GK(sigmoid),
-                                                 GK(tanh), GK(hsigmoid), GK(hswish), GK(swish), GK(gelu),
-                                                 GK(gelu_tanh)};
-static const opt_item_fn GK(thin_items)[ACT_COUNT] = {
-    GK(thin_none), GK(thin_relu), GK(thin_clip), GK(thin_leaky), GK(thin_sigmoid),
-    GK(thin_tanh), GK(thin_hsigmoid), GK(thin_hswish), GK(thin_swish), GK(thin_gelu), GK(thin_gelu_tanh)};
+static const opt_item_fn GK(items)[ACT_COUNT] = {GK(none), GK(relu), GK(clip), GK(later), GK(later), GK(later),
+                                                 GK(later), GK(later), GK(later), GK(later), GK(later)};
+/* thin products apply the residual and the activation over whole rows: one entry for all */
+static const opt_item_fn GK(thin_items)[ACT_COUNT] = {GK(thin), GK(thin), GK(thin), GK(thin), GK(thin), GK(thin),
+                                                      GK(thin), GK(thin), GK(thin), GK(thin), GK(thin)};
 static const variant_t GK(variant) = {GK_MR, GK_NR, GK(items), GK(thin_items), GK(prepack), GK(narrow),
                                       GK(transposed), GK(pack_wt)};
 #undef GK_NR
