@@ -35,6 +35,7 @@ def optimize(
     model_file: str | Path | None = _DEFAULTS.model_file,
     *,
     model_dir: str | Path | None = _DEFAULTS.model_dir,
+    param_file: str | Path | None = _DEFAULTS.param_file,
     model: onnx.ModelProto | None = _DEFAULTS.model,
     valid_targets: str | list[str] | None = _DEFAULTS.valid_targets,
     input_shapes: str | dict[str, list[int]] | None = _DEFAULTS.input_shapes,
@@ -55,7 +56,7 @@ def optimize(
     quant_model: bool = False,
     progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> CompileResult:
-    """Optimize an ONNX model: the job of the ``opt`` command, in memory (nothing is written).
+    """Optimize a model (ONNX, Paddle or TFLite): the job of the ``opt`` command, in memory (nothing is written).
 
     Returns a ``CompileResult``: ``data`` (the ``.nb`` bytes), ``plan``, ``report`` (what
     ``opt --report`` writes) and ``warnings``.  Errors caused by the input are ``optcli.OptError``
@@ -65,9 +66,13 @@ def optimize(
     ``progress``.
 
     The model (give one):
-        model_file: the .onnx file (``opt --model_file``).
+        model_file: the model file (``opt --model_file``): ONNX, a Paddle program
+            (``.pdmodel`` or Paddle 3's ``inference.json``; needs ``optcli[paddle]``) or a
+            TFLite flatbuffer (needs ``optcli[tflite]``); the kind is read from the content.
         model_dir: a folder holding the model: model.onnx or a single .onnx file, plus its external
-            data files (``--model_dir``).
+            data files, or a Paddle inference model directory, or one .tflite (``--model_dir``).
+        param_file: a Paddle program's parameters file (``--param_file``), when it is not the
+            program's name with ``.pdiparams``.
         model: an ``onnx.ModelProto`` in memory.
 
     Where it runs:

@@ -72,8 +72,13 @@ def _split_passes(values: tuple[str, ...]) -> set[str]:
 
 @click.command(name="opt", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--model_dir", metavar="DIR", help="Directory holding the model: model.onnx or a single .onnx "
-              "file, plus its external data files.")
-@click.option("--model_file", metavar="FILE", help="The .onnx model file.")
+              "file, plus its external data files; or a Paddle inference model (inference.pdmodel or inference.json "
+              "with inference.pdiparams, or an old __model__ directory); or one .tflite file.")
+@click.option("--model_file", metavar="FILE", help="The model file: ONNX, a Paddle program (.pdmodel, Paddle 3's "
+              ".json) or a TFLite flatbuffer, told apart by content. Paddle and TFLite models are converted to ONNX "
+              "first, by paddle2onnx (pip install 'optcli[paddle]') or tf2onnx (pip install 'optcli[tflite]').")
+@click.option("--param_file", metavar="FILE", help="A Paddle program's parameters file (.pdiparams), when its "
+              "name is not the program's with .pdiparams (Paddle Lite's --param_file).")
 @click.option("--valid_targets", default="arm", show_default=True, metavar="LIST",
               help="Targets, commas or spaces: opencl, metal, arm (host, x86 and cpu also mean the host CPU). "
                    "Each op goes to the first GPU target, in the order listed, that can run it; the host CPU is "
@@ -140,17 +145,19 @@ def _split_passes(values: tuple[str, ...]) -> set[str]:
                    "(run it on the machine whose GPU you tune; winners are also cached for tuned loads).")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
 @click.version_option(__version__, "--version", message=f"opt (optcli) %(version)s, .nb format v{FORMAT_VERSION}")
-def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out_type, input_shapes,
+def opt_command(model_dir, model_file, param_file, valid_targets, optimize_out, optimize_out_type, input_shapes,
                 disable_pass, placement_config, report_path, print_supported_ops, print_all_ops,
                 print_model_ops, display_kernels, print_passes, advise, precision, tune, quant_model, quant_type,
                 enable_fp16, verify, verify_tolerance, verify_top1, verify_data, calib_data, calib_preprocess,
                 calibrator, quiet):
-    """Optimize an ONNX model for the given targets and write one compact NAME.nb file.
+    """Optimize a model (ONNX, Paddle or TFLite) for the given targets and write one compact NAME.nb file.
 
     \b
     Examples:
       opt --model_file=mobilenet.onnx --valid_targets=arm --optimize_out=mobilenet
       opt --model_dir=./model --valid_targets=opencl,arm --optimize_out=out/model --report=report.json
+      opt --model_dir=./mobilenet_v1 --valid_targets=opencl,arm --optimize_out=mobilenet_v1_opt  (Paddle)
+      opt --model_file=detect.tflite --valid_targets=opencl,arm --optimize_out=detect
       opt --print_supported_ops
     """
     from optcli import tables
@@ -175,7 +182,8 @@ def opt_command(model_dir, model_file, valid_targets, optimize_out, optimize_out
 
     show = _progress(quiet)
     with silenced(quiet):
-        options = CompileOptions(model_file=model_file, model_dir=model_dir, valid_targets=valid_targets,
+        options = CompileOptions(model_file=model_file, model_dir=model_dir, param_file=param_file,
+                                 valid_targets=valid_targets,
                                  input_shapes=input_shapes, disabled_passes=_split_passes(disable_pass),
                                  placement_overrides=_load_placement_config(placement_config),
                                  precision=precision, tune=tune, calibrator=calibrator,

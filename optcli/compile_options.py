@@ -22,7 +22,9 @@ class CompileOptions:
     and ``optcli.optimize``'s keyword arguments, one record shared by all three.
 
     The model: ``model_file``, ``model_dir`` (a folder holding one .onnx, maybe with external
-    data) or an in-memory ``model``.  ``quant_type``: QUANT_INT8 / QUANT_INT16 (weight-only, per
+    data, a Paddle inference model or one .tflite) or an in-memory ``model``; ``param_file``:
+    a Paddle program's parameters file, when its name does not follow the program's.
+    ``quant_type``: QUANT_INT8 / QUANT_INT16 (weight-only, per
     output channel) or INT8 (full int8, calibrated on ``calib_data``); ``enable_fp16``: weights
     stored as fp16 and GPU tensors in half (``precision="fp16"``).  ``verify``: judge the result
     against the original on ``verify_data``, else ``calib_data``, else ``verify_samples`` seeded
@@ -31,6 +33,7 @@ class CompileOptions:
 
     model_file: str | Path | None = None
     model_dir: str | Path | None = None
+    param_file: str | Path | None = None
     model: onnx.ModelProto | None = None
     valid_targets: str | list[str] | None = "arm"
     input_shapes: str | dict[str, list[int]] | None = None

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from optcli._version import __version__
 from optcli.advice import advise
@@ -25,6 +27,9 @@ from optcli.passes.base import Int8Settings, PassContext
 from optcli.passes.place_nodes import placement_report
 from optcli.plan import PRECISIONS, Plan, lower
 from optcli.targets import TARGETS, parse_targets
+
+if TYPE_CHECKING:
+    import onnx
 
 
 @dataclass
@@ -50,8 +55,9 @@ def compile_model(options: CompileOptions | None = None, progress: Callable[[str
     shapes = parse_input_shapes(o.input_shapes) if isinstance(o.input_shapes, str) or o.input_shapes is None \
         else dict(o.input_shapes)
     found: list[str] = []  # what the model declares and its graph does not compute
-    graph = read_model(str(o.model_file) if o.model_file else None, str(o.model_dir) if o.model_dir else None,
-                       shapes, model=o.model, warnings=found, strict=True)
+    source = _source(o)
+    graph = read_model(source.path, None, shapes, model=source.model, warnings=found, strict=True,
+                       label=source.label)
     before = graph.op_counts()
     nodes_before = len(graph.nodes)
     ctx = PassContext(targets=targets, placement_overrides=dict(o.placement_overrides or {}),
@@ -76,24 +82,51 @@ def compile_model(options: CompileOptions | None = None, progress: Callable[[str
     _check_readable(data, graph.metadata.get("source", "model"))
     report = build_report(graph, plan, ctx, records, before, nodes_before, data)
     report["advice"] = advise(plan, report)
+    if source.converted is not None:
+        report["converted"] = source.converted
     if tuning is not None:
         report["tuning"] = tuning
     if ctx.int8 is not None:
         report["int8"] = {"calibrator": o.calibrator, "samples": len(ctx.int8.samples),
                           "kept_float": ctx.results.int8_kept_float}
     if o.verify:
-        report["verify"] = _verify(o, plan, data, shapes, ctx)
+        report["verify"] = _verify(o, source, plan, data, shapes, ctx)
         report["warnings"] = list(ctx.warnings)
     return CompileResult(plan, data, report, list(ctx.warnings))
 
 
-def _verify(o: CompileOptions, plan: Plan, data: bytes, shapes, ctx: PassContext) -> dict:
+@dataclass
+class _Source:
+    """The model to read: an ONNX file (``path``) or a model in memory (``model``: the caller's, or
+    what a Paddle / TFLite model converted to, ``converted`` saying how, ``label`` naming it)."""
+
+    path: str | None = None
+    model: onnx.ModelProto | None = None
+    converted: dict | None = None
+    label: str | None = None
+
+
+def _source(o: CompileOptions) -> _Source:
+    if o.model is not None:
+        if o.model_file or o.model_dir or o.param_file:
+            raise UsageError("give the model once: model= or model_file / model_dir, not both")
+        return _Source(model=o.model)
+    from optcli.frontend.model_formats import convert, identify
+
+    found = identify(o.model_file, o.model_dir, o.param_file)
+    if found.format == "onnx":
+        return _Source(path=str(found.path))
+    model, converted = convert(found)
+    return _Source(model=model, converted=converted, label=found.path.name)
+
+
+def _verify(o: CompileOptions, source: _Source, plan: Plan, data: bytes, shapes, ctx: PassContext) -> dict:
+    """Judge the plan against the model it came from (for a converted model: the converter's ONNX)."""
     from optcli.calib import load_samples, random_samples
-    from optcli.frontend.onnx_reader import find_model_file, load_onnx
+    from optcli.frontend.onnx_reader import load_onnx
     from optcli.verify import verify
 
-    original = o.model if o.model is not None else load_onnx(find_model_file(
-        str(o.model_file) if o.model_file else None, str(o.model_dir) if o.model_dir else None))
+    original = source.model if source.model is not None else load_onnx(Path(source.path))
     if o.verify_data or o.calib_data:
         flag = "--verify_data" if o.verify_data else "--calib_data"
         samples = load_samples(o.verify_data or o.calib_data, plan.inputs, o.calib_preprocess, flag=flag)

@@ -62,6 +62,18 @@ def stage(text: str | None) -> None:
         _stages[threading.get_ident()] = text
 
 
+def note(text: str) -> None:
+    """One line on stderr (``optcli: text``) about a step that shows no progress of its own (a
+    converter running), unless silenced (``opt --quiet``)."""
+    if _silenced.get():
+        return
+    try:
+        sys.stderr.write(f"optcli: {text}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # stderr closed: progress is not worth a crash
+        pass
+
+
 def progress(items: Iterable[T], desc: str, total: int | None = None, enabled: bool | None = None,
              unit: str = "") -> Iterator[T]:
     if _silenced.get() or enabled is False:

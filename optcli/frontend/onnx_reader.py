@@ -24,18 +24,26 @@ MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
 
 
-def find_model_file(model_file: str | None, model_dir: str | None) -> Path:
-    """Resolve ``--model_file`` / ``--model_dir`` to the ``.onnx`` file to read."""
+def given_model_path(model_file: str | Path | None, model_dir: str | Path | None) -> tuple[bool, Path]:
+    """``(is_file, path)`` of the one of ``--model_file`` / ``--model_dir`` given, which must exist."""
     if bool(model_file) == bool(model_dir):
         raise ModelError("give exactly one of --model_file=FILE or --model_dir=DIR")
     if model_file:
         path = Path(model_file)
         if not path.is_file():
             raise ModelError(f"{path}: no such model file; check --model_file")
-        return path
+        return True, path
     folder = Path(model_dir)
     if not folder.is_dir():
         raise ModelError(f"{folder}: no such directory; check --model_dir")
+    return False, folder
+
+
+def find_model_file(model_file: str | None, model_dir: str | None) -> Path:
+    """Resolve ``--model_file`` / ``--model_dir`` to the ``.onnx`` file to read."""
+    is_file, folder = given_model_path(model_file, model_dir)
+    if is_file:
+        return folder
     if (folder / "model.onnx").is_file():
         return folder / "model.onnx"
     found = sorted(p for p in folder.glob("*.onnx") if p.is_file())
@@ -162,12 +170,14 @@ def read_model(
     model: onnx.ModelProto | None = None,
     warnings: list[str] | None = None,
     strict: bool = False,
+    label: str | None = None,
 ) -> Graph:
     """Read, validate, pin input shapes, infer shapes and convert to the IR.  What the model
     declares and the graph does not compute is appended to ``warnings`` (when given).  ``strict``
     (what ``opt`` asks): a node whose inputs' shapes do not fit it is a ``ModelError``; tests that
-    build such a node on purpose (to see a kernel check refuse it) leave it off."""
-    path = Path("<memory>") if model is not None else find_model_file(model_file, model_dir)
+    build such a node on purpose (to see a kernel check refuse it) leave it off.  ``label`` names an
+    in-memory ``model`` in messages (the Paddle or TFLite file it was converted from)."""
+    path = Path(label or "<memory>") if model is not None else find_model_file(model_file, model_dir)
     if model is None:
         model = load_onnx(path)
     else:
