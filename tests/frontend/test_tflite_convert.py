@@ -7,7 +7,6 @@ its own child process (see ``optcli/frontend/tflite_convert.py`` for why), about
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from importlib.util import find_spec
@@ -22,76 +21,11 @@ from onnx import TensorProto, helper
 from optcli.errors import ModelError
 from optcli.frontend import tflite_convert
 from optcli.frontend.tflite_convert import tflite_to_onnx
+from tests.frontend.tflite_models import SHAPE, run_tflite, sample_input, write_tflite_models
 
 HAVE_EXTRA = find_spec("tensorflow") is not None and find_spec("tf2onnx") is not None
 needs_extra = pytest.mark.skipif(not HAVE_EXTRA, reason="tensorflow and tf2onnx are not installed: "
                                                         "pip install 'optcli[tflite]'")
-# TF's own deprecation notices (tf.lite.Interpreter) and converter chatter, in this process only
-pytestmark = [pytest.mark.filterwarnings("ignore:.*tf.lite.Interpreter is deprecated"),
-              pytest.mark.filterwarnings("ignore:Statistics for quantized inputs")]
-SHAPE = (1, 16, 16, 3)  # NHWC, as a TFLite app feeds it
-
-
-def write_tflite_models(folder: Path) -> dict[str, Path]:
-    """fp32, float16-quantized and int8 (int8 in and out) ``.tflite`` files of one small seeded net:
-    conv2d+relu, depthwise conv, average pool, dense; two outputs, the logits and their softmax."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import tensorflow as tf
-
-    rng = np.random.default_rng(0)  # weights as constants: nothing for the converter to freeze
-    conv_w, conv_b = rng.normal(0, 0.3, (3, 3, 3, 8)), rng.normal(0, 0.3, 8)
-    dw_w, dw_b = rng.normal(0, 0.3, (3, 3, 8, 1)), rng.normal(0, 0.3, 8)
-    fc_w, fc_b = rng.normal(0, 0.3, (8 * 8 * 8, 10)), rng.normal(0, 0.3, 10)
-    f32 = {k: tf.constant(v, tf.float32) for k, v in locals().items() if k.endswith(("_w", "_b"))}
-
-    @tf.function(input_signature=[tf.TensorSpec(SHAPE, tf.float32, name="image")])
-    def serve(image):
-        x = tf.nn.relu(tf.nn.conv2d(image, f32["conv_w"], 1, "SAME") + f32["conv_b"])
-        x = tf.nn.depthwise_conv2d(x, f32["dw_w"], [1, 1, 1, 1], "SAME") + f32["dw_b"]
-        x = tf.nn.avg_pool2d(x, 2, 2, "VALID")
-        logits = tf.matmul(tf.reshape(x, [1, -1]), f32["fc_w"]) + f32["fc_b"]
-        return {"logits": logits, "probs": tf.nn.softmax(logits)}
-
-    def representative():
-        rng = np.random.default_rng(1)
-        for _ in range(8):
-            yield [rng.random(SHAPE, np.float32)]
-
-    def fp16(c):
-        c.optimizations, c.target_spec.supported_types = [tf.lite.Optimize.DEFAULT], [tf.float16]
-
-    def int8(c):
-        c.optimizations, c.representative_dataset = [tf.lite.Optimize.DEFAULT], representative
-        c.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-        c.inference_input_type = c.inference_output_type = tf.int8
-
-    paths = {}
-    for name, configure in {"fp32": None, "fp16": fp16, "int8": int8}.items():
-        converter = tf.lite.TFLiteConverter.from_concrete_functions([serve.get_concrete_function()], serve)
-        if configure:
-            configure(converter)
-        paths[name] = folder / f"{name}.tflite"
-        paths[name].write_bytes(converter.convert())
-    return paths
-
-
-def sample_input(dtype: type = np.float32) -> np.ndarray:
-    """A seeded random input: float in [0, 1), or int8 for the int8 model."""
-    rng = np.random.default_rng(7)
-    if dtype == np.int8:
-        return rng.integers(-128, 128, SHAPE).astype(np.int8)
-    return rng.random(SHAPE, np.float32)
-
-
-def run_tflite(path: Path, x: np.ndarray) -> dict[str, np.ndarray]:
-    """Outputs of TFLite's own interpreter, by tensor name."""
-    import tensorflow as tf
-
-    interpreter = tf.lite.Interpreter(model_path=str(path))
-    interpreter.allocate_tensors()
-    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x)
-    interpreter.invoke()
-    return {d["name"]: interpreter.get_tensor(d["index"]) for d in interpreter.get_output_details()}
 
 
 def run_onnx(model: onnx.ModelProto, x: np.ndarray) -> dict[str, np.ndarray]:

@@ -13,13 +13,12 @@ import pytest
 import optcli
 from optcli.cli import opt_main
 from optcli.frontend.tflite_convert import tflite_to_onnx
-from tests.frontend.test_tflite_convert import HAVE_EXTRA, run_onnx, run_tflite, sample_input, write_tflite_models
+from tests.frontend.test_tflite_convert import HAVE_EXTRA, run_onnx
+from tests.frontend.tflite_models import run_tflite, sample_input, write_tflite_models
 from tests.helpers import run_cli
 
 pytestmark = [pytest.mark.skipif(not HAVE_EXTRA, reason="tensorflow and tf2onnx are not installed: "
-                                                        "pip install 'optcli[tflite]'"),
-              pytest.mark.filterwarnings("ignore:.*tf.lite.Interpreter is deprecated"),
-              pytest.mark.filterwarnings("ignore:Statistics for quantized inputs")]
+                                                        "pip install 'optcli[tflite]'")]
 
 
 @pytest.fixture(scope="module")
