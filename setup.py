@@ -8,6 +8,7 @@ the numpy kernels run: ``optcli.native.status()`` says so.
 
 import os
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from setuptools import Extension, setup
@@ -77,8 +78,12 @@ def _compile_in_parallel(compiler):
 
         def one(obj):
             src, ext = build[obj]
+            start = time.monotonic()
             compiler._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
+            print(f"optcli: compiled {src} in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
 
+        print(f"optcli: compiling the native host kernels ({len(objects)} C files, about a minute on 2 cores)",
+              file=sys.stderr, flush=True)
         with ThreadPoolExecutor(max_workers=max(1, min(len(objects), os.cpu_count() or 1))) as pool:
             list(pool.map(one, objects))  # list(): the first compile error is raised here
         return objects
