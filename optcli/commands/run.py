@@ -84,8 +84,10 @@ def run_command(model, inputs, preprocess, output_dir, top_k, labels, timeout, t
     \b
     Examples:
       optcli run model.nb --input input=x.npy --output_dir out
-      optcli run classifier.nb --input image=photo.png --preprocess imagenet --top_k 5
+      optcli run classifier.nb --input pixels=photo.png --preprocess imagenet --top_k 5 --labels labels.txt
       optcli run model.nb --input x.png --preprocess signed,size=256,crop=224
+    (NAME=FILE: NAME is the model's input name, e.g. 'pixels'; `optcli inspect` lists them. With one
+    input, FILE alone.)
     """
     out = Path(output_dir) if output_dir else None
     if out is not None:  # before the run: a long run must not end in "cannot write"
