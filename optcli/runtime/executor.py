@@ -88,11 +88,10 @@ class Executor:
         env.update(feeds)
         ndarray = np.ndarray
         finished = False
-        flag = stop.event if stop is not None else None
         scope = RUN_STOP.set(stop)  # Loop and Scan (ops/control_flow.py) look at it on every iteration
         try:
             for index, fn, inputs, outputs, used, free, device_inputs in self._program:
-                if flag is not None and flag.is_set():
+                if stop is not None and stop.stopped:
                     stop.check(f"before step {index}")
                 step = steps[index]  # the progress lines read the running step from this frame
                 if fn is None:

@@ -87,6 +87,11 @@ class Predictor:
         self._running: RunStop | None = None  # the stop flag of the run in progress
         self._shape_plans: dict[tuple, MemoryPlan] = {}
         self._limiter = _thread_limiter(threads)
+        # run()'s fast path: (name, dtype, shape) of each input when every one has a known dtype and a
+        # static shape; a feed of exactly those numpy arrays needs no other check (issue 25: the
+        # checks cost more than a small model's kernels).
+        self._exact = ([(v.name, np.dtype(v.dtype), tuple(v.shape)) for v in plan.inputs]
+                       if all(v.is_static and v.dtype != "unknown" for v in plan.inputs) else None)
 
     def _start_gpu(self, require_gpu: bool, device: str | None):
         """Prepare the plan's GPU steps with the first backend (``runtime.backends.BACKENDS``) that
@@ -145,10 +150,14 @@ class Predictor:
         if outputs_on_device and self.gpu is None:
             raise UsageError("outputs_on_device=True needs the plan's GPU steps running on a GPU; this predictor "
                              "runs on the CPU")
-        arrays = self._check_inputs(feeds)
-        key = tuple(tuple(getattr(arrays[v.name], "shape", v.shape)) for v in self.plan.inputs)
-        record = {} if self.plan.memory.arena_bytes is None and key not in self._shape_plans else None
-        with self._lock, self._limiter():
+        arrays = self._exact_inputs(feeds)
+        if arrays is None:
+            arrays = self._check_inputs(feeds)
+        record = key = None
+        if self.plan.memory.arena_bytes is None:  # dynamic sizes: a memory plan per input shape
+            key = tuple(tuple(getattr(arrays[v.name], "shape", v.shape)) for v in self.plan.inputs)
+            record = {} if key not in self._shape_plans else None
+        with self._lock, self._limiter:
             self._running = stop = RunStop(timeout_s)
             try:
                 outputs = self._run_locked(arrays, record, outputs_on_device, stop)
@@ -273,6 +282,28 @@ class Predictor:
         self._shape_plans[key] = MemoryPlan(mem.lifetimes, mem.free_after, offsets, sizes, arena,
                                             sum(sizes.values()))
 
+    def _exact_inputs(self, feeds) -> dict[str, np.ndarray] | None:
+        """The feeds by name when they are exactly what a static plan declares (numpy arrays of its
+        dtypes and shapes, in a list or a dict): the common case, checked in a few hundred ns.  None
+        otherwise, and ``_check_inputs`` decides (and says what is wrong)."""
+        exact = self._exact
+        if exact is None:
+            return None
+        if type(feeds) is dict:
+            if len(feeds) != len(exact):
+                return None
+            values = [feeds.get(name) for name, _, _ in exact]
+        elif type(feeds) in (list, tuple) and len(feeds) == len(exact):
+            values = feeds
+        else:
+            return None
+        result = {}
+        for (name, dtype, shape), x in zip(exact, values):
+            if type(x) is not np.ndarray or x.dtype != dtype or x.shape != shape:
+                return None
+            result[name] = x
+        return result
+
     def _check_inputs(self, feeds) -> dict[str, np.ndarray]:
         specs = self.plan.inputs
         if isinstance(feeds, np.ndarray):
@@ -395,7 +426,8 @@ def _show(shape) -> str:
 
 
 def _thread_limiter(threads: int | None):
-    """A context manager factory bounding BLAS threads (and the native library's pool) during a run.
+    """A context manager bounding BLAS threads (and the native library's pool) during a run: entered
+    on every run, so it is one object whose ``__enter__`` calls each library's own get/set functions.
 
     threadpoolctl's own ``limit`` re-reads every library's state on each entry (about 8 us, more
     than a small model's whole run); the libraries are found once here, and each run only reads
@@ -403,23 +435,32 @@ def _thread_limiter(threads: int | None):
     import contextlib
 
     if threads is None:
-        return contextlib.nullcontext
+        return contextlib.nullcontext()
     from threadpoolctl import ThreadpoolController
 
-    controllers = ThreadpoolController().lib_controllers
+    return _ThreadLimit(threads, ThreadpoolController().lib_controllers)
 
-    @contextlib.contextmanager
-    def limit():
-        changed = []
-        try:
-            for c in controllers:
-                before = c.get_num_threads()
-                if before != threads:
-                    c.set_num_threads(threads)
-                    changed.append((c, before))
-            yield
-        finally:
-            for c, before in changed:
-                c.set_num_threads(before)
 
-    return limit
+class _ThreadLimit:
+    """``with limit:`` sets each library to ``threads`` where it differs and restores it after.
+    Not reentrant (the predictor's lock holds one run at a time)."""
+
+    def __init__(self, threads: int, controllers):
+        self.threads = threads
+        self.libraries = [(c.get_num_threads, c.set_num_threads) for c in controllers]
+        self.changed: list = []
+
+    def __enter__(self):
+        threads, changed = self.threads, []
+        for get, set_ in self.libraries:
+            before = get()
+            if before != threads:
+                set_(threads)
+                changed.append((set_, before))
+        self.changed = changed
+
+    def __exit__(self, *exc):
+        for set_, before in self.changed:
+            set_(before)
+        self.changed = []
+        return False

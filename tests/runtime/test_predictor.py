@@ -116,3 +116,29 @@ def test_replacing_the_bound_kernels_after_a_run_takes_effect(small_nb, small_cn
     expected = p.run(small_cnn[2])["output"]
     assert len(calls) == len(p.plan.steps)
     np.testing.assert_array_equal(expected, p.run(small_cnn[2])["output"])
+
+
+def test_the_fast_input_path_takes_exact_feeds_only(small_nb, small_cnn, monkeypatch):
+    """run() skips the full checks only for exactly the declared numpy arrays (issue 25's per-call
+    cost); anything else (a subclass, a view of other strides, extra keys, a tuple of the wrong length)
+    goes through ``_check_inputs``, which still says what is wrong."""
+    p = optcli.load(small_nb)
+    x = small_cnn[2]["input"]
+    slow = []
+    check = p._check_inputs
+    monkeypatch.setattr(p, "_check_inputs", lambda feeds: slow.append(1) or check(feeds))
+    want = p.run([x])["output"]
+    assert slow == []
+    p.run({"input": x}), p.run((x,))
+    assert slow == []
+    fortran = np.asfortranarray(x)
+    np.testing.assert_array_equal(p.run([fortran])["output"], want)  # exact dtype and shape: fast, still right
+    p.run(x)  # a bare array: the full path wraps it
+    assert slow == [1]
+    with pytest.raises(InputError, match="unknown 'extra'"):
+        p.run({"input": x, "extra": x})
+    with pytest.raises(InputError, match="dtype float64"):
+        p.run([x.astype(np.float64)])
+    with pytest.raises(InputError, match="got 2 inputs"):
+        p.run((x, x))
+    assert len(slow) == 4
