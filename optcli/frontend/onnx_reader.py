@@ -196,8 +196,14 @@ def read_model(
     model = infer_shapes(model, path)
     if restore_where_silent(model, declared, found):
         model = infer_shapes(model, path)  # what follows a value only its declaration shapes
+    axis_nodes = _quantize_axis_below_13(model, opsets)
+    if axis_nodes:
+        found.append(f"{len(axis_nodes)} QuantizeLinear/DequantizeLinear node(s) (first: '{axis_nodes[0]}') carry "
+                     f"the per-channel 'axis' of opset 13 in an opset-{opsets['']} model (onnxruntime's quantizer "
+                     "writes them so); optcli reads the attribute as opset 13 defines it. Re-export with opset 13 or "
+                     "newer to make the model valid ONNX")
     try:
-        onnx.checker.check_model(_typed_outputs_for_checker(model))
+        onnx.checker.check_model(_typed_outputs_for_checker(model, bool(axis_nodes)))
     except onnx.checker.ValidationError as exc:
         # The checker's messages span lines (they print the node): one line, bounded, for the CLI.
         text = " ".join(str(exc).split()) or "invalid model"
@@ -360,14 +366,36 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return clone
 
 
-def _typed_outputs_for_checker(model: onnx.ModelProto) -> onnx.ModelProto:
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+
+def _quantize_axis_below_13(model: onnx.ModelProto, opsets: dict[str, int]) -> list[str]:
+    """Names of the main graph's QuantizeLinear / DequantizeLinear nodes with an ``axis`` attribute
+    in a model whose default opset is below 13, where the schema has no ``axis``.  onnxruntime's
+    ``quantize_static`` (per_channel=True) writes them into opset-10..12 models; the attribute can
+    only mean what opset 13 says (per-channel along ``axis``), and our kernels read it so."""
+    if opsets.get("", 13) >= 13:
+        return []
+    return [n.name or f"#{i}" for i, n in enumerate(model.graph.node)
+            if n.op_type in QDQ_OPS and n.domain in ("", "ai.onnx") and any(a.name == "axis" for a in n.attribute)]
+
+
+def _typed_outputs_for_checker(model: onnx.ModelProto, drop_quantize_axis: bool = False) -> onnx.ModelProto:
     """The checker demands a shape on every graph output; outputs of ops shape inference does
     not know (custom domains) have none.  Check a copy in which they get a placeholder type,
-    so such models reach placement, which says clearly whether anything can run them."""
+    so such models reach placement, which says clearly whether anything can run them.  With
+    ``drop_quantize_axis``, the copy's Q/DQ nodes also lose the opset-13 ``axis`` that an older
+    opset's schema rejects (``_quantize_axis_below_13``; the model itself keeps it)."""
     untyped = [o for o in model.graph.output if not o.type.tensor_type.HasField("shape")]
-    if not untyped:
+    if not untyped and not drop_quantize_axis:
         return model
     clone = _copy(model)
+    if drop_quantize_axis:
+        for node in clone.graph.node:
+            if node.op_type in QDQ_OPS and node.domain in ("", "ai.onnx"):
+                kept = [a for a in node.attribute if a.name != "axis"]
+                del node.attribute[:]
+                node.attribute.extend(kept)
     for out in clone.graph.output:
         if not out.type.tensor_type.HasField("shape"):
             out.type.tensor_type.elem_type = out.type.tensor_type.elem_type or onnx.TensorProto.FLOAT

@@ -218,3 +218,47 @@ def test_model_local_functions_are_inlined_in_a_fresh_process(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "local functions cannot be inlined" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("axis", [0, -4])
+def test_per_channel_dequantize_axis_in_an_opset_11_model_is_read_as_opset_13_says(axis):
+    """onnxruntime's quantize_static (per_channel=True) writes DequantizeLinear with ``axis`` into
+    opset-10..12 models, where the checker rejects the attribute (issue 26).  optcli reads it per
+    channel, warns, and computes what the float weight it stands for gives."""
+    import onnxruntime as ort
+
+    import optcli
+
+    rng = np.random.default_rng(0)
+    w = rng.integers(-127, 128, (4, 3, 3, 3)).astype(np.int8)
+    scale = np.array([0.01, 0.02, 0.05, 0.1], np.float32)
+    zero = np.array([0, 3, -2, 1], np.int8)
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
+    y_info = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])
+
+    def model(nodes, inits):
+        graph = helper.make_graph(nodes, "g", [x_info], [y_info], initializer=inits)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=7)
+
+    conv = helper.make_node("Conv", ["x", "wf"], ["y"], pads=[1, 1, 1, 1])
+    quantized = model([helper.make_node("DequantizeLinear", ["w", "s", "z"], ["wf"], axis=axis), conv],
+                      [numpy_helper.from_array(w, "w"), numpy_helper.from_array(scale, "s"),
+                       numpy_helper.from_array(zero, "z")])
+    wf = (w.astype(np.float32) - zero.reshape(4, 1, 1, 1)) * scale.reshape(4, 1, 1, 1)
+    plain = model([conv], [numpy_helper.from_array(wf, "wf")])
+    x = rng.random((1, 3, 8, 8), dtype=np.float32)
+    want = ort.InferenceSession(plain.SerializeToString()).run(None, {"x": x})[0]
+    result = optcli.optimize(model=quantized)
+    assert any("'axis' of opset 13 in an opset-11 model" in w for w in result.warnings), result.warnings
+    np.testing.assert_allclose(optcli.load(result.data).run([x])["y"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_dequantize_axis_at_opset_13_is_no_warning():
+    w = np.ones((2, 3), np.int8)
+    node = helper.make_node("DequantizeLinear", ["w", "s"], ["y"], axis=0)
+    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+                              initializer=[numpy_helper.from_array(w, "w"),
+                                           numpy_helper.from_array(np.array([0.5, 2], np.float32), "s")])
+    found: list[str] = []
+    read_model(model=helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), warnings=found)
+    assert not any("axis" in f for f in found)
