@@ -164,7 +164,7 @@ def step_breakdown(predictor, feeds: dict[str, np.ndarray], runs: int) -> tuple[
         times = [0.0] * len(plan.steps)
         env: dict[str, np.ndarray] = dict(plan.weights)
         env.update(feeds)
-        with predictor._limiter():
+        with predictor._limiter:
             for i, (step, fn) in enumerate(zip(plan.steps, ex.fns)):
                 args = [env[n] if n else None for n in step.inputs]
                 t0 = time.perf_counter()

@@ -63,10 +63,14 @@ def test_pinned_batch_gives_static_memory_plan():
 CONV_CHAINS = {"mobilenet_v2", "mobilenet_v3", "efficientnet_lite0", "resnet18"}
 
 
+@pytest.mark.parametrize("blocked_width", ["library", "one"])
 @pytest.mark.parametrize("name", sorted(ZOO))
-def test_zoo_model_with_and_without_the_blocked_layout(name):
+def test_zoo_model_with_and_without_the_blocked_layout(name, blocked_width, monkeypatch):
     """The host plan's conv regions run channel-blocked (choose_host_layout); the same model with
-    the pass disabled runs all NCHW: both match onnxruntime, and the conv nets do have regions."""
+    the pass disabled runs all NCHW: both match onnxruntime, and the conv nets do have regions.
+    The blocked plan runs at the library's vector width and at 1 (plain kernels on views), whichever
+    this machine would pick by default (ops/blocked.py ``block_width``)."""
+    monkeypatch.setenv("OPTCLI_HOST_BLOCKED", "1" if blocked_width == "library" else "0")
     model = build(name)
     feeds = sample_inputs(model, spatial=40, seed=1)
     expected = _ort(model, feeds)

@@ -24,6 +24,7 @@ the conversions: slower, never wrong.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -64,10 +65,27 @@ def _native_blocked() -> tuple[Any, Any] | None:
     return _MODULES[0]
 
 
+# Vector widths whose blocked kernels run a plan faster than the plain ones on the same views.  Not
+# 8 (x86-64 with AVX2 and no AVX-512): there the blocked regions ran 1.3-2.6x slower than the plain
+# NCHW kernels on every model measured (docs/design.md), so B = 1 (each blocked step runs its plain
+# kernel on a view, the conversions are views) is the default on such machines.
+FAST_BLOCKED_WIDTHS = (4, 16)
+
+
 def block_width() -> int:
-    """B for blocked values made now: the native library's vector width, 1 without the library."""
+    """B for blocked values made now: the native library's vector width where its blocked kernels
+    pay (``FAST_BLOCKED_WIDTHS``), else 1 (also without the library).  ``OPTCLI_HOST_BLOCKED=1``
+    forces the library's width, ``=0`` forces 1 (benchmarks, tests)."""
     mods = _native_blocked()
-    return native.vector_width() if mods is not None and all(mods) else 1
+    if mods is None or not all(mods):
+        return 1
+    width = native.vector_width()
+    forced = os.environ.get("OPTCLI_HOST_BLOCKED", "").strip().lower()
+    if forced in ("1", "on", "yes", "true"):
+        return width
+    if forced in ("0", "off", "no", "false"):
+        return 1
+    return width if width in FAST_BLOCKED_WIDTHS else 1
 
 
 # ------------------------------------------------------------------------------------ reorders
