@@ -61,7 +61,8 @@ def fold_scale_shift(graph: Graph, names: Names, conv: Node, bn: Node, scale: np
 
 def scale_conv(graph: Graph, names: Names, conv: Node, scale: np.ndarray, shift: np.ndarray) -> bool:
     """Make ``conv`` compute ``scale * conv(x) + shift`` per output channel (new weight and bias
-    initializers); False, changing nothing, where its weights or bias are not constants that fit."""
+    initializers; a scale of exactly one keeps the weight, so a shift alone copies no filters);
+    False, changing nothing, where its weights or bias are not constants that fit."""
     w = graph.const(conv.input(1))
     b = graph.const(conv.input(2)) if conv.input(2) else None
     if not is_float(w) or w.ndim < 3 or (conv.input(2) and b is None):
@@ -82,7 +83,7 @@ def scale_conv(graph: Graph, names: Names, conv: Node, scale: np.ndarray, shift:
     if bias.size != channels:
         return False
     base = conv.name or conv.op_type
-    new_w = names.initializer(f"{base}_bn_weight", w_scaled.astype(w.dtype))
+    new_w = conv.inputs[1] if np.all(scale == 1) else names.initializer(f"{base}_bn_weight", w_scaled.astype(w.dtype))
     new_b = names.initializer(f"{base}_bn_bias", (bias * scale + shift).astype(w.dtype))
     conv.inputs = [conv.inputs[0], new_w, new_b]
     sync_proto(conv)

@@ -67,10 +67,10 @@ PASSES: list[ModuleType] = [
     fuse_layer_norm,
     fold_pad_into_conv,
     fuse_conv_bn,
-    fuse_conv_scale,
     batchnorm_to_affine,
     fuse_dynamic_quant_matmul,  # before fuse_matmul_add: its bias Add is part of the chain
     fuse_matmul_add,
+    fuse_conv_scale,  # after fuse_matmul_add (dense layers are FullyConnected); its chain may end in an activation
     fuse_conv_bias_activation,
     fold_affine_into_concat,  # after the ChannelAffine took its activation: the convs take both
     fuse_fake_quant,  # after the epilogue activation is in place: FakeQuant is its last stage
