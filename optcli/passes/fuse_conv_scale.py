@@ -32,22 +32,14 @@ import numpy as np
 
 from optcli.ir import OPTCLI_DOMAIN, Graph, Names, Node
 from optcli.passes._helpers import graph_queries
-from optcli.passes._helpers.graph_queries import (
-    channel_vector,
-    drop_values,
-    has_epilogue,
-    is_float,
-    rank_of,
-    sole_consumer,
-    sync_proto,
-)
+from optcli.passes._helpers.affine import affine_step
+from optcli.passes._helpers.graph_queries import drop_values, has_epilogue, is_float, rank_of, sole_consumer, sync_proto
 from optcli.passes.fuse_conv_bn import scale_conv
 
 NAME = "fuse_conv_scale"
 DESCRIPTION = ("fold Mul/Div/Add/Sub by scalar or per-channel constants after Conv/ConvTranspose/FullyConnected "
                "(a positive scale also through Relu/LeakyRelu/PRelu) into its weights and bias")
 
-ARITHMETIC = ("Mul", "Div", "Add", "Sub")
 POSITIVELY_HOMOGENEOUS = ("Relu", "LeakyRelu", "PRelu")  # f(a * y) = a * f(y) for every a > 0
 
 
@@ -63,29 +55,6 @@ def _layout(graph: Graph, node: Node) -> tuple[np.ndarray, int | None, int, int]
     if node.domain == OPTCLI_DOMAIN and node.op_type == "FullyConnected" and w.ndim == 2:
         return w, rank_of(graph, node.input(0)), -1, w.shape[1]
     return None
-
-
-def _affine(graph: Graph, node: Node, data: str, layout: tuple) -> tuple[np.ndarray, np.ndarray] | None:
-    """(scale, shift) per channel, in float64, with ``node(data) = scale * data + shift``; else None."""
-    _, rank, axis, channels = layout
-    if node.op_type not in ARITHMETIC or node.domain not in ("", "ai.onnx") or has_epilogue(node) \
-            or len(node.inputs) != 2 or node.inputs.count(data) != 1:
-        return None
-    data_first = node.input(0) == data
-    c = graph.const(node.input(1) if data_first else node.input(0))
-    if not is_float(c) or not np.all(np.isfinite(c)):
-        return None
-    v = channel_vector(c, rank, axis, channels)
-    if v is None:
-        return None
-    v, one, zero = v.astype(np.float64), np.ones(channels), np.zeros(channels)
-    if node.op_type == "Mul":
-        return v, zero
-    if node.op_type == "Add":
-        return one, v
-    if node.op_type == "Sub":
-        return (one, -v) if data_first else (-one, v)
-    return (1.0 / v, zero) if data_first and np.all(v != 0) else None  # Div: c / y is no affine map
 
 
 def _homogeneous(node: Node, data: str) -> bool:
@@ -113,7 +82,7 @@ def _chain(graph: Graph, consumers: dict[str, list[Node]], layer: Node, layout: 
         if activation is None and _homogeneous(reader, value):
             activation, value = reader, reader.outputs[0]
             continue
-        step = _affine(graph, reader, value, layout)
+        step = affine_step(graph, reader, value, *layout[1:])
         if step is None or (activation is not None and (np.any(step[0] <= 0) or np.any(step[1] != 0))):
             break
         scale, shift = scale * step[0], shift * step[0] + step[1]

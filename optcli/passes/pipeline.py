@@ -24,6 +24,7 @@ from optcli.passes import (
     eliminate_common_subexpressions,
     eliminate_identity,
     fold_affine_into_concat,
+    fold_affine_into_next_conv,
     fold_constants,
     fold_dynamic_reshape_shapes,
     fold_pad_into_conv,
@@ -71,6 +72,7 @@ PASSES: list[ModuleType] = [
     fuse_dynamic_quant_matmul,  # before fuse_matmul_add: its bias Add is part of the chain
     fuse_matmul_add,
     fuse_conv_scale,  # after fuse_matmul_add (dense layers are FullyConnected); its chain may end in an activation
+    fold_affine_into_next_conv,  # what fuse_conv_scale left: chains after a nonlinearity, before a conv
     fuse_conv_bias_activation,
     fold_affine_into_concat,  # after the ChannelAffine took its activation: the convs take both
     fuse_fake_quant,  # after the epilogue activation is in place: FakeQuant is its last stage
