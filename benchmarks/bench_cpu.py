@@ -339,8 +339,21 @@ def machine_info() -> dict[str, str]:
         "optcli": optcli.__version__,
         "optcli native host kernels": (f"{native.library_path().name} ({platform.machine()})"
                                        if native.available() else native.status().split(": ", 1)[1]),
+        "host block width": _block_width_line(),
         "CPU busy with other processes just before the run": f"{busy:.0f}%" if busy is not None else "unknown",
     }
+
+
+def _block_width_line() -> str:
+    """The B the blocked regions run with here (ops/blocked.py): the library's vector width, or 1
+    (the plain kernels on views) where that width's blocked kernels do not pay."""
+    from optcli.ops.blocked import block_width
+
+    b, width = block_width(), native.vector_width() if native.available() else 0
+    if b > 1:
+        return f"{b} (the native blocked kernels)"
+    why = f"the library's width {width} is slower blocked" if width else "no native library"
+    return f"1: blocked steps run the plain NCHW kernels on views ({why}; OPTCLI_HOST_BLOCKED=1 forces it)"
 
 
 def results_table(rows: list[dict]) -> list[str]:
@@ -438,7 +451,8 @@ DEPTHWISE_NOTE = (
     "What runs natively (`optcli/native`, C with vector extensions, built at install; without a C "
     "compiler, or with `OPTCLI_NATIVE=0`, the numpy kernels of the columns above run): the conv "
     "regions of the host plan in the channel-blocked layout NCHWc (the `choose_host_layout` pass; "
-    "docs/design.md): direct convs whose register tiles are output-channel vectors times pixels, "
+    "docs/design.md; where the machine's block width is 1, see Machine above, each blocked step runs "
+    "its NCHW kernel on a view instead): direct convs whose register tiles are output-channel vectors times pixels, "
     "depthwise convs and pooling with every lane a channel, no stride-phase copy and no im2col, "
     "converted from and to NCHW only at the regions' borders; where a region's borders would cost "
     "more than it saves (BlazeFace's channel Pads, MixNet's Split/Concat, RegNet's grouped convs, "
