@@ -11,6 +11,13 @@ turned off with ``OPTCLI_NATIVE=0``, the numpy kernels run instead and compute t
 ``status()`` says which, and the first kernel that would have used it logs that once.  Kernels
 keep their ids either way, so a ``.nb`` never depends on whether this library exists.
 
+A testing hook: ``OPTCLI_NATIVE_LIBRARY=/path/to/_optcli_native_x.so`` loads that file instead of
+the packaged one (``tools/sanitize_native.sh`` uses it for an ASan/UBSan build of the same
+sources).  It is checked like the packaged one (every symbol of the ABI table, the ABI number),
+its name must start with ``_optcli_native`` so threadpoolctl still finds and sizes its pool, and
+``OPTCLI_NATIVE=0`` still wins over it.  A path that does not exist is not silently replaced by
+the packaged library: the numpy kernels run and ``status()`` says why.
+
 ``_lib`` (the ctypes handle, None without the library) lives here only: the wrappers (window.py,
 stem.py, gemm.py, epilogue.py, elementwise.py, blocked_*.py) read ``library._lib`` when called, so
 setting it aside here (as the tests do) sets it aside for every kernel.
@@ -29,6 +36,7 @@ LOG = logging.getLogger("optcli")
 
 ABI = 3  # OPTCLI_NATIVE_ABI in kernels/host/optcli_native.h
 LIB_PREFIX = "_optcli_native"  # the extension's file name starts with this (threadpoolctl matches it)
+LIBRARY_ENV = "OPTCLI_NATIVE_LIBRARY"  # a testing hook: load this file instead (sanitizer builds)
 
 
 _i64p = ctypes.POINTER(ctypes.c_int64)
@@ -79,7 +87,11 @@ _SIGNATURES = {
 
 
 def library_path() -> Path | None:
-    """The built library beside this file (``_optcli_native*.so`` from setup.py), if any."""
+    """The library to load: ``$OPTCLI_NATIVE_LIBRARY`` where set, else the built library beside this
+    file (``_optcli_native*.so`` from setup.py), if any."""
+    override = os.environ.get(LIBRARY_ENV, "").strip()
+    if override:
+        return Path(override).resolve()
     here = Path(__file__).resolve().parent
     found = sorted(p for p in here.glob(LIB_PREFIX + "*") if p.suffix in (".so", ".dylib", ".pyd", ".dll"))
     return found[0] if found else None
@@ -89,6 +101,11 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     if os.environ.get("OPTCLI_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
         return None, "disabled by OPTCLI_NATIVE=0: the numpy kernels run"
     path = library_path()
+    if os.environ.get(LIBRARY_ENV, "").strip():  # the testing hook: never the packaged library in its place
+        if not path.is_file():
+            return None, f"{LIBRARY_ENV}={path} does not exist: the numpy kernels run"
+        if not path.name.startswith(LIB_PREFIX):  # threadpoolctl would not find it to size its pool
+            return None, f"{LIBRARY_ENV}={path}: the file name must start with {LIB_PREFIX}: the numpy kernels run"
     if path is None:
         return None, ("not built (no C compiler when optcli was installed?): the numpy kernels run; "
                       "reinstall with gcc or clang present for faster CPU kernels")
