@@ -180,7 +180,7 @@ def load_run_or_clear_error(data: bytes, measure_memory: bool = True) -> str:
 def seed_models() -> dict[str, bytes]:
     """Small `.nb` files covering every part of the schema: weights, attributes (ints, floats,
     lists, a tagged tensor), a generic-fallback step with its NodeProto, GPU steps with host
-    fallback kernels, dynamic dims."""
+    fallback kernels, dynamic dims; and one whose plan calls most native host kernels."""
     w = numpy_helper.from_array(np.ones((2, 1, 3, 3), np.float32), "w")
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("LeakyRelu", ["c"], ["r"], alpha=0.2),
@@ -194,7 +194,33 @@ def seed_models() -> dict[str, bytes]:
     gpu = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     return {"arm": optcli.optimize(model=cpu).data,
             "opencl": optcli.optimize(model=gpu, valid_targets="opencl,arm",
-                                      disabled_passes={"keep_small_islands_on_host"}).data}
+                                      disabled_passes={"keep_small_islands_on_host"}).data,
+            "native": optcli.optimize(model=_native_kernels_model()).data}
+
+
+def _native_kernels_model():
+    """A small CNN whose plan calls the native host kernels (stem conv, depthwise, 1x1 and grouped GEMM
+    convs, an activation, pooling, a row mean): the other seeds reach only the stem conv, and the
+    sanitizer run (tools/sanitize_native.py) fuzzes the C through what the seeds' plans call."""
+    rng = np.random.default_rng(0)
+    shapes = {"w1": (8, 3, 3, 3), "b1": (8,), "wd": (8, 1, 3, 3), "w2": (16, 8, 1, 1), "b2": (16,),
+              "wg": (16, 8, 3, 3), "fc": (16, 4)}
+    weights = [numpy_helper.from_array((0.3 * rng.standard_normal(s)).astype(np.float32), n) for n, s in shapes.items()]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "wd"], ["d"], pads=[1, 1, 1, 1], group=8),
+             helper.make_node("Conv", ["d", "w2", "b2"], ["c2"]),
+             helper.make_node("HardSigmoid", ["c2"], ["h"]),
+             helper.make_node("Mul", ["c2", "h"], ["hs"]),
+             helper.make_node("Conv", ["hs", "wg"], ["g"], pads=[1, 1, 1, 1], group=2),
+             helper.make_node("Add", ["g", "hs"], ["a"]),
+             helper.make_node("MaxPool", ["a"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("GlobalAveragePool", ["p"], ["gap"]),
+             helper.make_node("Flatten", ["gap"], ["f"]),
+             helper.make_node("MatMul", ["f", "fc"], ["z"])]
+    graph = helper.make_graph(nodes, "native", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def body_paths(node, path=()):

@@ -86,3 +86,35 @@ def test_long_inflated_headers_in_the_body(seeds, data):
     count = data.draw(st.integers(0, 2 ** (8 * width) - 1))
     packed[pos:pos + data.draw(st.integers(0, 6))] = head + count.to_bytes(width, "big")
     load_run_or_clear_error(rebuild(None, blob, raw_body=bytes(packed)))
+
+
+# Each window attribute's length in 2-D, and values mostly in its plausible range, sometimes any small int.
+WINDOW_ATTRIBUTES = {"pads": (4, st.integers(0, 4)), "strides": (2, st.integers(1, 4)),
+                     "dilations": (2, st.integers(1, 3)), "kernel_shape": (2, st.integers(1, 5))}
+
+
+@LONG
+@given(data=st.data())
+def test_long_window_attributes(seeds, data):
+    """The `native` seed's convs and pooling with small hostile window attributes (and group), its input
+    at another spatial size, the recorded shapes of the values it derives kept or dropped: the load
+    checks refuse what does not fit, and what they let through (a few percent) runs the native kernels on
+    geometry no test wrote; under tools/sanitize_native.py, ASan and UBSan watch those calls."""
+    body, blob = parts(seeds["native"])
+    windows = [s for s in body["steps"] if s["op"] in ("Conv", "MaxPool")]
+    for _ in range(data.draw(st.integers(1, 3))):
+        attrs = data.draw(st.sampled_from(windows))["attrs"]
+        name = data.draw(st.sampled_from([*WINDOW_ATTRIBUTES, "group"]))
+        if name == "group":
+            attrs[name] = data.draw(st.integers(-1, 17))
+        else:  # mostly of the right length
+            size, plausible = WINDOW_ATTRIBUTES[name]
+            size = data.draw(st.sampled_from([size] * 3 + [1, 3]))
+            attrs[name] = data.draw(st.lists(plausible | st.integers(-2, 40), min_size=size, max_size=size))
+    if data.draw(st.booleans()):
+        body["inputs"][0]["shape"][2:] = data.draw(st.lists(st.integers(1, 24), min_size=2, max_size=2))
+    if data.draw(st.booleans()):
+        for value in body["values"]:
+            if value["name"] != body["inputs"][0]["name"]:
+                value["shape"] = None
+    load_run_or_clear_error(rebuild(body, blob))

@@ -48,7 +48,7 @@ def test_seeds_load_and_cover_gpu_steps(seeds):
     assert any(s.proto for s in load_bytes(seeds["arm"])[0].steps), "the arm seed needs a fallback step"
 
 
-@pytest.mark.parametrize("seed", ["arm", "opencl"])
+@pytest.mark.parametrize("seed", ["arm", "opencl", "native"])
 def test_wrong_msgpack_type_at_every_level(seeds, seed):
     """Each path of the body (the root, every map, list and scalar) replaced by values of
     every other msgpack type; every file that loads is run on a small input, which must give a
