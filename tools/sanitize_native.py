@@ -107,6 +107,9 @@ def sanitizer_env(lib: Path, logs: Path, cc: str = "gcc") -> dict[str, str]:
         "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
         "OPTCLI_NATIVE_LIBRARY": str(lib),
         "OPTCLI_REQUIRE_NATIVE": "1",
+        # blocked regions at the library's width, not the plain kernels AVX2 machines run them with
+        # by default (ops/blocked.py): the native blocked kernels are what needs the sanitizers
+        "OPTCLI_HOST_BLOCKED": "1",
         "OPTCLI_OPENCL_DEVICE": NO_DEVICE,  # no OpenCL device: see the module docstring
     }
 
