@@ -84,13 +84,16 @@ def _hostile(seed: bytes) -> bytes:
 
 def test_loading_and_running_never_unpickles_or_evaluates():
     seeds = seed_models()
-    x = np.random.default_rng(0).standard_normal((1, 1, 4, 4)).astype(np.float32)
+    rng = np.random.default_rng(0)
     for seed in seeds.values():
         data = _hostile(seed)
         with warnings.catch_warnings(), watching_code_execution(data) as calls:
             warnings.simplefilter("ignore")
             p = optcli.load(data)
-            p.run({"x": x})  # arm seed: includes the onnx-reference fallback step (Einsum)
+            # each seed's own input shape (the native seed's image is larger than the others'), named dims 4
+            p.run({v.name: rng.standard_normal([d if isinstance(d, int) else 4 for d in v.shape]).astype(np.float32)
+                   for v in p.plan.inputs})
+            # (the arm seed includes the onnx-reference fallback step, Einsum)
         assert_no_code_from(calls)
         assert p.plan.metadata["payload"].startswith("cos")
         assert p.plan.steps[0].attrs["planted"] == PAYLOAD
