@@ -13,13 +13,19 @@ in each form users bring, and what Paddle's own predictor answers for one fixed 
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 INPUT_SHAPE = (2, 3, 16, 16)
+# the test modules' mark: the extra's packages, or a skip that names its install command
+needs_paddle = pytest.mark.skipif(
+    importlib.util.find_spec("paddle") is None or importlib.util.find_spec("paddle2onnx") is None,
+    reason="paddlepaddle and paddle2onnx are not installed: pip install 'optcli[paddle]'")
 FORMS = ("pir", "legacy", "old")
 
 

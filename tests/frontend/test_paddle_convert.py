@@ -14,12 +14,10 @@ import pytest
 
 from optcli.errors import ModelError
 from optcli.frontend.paddle_convert import MAX_OPSET, MAX_REASON, failure_reason, paddle_to_onnx
-from tests.frontend.paddle_models import build_paddle_models
+from tests.frontend.paddle_models import build_paddle_models, needs_paddle
 from tests.helpers import run_ort
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("paddle") is None or importlib.util.find_spec("paddle2onnx") is None,
-    reason="paddlepaddle and paddle2onnx are not installed: pip install 'optcli[paddle]'")
+pytestmark = needs_paddle
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ paddle2onnx converts it to, for every form Paddle writes, with paddle's logging 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 
@@ -12,12 +11,10 @@ import pytest
 
 from optcli.cli import opt_main, optcli_main
 from optcli.frontend.paddle_convert import paddle_to_onnx
-from tests.frontend.paddle_models import FORMS, build_paddle_models
+from tests.frontend.paddle_models import FORMS, build_paddle_models, needs_paddle
 from tests.helpers import run_cli, run_ort
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("paddle") is None or importlib.util.find_spec("paddle2onnx") is None,
-    reason="paddlepaddle and paddle2onnx are not installed: pip install 'optcli[paddle]'")
+pytestmark = needs_paddle
 
 
 @pytest.fixture(scope="module")
