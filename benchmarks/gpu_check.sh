@@ -53,7 +53,7 @@ EOF
 
 prepare_native() {  # the native host library, built from this tree unless its sources are unchanged
     local py=$1 dir="$PREP/native" sum tmp lib
-    sum=$(cat setup.py optcli/native/src/*.c optcli/native/src/*.h | sha256sum | cut -d' ' -f1)
+    sum=$(cat setup.py kernels/host/*.c kernels/host/*.h | sha256sum | cut -d' ' -f1)
     if [ -f "$dir/_optcli_native.so.gz" ] && [ "$(cat "$dir/sources.sha256" 2>/dev/null)" = "$sum" ]; then
         echo "prepare: native library already built from these sources"; return 0
     fi

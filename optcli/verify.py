@@ -94,14 +94,35 @@ def rule(precision: str, real_samples: bool, tolerance: float | None = None,
     return Rule(precision, round(-20 * math.log10(noise), 2), min_top1 or None, VERIFY_ROUNDING[precision])
 
 
+def onnxruntime_session(model: onnx.ModelProto | str, options=None):
+    """An onnxruntime CPU session for ``model`` (a ModelProto or a path), also where the model's IR
+    version is newer than the installed onnxruntime reads.  onnx writes its newest IR version by
+    default and onnxruntime releases lag behind it (seen: onnx 1.23 writes IR 14, onnxruntime 1.30
+    reads up to 13), although most models use nothing the newer IR adds; so a refused IR version is
+    retried once on a copy that states the lowest IR version its opsets need.  A model that does need
+    the newer IR is then refused by onnxruntime for that reason, in its own words."""
+    import onnxruntime as ort
+
+    data = model if isinstance(model, str) else model.SerializeToString()
+    try:
+        return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        if "ir version" not in str(exc).lower():
+            raise
+        copy = onnx.load(model) if isinstance(model, str) else onnx.ModelProto.FromString(data)
+        lowest = onnx.helper.find_min_ir_version_for(list(copy.opset_import), ignore_unknown=True)
+        if lowest >= copy.ir_version:
+            raise
+        copy.ir_version = lowest
+        return ort.InferenceSession(copy.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
 def reference_runner(model: onnx.ModelProto, compile_reference: Callable[[], bytes]):
     """(name, run(feeds) -> {name: array}) for the original model: onnxruntime, or where it is not
     installed optcli's own fp32 `arm` plan (``compile_reference()``: its .nb bytes, made by the caller,
     which owns the compiler)."""
     try:
-        import onnxruntime as ort
-
-        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        sess = onnxruntime_session(model)
         names = [o.name for o in sess.get_outputs()]
         return "onnxruntime", lambda feeds: dict(zip(names, sess.run(None, feeds)))
     except ImportError:

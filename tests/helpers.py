@@ -11,6 +11,7 @@ from onnx import helper, numpy_helper
 
 from optcli.ops import kernels_for
 from optcli.tolerance import describe_mismatch, within
+from optcli.verify import onnxruntime_session
 
 OPSET = 17
 
@@ -47,8 +48,7 @@ def single_node_model(
 def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
+    return onnxruntime_session(model, opts).run(None, feeds)
 
 
 def run_variants(op_type: str, inputs: list, attrs: dict, domain: str = "") -> dict[str, list[np.ndarray]]:

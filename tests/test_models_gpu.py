@@ -3,10 +3,10 @@ onnxruntime: what opencl claims runs there, the rest on arm, copies in between."
 
 from __future__ import annotations
 
-import onnxruntime as ort
 import pytest
 
 import optcli
+from optcli.verify import onnxruntime_session
 from optcli.zoo import build, sample_inputs
 from tests.helpers import assert_close
 
@@ -17,7 +17,7 @@ MODELS = ["mobilenet_v2", "mobilenet_v3", "resnet18", "efficientnet_lite0", "squ
 
 
 def _ort(model, feeds):
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = onnxruntime_session(model)
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
 
 

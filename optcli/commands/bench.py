@@ -26,6 +26,7 @@ from optcli.commands.common import (
 )
 from optcli.errors import OptError, UsageError
 from optcli.progress import progress
+from optcli.verify import onnxruntime_session
 
 CSV_FIELDS = ["model", "device", "runs", "min_ms", "median_ms", "p90_ms", "init_cold_s", "init_warm_s",
               "peak_host_mb", "ort_median_ms", "ratio_vs_ort", "max_abs_diff"]
@@ -123,7 +124,7 @@ def run_onnxruntime(onnx_path: str, feeds: dict, ours: dict, warmup: int, runs: 
     if threads:
         options.intra_op_num_threads = threads
     try:
-        sess = ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
+        sess = onnxruntime_session(onnx_path, options)
     except Exception as exc:
         raise UsageError(f"--compare_onnx: onnxruntime cannot load {onnx_path}: {str(exc).splitlines()[0]}") from None
     names = [i.name for i in sess.get_inputs()]

@@ -199,3 +199,29 @@ def test_random_verification_asks_for_the_sizes_of_dynamic_dims(tmp_path, capsys
     code, _, err = run([f"--model_file={path}", "--verify", "--input_shapes=input:1,3,48,48",
                         f"--optimize_out={tmp_path}/d"], capsys)
     assert code == 0 and (tmp_path / "d.nb").exists(), err
+
+
+def test_the_judge_reads_a_model_whose_ir_version_onnxruntime_does_not():
+    """onnx writes its newest IR version and onnxruntime releases lag behind (the GPU check's machine:
+    onnx 1.23 writes 14, onnxruntime 1.30 reads 13, and 50 GPU tests failed on it): the judge retries
+    on a copy stating the lowest IR version the opsets need.  IR 99 stands for "newer than this
+    onnxruntime reads"; a model that is refused for another reason stays refused."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from optcli.verify import onnxruntime_session
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 99
+    with pytest.raises(Exception, match="(?i)ir version"):
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.array([-1.0, 2.0], np.float32)
+    assert onnxruntime_session(model).run(None, {"x": x})[0].tolist() == [0.0, 2.0]
+    assert model.ir_version == 99  # the caller's model is left as it was
+    broken = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [], []),
+                               opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(Exception, match="is not a graph input"):
+        onnxruntime_session(broken)

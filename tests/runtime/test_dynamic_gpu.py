@@ -8,13 +8,13 @@ binding per input shape."""
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import optcli
 from optcli.errors import InputError, TargetError
 from optcli.runtime.opencl.steps import OpenClSteps
+from optcli.verify import onnxruntime_session
 from optcli.zoo import build
 from tests.helpers import assert_close
 
@@ -88,7 +88,7 @@ def test_runs_each_input_shape_on_the_gpu_and_reuses_programs(name, precision):
     model = MODELS[name]()
     p = optcli.load(_optimize(model, precision).data, require_gpu=True)
     assert p.gpu.dynamic and all(s.target == "opencl" for s in p.plan.steps if s.op_type == "Conv")
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = onnxruntime_session(model)
     dev, first_buffers = p.gpu.dev, None
     for k, shape in enumerate(SHAPES[name]):
         x = RNG.standard_normal(shape).astype(np.float32)

@@ -9,7 +9,6 @@ import stat
 import warnings
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -17,6 +16,7 @@ import optcli
 from optcli.errors import TargetError
 from optcli.runtime.opencl import device as opencl
 from optcli.runtime.opencl.program_cache import ProgramCache
+from optcli.verify import onnxruntime_session
 from tests.helpers import assert_close
 
 # These tests are about the GPU path itself: keep even tiny islands on the GPU.
@@ -33,7 +33,7 @@ def mixed():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               [numpy_helper.from_array(np.array(1, np.int64), "axis")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": X})
+    expected = onnxruntime_session(model).run(None, {"x": X})
     return model, expected[0]
 
 
@@ -166,7 +166,7 @@ def test_tuning_picks_a_variant_and_a_tuned_load_reuses_it(tmp_path, monkeypatch
                               [numpy_helper.from_array(w, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     x = np.random.default_rng(2).standard_normal((1, 8, 12, 12)).astype(np.float32)
-    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    expected = onnxruntime_session(model).run(None, {"x": x})
     result = optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU, tune="fast")
     conv = [s for s in result.report["steps"] if s["op"] == "Conv"][0]
     assert result.report["tuning"]["steps"][conv["name"]]["kernel"] == conv["kernel"]
@@ -226,7 +226,7 @@ def test_float32_lowest_in_a_mask_saturates_in_half_storage():
     mask[0, 1, 2:] = lowest  # a row partly masked
     mask[0, 2, :] = lowest  # a row fully masked
     feeds = {"scores": np.random.default_rng(5).standard_normal(shape).astype(np.float32), "mask": mask}
-    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    expected = onnxruntime_session(model).run(None, feeds)[0]
     p = optcli.load(optcli.optimize(model=model, valid_targets="opencl,arm", disabled_passes=KEEP_ON_GPU,
                                     precision="fp16").data, require_gpu=True)
     with warnings.catch_warnings():

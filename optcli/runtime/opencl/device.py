@@ -29,6 +29,7 @@ from optcli.runtime.opencl.devices import (
     device_rank,
     failure_text,
     is_simulator,
+    take_context,
 )
 from optcli.runtime.opencl.program_cache import ProgramCache
 
@@ -115,7 +116,7 @@ class ClDevice:
 
     def __init__(self, device=None, cache: ProgramCache | None = None):
         self.device = device if device is not None else _pick_device()
-        self.context = cl.Context([self.device])
+        self.context = take_context(self.device) or cl.Context([self.device])
         self.queue = self.new_queue()
         self.cache = cache or ProgramCache.default()
         self.native_half = "cl_khr_fp16" in self.device.extensions

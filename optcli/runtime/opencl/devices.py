@@ -21,6 +21,7 @@ HOW_TO_GET_ONE = ("to get one: `apt install pocl-opencl-icd` (Debian/Ubuntu: Ope
                   "driver")
 
 _VERDICTS: dict[Any, str | None] = {}  # device id -> why the smoke test failed (None: it passed)
+_CONTEXTS: dict[Any, Any] = {}  # device id -> the passing smoke test's context, until ClDevice takes it
 _LOCK = threading.Lock()
 
 
@@ -63,19 +64,23 @@ def failure_text(exc: BaseException) -> str:
 
 
 def _smoke_test(device) -> str | None:
-    """Build (from source, not from any cache) and run the pack kernel; None when it works, else
-    what failed."""
+    """Build and run the pack kernel; None when it works, else what failed.  The build goes through
+    the program-binary cache: a cached binary was compiled by this very device and driver (its key
+    holds both), so the compiler is known to work, and the kernel still runs and is checked.  A
+    device that passes keeps its context for ``take_context``: opening a context is the largest
+    part of a warm load on a GPU (CUDA's start), and the runtime's ``ClDevice`` needs one anyway."""
     stage = "cannot open the device"
     try:
         import pyopencl as cl
 
         from optcli.gpu.dialect import render_opencl
+        from optcli.runtime.opencl.program_cache import ProgramCache
 
         context = cl.Context([device])
         queue = cl.CommandQueue(context)
         stage = "fails to build a test kernel"
-        program = cl.Program(context, render_opencl("layout.cl", {"STORAGE_HALF": 0})).build(
-            options="-cl-mad-enable")
+        program, _ = ProgramCache.default().build(context, device, render_opencl("layout.cl", {"STORAGE_HALF": 0}),
+                                                  options="-cl-mad-enable")
         stage = "fails to run a test kernel"
         kern = cl.Kernel(program, "pack_nc4hw4")
         src = np.arange(6, dtype=np.float32)
@@ -90,12 +95,19 @@ def _smoke_test(device) -> str | None:
             return "gives wrong results on a test kernel"
     except Exception as exc:
         return f"{stage} ({failure_text(exc)})"
+    _CONTEXTS[device_id(device)] = context
     return None
 
 
 def device_id(device) -> Any:
     """The device's identity in this process (its cl_device_id: stable while the process lives)."""
     return getattr(device, "int_ptr", None) or id(device)
+
+
+def take_context(device):
+    """The context the device's passing smoke test opened (once: the first caller takes it), else None."""
+    with _LOCK:
+        return _CONTEXTS.pop(device_id(device), None)
 
 
 def device_problems(device, check: bool = True) -> list[str]:
