@@ -7,11 +7,12 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 3 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 4 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
 #define OPT_ENOMEM (-2) /* scratch allocation failed */
+#define OPT_ENOTSUP (-3) /* this build cannot do it (a compiler without _Float16): the caller falls back */
 
 typedef void (*opt_item_fn)(void *ctx, int64_t item);
 /* Runs fn(ctx, i) for i in [0, nitems) on the pool; max_threads <= 0 means no extra cap. */
@@ -102,6 +103,11 @@ OPT_API int optcli_add_f32(const float *x, const float *b, float *y, int64_t n, 
  * bias may be NULL; eps must be > 0. */
 OPT_API int optcli_layer_norm_f32(const float *x, const float *scale, const float *bias, float *y, float *mean,
                                   float *inv, int64_t outer, int64_t c, int64_t inner, float eps);
+/* Half-precision storage (elementwise.c): y (n binary16 values) = x rounded to nearest even, finite
+ * values beyond +-65504 saturating to it, infinities and NaN kept; and back, exactly.  OPT_ENOTSUP
+ * where the compiler had no _Float16. */
+OPT_API int optcli_f32_to_f16(const float *x, void *y, int64_t n);
+OPT_API int optcli_f16_to_f32(const void *x, float *y, int64_t n);
 /* y[r] = the mean of x[r, 0:n] for r < rows, x row-major. */
 OPT_API int optcli_row_mean_f32(const float *x, float *y, int64_t rows, int64_t n);
 

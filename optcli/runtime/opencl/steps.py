@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from optcli import native
 from optcli.errors import InputError, NbFormatError
 from optcli.gpu.ops_layout import TRANSFER_OPS
 from optcli.gpu.registry import get_gpu_kernel
@@ -329,7 +330,9 @@ class OpenClSteps:
             self._keep.clear()  # the queue is in order: every copy before this one is done too
             described = self.plan.values.get(step.outputs[0])
             dtype = described.dtype if described is not None else "float32"  # float32, or bool stored as 0/1
-            env[step.outputs[0]] = host.astype(dtype if dtype != "unknown" else np.float32, copy=False)
+            dtype = np.dtype(dtype if dtype != "unknown" else np.float32)
+            widened = native.from_half(host) if host.dtype == np.float16 and dtype == np.float32 else None
+            env[step.outputs[0]] = widened if widened is not None else host.astype(dtype, copy=False)
         else:
             for launch in self.bound[i]:
                 record(launch.enqueue(queue))
