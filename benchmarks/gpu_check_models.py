@@ -229,12 +229,14 @@ def timed(fn, warmup: int, runs: int, max_s: float) -> dict:
     return {"runs": len(times), "median_ms": round(float(np.median(ms)), 3), "min_ms": round(float(ms.min()), 3)}
 
 
-def optcli_opencl(part: Part, item: str, precision: str, feeds: dict, max_s: float) -> dict:
+def optcli_opencl(part: Part, item: str, precision: str, feeds: dict, max_s: float, tune: str | None = None) -> dict:
     import optcli
     from optcli.commands.bench import profile
 
+    start = time.perf_counter()
     predictor = optcli.load(str(part.plan(item, "opencl,arm", precision)), require_gpu=True,
-                            device=part.cfg["device"])
+                            device=part.cfg["device"], tune=tune)
+    tune_s = time.perf_counter() - start
     row = timed(lambda: predictor.run(feeds), part.cfg["warmup"], part.cfg["runs"], max_s)
     # optcli bench's per-op profile: device time from OpenCL profiling events, wall time for host steps
     ops = profile(predictor, feeds, 5 if part.cfg["quick"] else 10)
@@ -244,6 +246,8 @@ def optcli_opencl(part: Part, item: str, precision: str, feeds: dict, max_s: flo
     row["kernel_share_of_wall"] = round(row["kernel_ms"] / row["median_ms"], 3)
     row["top_ops"] = ops[:8]
     row["device"] = predictor.gpu.dev.describe()
+    if tune:
+        row["tune"], row["load_with_tuning_s"] = tune, round(tune_s, 2)
     return row
 
 
@@ -304,8 +308,9 @@ def torch_cuda(part: Part, item: str, feeds: dict, max_s: float) -> dict:
 
 
 def engine_row(part: Part, engine: str, item: str, path: Path, feeds: dict, seconds: float) -> dict:
-    if engine.startswith("optcli_opencl_"):
-        return optcli_opencl(part, item, engine.rsplit("_", 1)[1], feeds, seconds)
+    if engine.startswith("optcli_opencl_"):  # optcli_opencl_fp32, optcli_opencl_fp32_tuned (--tune=normal)
+        return optcli_opencl(part, item, engine.split("_")[2], feeds, seconds,
+                             tune="normal" if engine.endswith("_tuned") else None)
     if engine == "torch_cuda_fp32":
         return torch_cuda(part, item, feeds, seconds)
     if engine == "onnxruntime_cpu":
@@ -317,6 +322,7 @@ def timing(part: Part) -> None:
     rows: dict[str, dict] = {}
     engines = ["optcli_opencl_fp32", "torch_cuda_fp32", "onnxruntime_cpu", "optcli_arm"]
     engines += ["optcli_opencl_fp16"] if "fp16" in part.cfg["precisions"] else []
+    engines += [] if part.cfg["quick"] else ["optcli_opencl_fp32_tuned"]
     for n, item in enumerate(part.items):
         path, feeds, _ = part.model(item)
         model_rows = part.data["models"].setdefault(item, {})
@@ -343,7 +349,8 @@ def _timing_text(row: dict) -> str:
         return (f"median {row['eager']['median_ms']} ms, min {row['eager']['min_ms']} ms; cudnn.benchmark: "
                 f"median {row['cudnn_benchmark']['median_ms']} ms, min {row['cudnn_benchmark']['min_ms']} ms")
     text = f"median {row['median_ms']} ms, min {row['min_ms']} ms ({row['runs']} runs)"
-    return text + (f"; device kernels {row['kernel_ms']} ms, copies {row['copy_ms']} ms" if "kernel_ms" in row else "")
+    text += f"; device kernels {row['kernel_ms']} ms, copies {row['copy_ms']} ms" if "kernel_ms" in row else ""
+    return text + (f"; load with --tune={row['tune']}: {row['load_with_tuning_s']} s" if "tune" in row else "")
 
 
 # --------------------------------------------------------------------------- load
