@@ -43,12 +43,12 @@ t0 = time.perf_counter()
 import numpy as np
 import optcli
 from optcli.runtime.opencl.device import ClDevice
-t1 = time.perf_counter()
-ClDevice.shared(sys.argv[3])  # the device's pick, smoke test and context: the load below reuses them
-t_device = time.perf_counter()
 profiler = cProfile.Profile() if sys.argv[4] == "warm" else None  # where a warm load's time goes
 if profiler:
     profiler.enable()
+t1 = time.perf_counter()
+ClDevice.shared(sys.argv[3])  # the device's pick, smoke test and context: the load below reuses them
+t_device = time.perf_counter()
 p = optcli.load(sys.argv[1], require_gpu=True, device=sys.argv[3])
 if profiler:
     profiler.disable()
@@ -58,10 +58,11 @@ t3 = time.perf_counter()
 dev = p.gpu.dev
 print(json.dumps({"load_s": round(t2 - t1, 4), "device_open_s": round(t_device - t1, 4),
                   "first_run_s": round(t3 - t2, 4), "import_s": round(t1 - t0, 3),
-                  "programs_built": dev.builds, "cache_hits": dev.cache.hits, "device": dev.describe()}))
+                  "programs_built": dev.builds, "cache_hits": dev.cache.hits, "device": dev.describe(),
+                  "dont_write_bytecode": sys.flags.dont_write_bytecode}))
 if profiler:
     text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(25)
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(40)
     print(text.getvalue(), file=sys.stderr)
 """
 
@@ -378,7 +379,7 @@ def load_times(part: Part) -> None:
                         raise RuntimeError(f"{which} load failed: {done.stderr.strip().splitlines()[-1:]}")
                     row[which] = json.loads(done.stdout.strip().splitlines()[-1])
                     if which == "warm":  # cProfile's top entries: where the warm load's time goes
-                        row["warm_profile"] = [line for line in done.stderr.splitlines() if line.strip()][-30:]
+                        row["warm_profile"] = [line for line in done.stderr.splitlines() if line.strip()][-45:]
                 for which in ("cold", "warm"):  # what a user waits for: the load and the first run
                     row[which]["total_s"] = round(row[which]["load_s"] + row[which]["first_run_s"], 4)
                 row["warm_over_cold"] = round(row["warm"]["total_s"] / row["cold"]["total_s"], 3)
