@@ -17,7 +17,7 @@ from optcli.native import library
 from optcli.native.caches import derived
 from optcli.native.elementwise import activation, add, from_half, layer_norm, row_mean, to_half
 from optcli.native.epilogue import bias_activation_, channel_affine
-from optcli.native.gemm import conv2d_gemm, gemm_conv, pack_panels, prepared_gemm_conv
+from optcli.native.gemm import conv2d_gemm, gemm_conv, pack_panels, prepared_conv2d_gemm, prepared_gemm_conv
 from optcli.native.library import (
     LIB_PREFIX,
     NativeError,
@@ -36,6 +36,7 @@ __all__ = [
     "ACTIVATION_CODES", "LIB_PREFIX", "NativeError", "activation", "add", "available", "bias_activation_",
     "channel_affine", "conv2d_gemm", "depthwise_conv2d", "depthwise_fits", "derived", "from_half", "gemm_conv",
     "get_num_threads", "layer_norm", "library", "library_path", "note_unavailable", "pack_panels", "pool2d",
-    "prepared_depthwise_conv2d", "prepared_gemm_conv", "row_mean", "set_num_threads", "status", "stem_conv2d",
+    "prepared_conv2d_gemm", "prepared_depthwise_conv2d",
+    "prepared_gemm_conv", "row_mean", "set_num_threads", "status", "stem_conv2d",
     "stem_fits", "to_half", "vector_width",
 ]

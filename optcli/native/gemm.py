@@ -73,6 +73,40 @@ def prepared_gemm_conv(w: np.ndarray, bias: np.ndarray | None, activation: str |
     return call
 
 
+def prepared_conv2d_gemm(w: np.ndarray, bias: np.ndarray | None, xp_shape: tuple[int, ...], strides: tuple[int, int],
+                         dilations: tuple[int, int], out: tuple[int, int], activation: str | None, alpha: float,
+                         beta: float):
+    """``conv2d_gemm`` (one group) for one plan step and one padded input shape, worked out once: a
+    function of ``xp`` (that shape, C-contiguous float32) giving [N, M, *out].  The geometry array,
+    the weight and bias addresses are made here; per call the shape is compared and one C call
+    made, where ``conv2d_gemm`` converts and checks every argument again (with the window and
+    padding worked out by its caller: ~100 us of Python around 5 us of arithmetic for a speech
+    model's Conv1d of 35 K MACs inside an If)."""
+    require(library._lib is not None and w.ndim == 4 and w.dtype == np.float32 and w.flags.c_contiguous,
+            'prepared conv2d gemm')
+    require(len(xp_shape) == 4 and w.shape[1] == xp_shape[1], 'prepared conv2d gemm')
+    require(bias is None or (bias.dtype == np.float32 and bias.shape == (w.shape[0],) and bias.flags.c_contiguous),
+            'prepared conv2d gemm')
+    xp_shape = tuple(int(d) for d in xp_shape)
+    geom_array = np.array((xp_shape[0], w.shape[0], *xp_shape[1:], *w.shape[2:], *strides, *dilations, *out),
+                          dtype=np.int64)
+    geom, shape = geom_array.ctypes.data, (xp_shape[0], w.shape[0]) + tuple(out)
+    fn, w_addr, b_addr, code = library._lib.optcli_conv2d_gemm_f32, _ptr(w), _ptr(bias), ACTIVATION_CODES[activation]
+    empty, f32 = np.empty, np.float32
+
+    def call(xp: np.ndarray) -> np.ndarray:
+        # the C code reads xp by the geometry above: its shape, dtype and layout are checked every call
+        require(xp.shape == xp_shape and xp.dtype == f32 and xp.flags.c_contiguous, 'prepared conv2d gemm')
+        y = empty(shape, f32)
+        rc = fn(w_addr, xp.ctypes.data, b_addr, None, y.ctypes.data, geom, code, alpha, beta)
+        if rc:
+            _check(rc, "conv GEMM")
+        return y
+
+    call.keep = (w, bias, geom_array)  # what the addresses point into
+    return call
+
+
 def pack_panels(w: np.ndarray) -> tuple[int, np.ndarray] | None:
     """``w`` [M, K] packed into the panels of W.T that ``gemm_conv(panels=...)`` reads on small planes
     (kernels/host/gemm.c, optcli_gemm_pack_wt_f32): (the panel width, the M * K floats), or None where M is

@@ -142,13 +142,24 @@ def _compile_node(node, opsets: dict[str, int], consts: dict[str, Any]):
         return lambda args, env: op.run(args, env)
     if runs_optcli_kernel(node):
         domain = "" if node.domain == "ai.onnx" else node.domain
-        fn = next(k for k in kernels_for(node.op_type, domain) if k.applies is None).fn
+        fn = _body_kernel(node.op_type, domain)
         attrs = StepAttrs({**attribute_values(node)[0], "_opset": int(opsets.get("", 0) or 0),
                            "_n_outputs": len(node.output)})
         return lambda args, env: fn(args, attrs)
     proto = node.SerializeToString(deterministic=True)
     names = list(node.input)
     return lambda args, env: run_reference(proto, opsets, args, names)
+
+
+def _body_kernel(op_type: str, domain: str):
+    """The kernel a body node runs: the variant that fits any node (a body's nodes are not
+    kernel-selected as the main graph's are), except where a kernel chooses among the variants by
+    the shapes it is given (Conv: ``conv.conv_by_shape``)."""
+    if (op_type, domain) == ("Conv", ""):
+        from optcli.ops.conv import conv_by_shape
+
+        return conv_by_shape
+    return next(k for k in kernels_for(op_type, domain) if k.applies is None).fn
 
 
 def _as_bool(v) -> bool:

@@ -80,6 +80,20 @@ def applies_depthwise(node: Any, graph: Any) -> bool:
     return shape is not None and _is_depthwise(node.attrs, shape)
 
 
+def conv_by_shape(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """Conv where no kernel selection ran: inside If/Loop/Scan bodies (``control_flow.Body``), whose
+    nodes meet their weights' shapes only at run time.  The pointwise or depthwise variant where the
+    weight and attributes are theirs, else im2col.  Each of those falls back to im2col itself when
+    its case does not fit, so the choice is one of speed, never of results: a voice detector's
+    [1, 64, 17] 1x1 Conv1d in its If took 56 us through im2col, 12 us through the 1x1 variant."""
+    shape = np.shape(inputs[1])
+    if len(shape) >= 3 and _is_pointwise(attrs, shape):
+        return conv_1x1(inputs, attrs)
+    if len(shape) >= 3 and _is_depthwise(attrs, shape):
+        return conv_depthwise(inputs, attrs)
+    return conv_im2col(inputs, attrs)
+
+
 # --------------------------------------------------------------------------------- shared parts
 def _finish(
     y: np.ndarray, bias: np.ndarray | None, attrs: dict[str, Any], dtype: np.dtype
@@ -135,6 +149,9 @@ def conv_im2col(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[
     strided = _strided_pointwise(inputs, attrs)
     if strided is not None:
         return strided
+    fast = _prepared_im2col(attrs, x, w, _bias(inputs))
+    if fast is not None:
+        return [fast(x)]
     ct = compute_dtype(x.dtype)
     n, c = x.shape[:2]
     m, cg = w.shape[:2]
@@ -155,6 +172,8 @@ def conv_im2col(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[
     if x.ndim == 4 and cg and _native_gemm(ct, osize):  # the columns gathered while packing, per group
         y = native.conv2d_gemm(xp, w.astype(ct, copy=False), _bias(inputs), win.strides, win.dilations, win.out,
                                *epilogue(attrs), group=group)
+        if group == 1 and _preparable(attrs, x, w, _bias(inputs)):
+            _prepare_im2col(attrs, x, w, _bias(inputs), win, xp.shape)
         return [apply_output_quant(y.astype(x.dtype, copy=False), attrs)]
     # View [N, C, *K, *O] of the padded input: tap k of output o reads xp[o*s + k*d].
     sp = xp.strides[2:]
@@ -210,6 +229,31 @@ def _prepare(attrs: StepAttrs, x: np.ndarray, w: np.ndarray, bias: np.ndarray | 
     attrs.memo["prepared"] = (w, bias, x.shape, call)
 
 
+def _prepared_im2col(attrs: dict[str, Any], x: Any, w: Any, bias: Any) -> Any:
+    """The step's implicit-GEMM conv worked out once (``_prepare_im2col``), if it applies to this
+    input: the same weights, bias and input shape, a float32 array.  Kept under its own memo key:
+    the 1x1 and depthwise variants' prepared calls take their input in another form."""
+    if type(attrs) is not StepAttrs or type(x) is not np.ndarray or x.dtype != np.float32:
+        return None
+    hit = attrs.memo.get("prepared im2col")
+    if hit is None or hit[0] is not w or hit[1] is not bias or hit[2] != x.shape or not native.available():
+        return None
+    return hit[3]
+
+
+def _prepare_im2col(attrs: StepAttrs, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, win: Any,
+                    padded: tuple[int, ...]) -> None:
+    """Remember the implicit-GEMM call of this step for this input shape: the window, the padding
+    and the C call's geometry, which cost ~100 us of Python a call (a speech model's Conv1d inside
+    an If, run after run) around a few microseconds of arithmetic."""
+    gemm = native.prepared_conv2d_gemm(w, bias, padded, win.strides, win.dilations, win.out, *epilogue(attrs))
+
+    def call(x: np.ndarray) -> np.ndarray:
+        return gemm(np.ascontiguousarray(pad_input(x, win)))
+
+    attrs.memo["prepared im2col"] = (w, bias, x.shape, call)
+
+
 def _strided_pointwise(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray] | None:
     """A 1x1 conv with strides (ResNet's and RegNet's downsampling shortcuts) as the pointwise conv
     of the subsampled input: one strided copy of a quarter of the input, then the 1x1 path (its
@@ -250,6 +294,9 @@ def _native_gemm(ct: np.dtype, columns: int, narrow: bool = False) -> bool:
 def conv_1x1(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """Pointwise convolution (1x1 kernel, stride 1, no padding, one group): a single GEMM."""
     x, w = inputs[0], inputs[1]
+    if type(x) is np.ndarray and not x.flags.c_contiguous:  # a transposed view: the GEMM's reshape copies
+        x = np.ascontiguousarray(x)                          # it anyway, and contiguous takes the prepared call
+        inputs = [x, *inputs[1:]]
     fast = _prepared(attrs, x, w, _bias(inputs))
     if fast is not None:
         return [fast(x.reshape(fast.xshape))]

@@ -59,10 +59,12 @@ def test_address_cache_only_keeps_read_only_arrays():
 
 
 @pytest.mark.skipif(not native.available(), reason="the native library is not built here")
-@pytest.mark.parametrize("kind", ["1x1", "depthwise", "1x1-small-plane"])
+@pytest.mark.parametrize("kind", ["1x1", "depthwise", "1x1-small-plane", "im2col", "im2col-1d"])
 def test_prepared_native_call_matches_and_steps_aside(kind):
     """A bound step's second run takes its prepared native call (in its attrs' memo), with the same
-    result; a new input shape, a strided input or other weights go the full way again."""
+    result; a new input shape, a strided input or other weights go the full way again.  The
+    implicit-GEMM conv (im2col) keeps its own under "prepared im2col"; a Conv1d's sits in the memo
+    of the 2-D attributes it runs as."""
     from optcli.ops import conv
 
     rng = np.random.default_rng(3)
@@ -71,6 +73,17 @@ def test_prepared_native_call_matches_and_steps_aside(kind):
         w = rng.standard_normal((24, 1, 3, 3)).astype(np.float32)
         attrs = kernel_attrs({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "group": 24, "activation": "relu"}, 1, {})
         fn, other_x = conv.conv_depthwise, rng.standard_normal((1, 24, 5, 7)).astype(np.float32)
+    elif kind == "im2col":
+        x = rng.standard_normal((1, 16, 12, 10)).astype(np.float32)
+        w = rng.standard_normal((24, 16, 3, 3)).astype(np.float32)
+        attrs = kernel_attrs({"kernel_shape": [3, 3], "pads": [1, 2, 0, 1], "strides": [2, 1],
+                              "activation": "relu"}, 1, {})
+        fn, other_x = conv.conv_im2col, rng.standard_normal((1, 16, 9, 17)).astype(np.float32)
+    elif kind == "im2col-1d":  # a voice detector's STFT-like Conv1d: 1 channel, kernel 64, stride 32
+        x = rng.standard_normal((1, 1, 512)).astype(np.float32)
+        w = rng.standard_normal((32, 1, 64)).astype(np.float32)
+        attrs = kernel_attrs({"kernel_shape": [64], "pads": [16, 16], "strides": [32]}, 1, {})
+        fn, other_x = conv.conv_im2col, rng.standard_normal((1, 1, 300)).astype(np.float32)
     else:
         side = 7 if kind == "1x1-small-plane" else 20
         x = rng.standard_normal((1, 32, side, side)).astype(np.float32)
@@ -81,16 +94,18 @@ def test_prepared_native_call_matches_and_steps_aside(kind):
     b = rng.standard_normal(w.shape[0]).astype(np.float32)
     w.flags.writeable = b.flags.writeable = False  # as a plan's weights
     first = fn([x, w, b], attrs)[0]
-    assert "prepared" in attrs.memo, "the first run did not prepare the step"
+    key = "prepared im2col" if kind.startswith("im2col") else "prepared"
+    memo = attrs.memo["conv1d_as_2d"][2].memo if kind == "im2col-1d" else attrs.memo
+    assert key in memo, "the first run did not prepare the step"
     calls = []
-    prepared = attrs.memo["prepared"][3]
+    prepared = memo[key][3]
 
     def counted(arr):
         calls.append(arr.shape)
         return prepared(arr)
 
     counted.xshape = getattr(prepared, "xshape", None)
-    attrs.memo["prepared"] = attrs.memo["prepared"][:3] + (counted,)
+    memo[key] = memo[key][:3] + (counted,)
     np.testing.assert_array_equal(fn([x, w, b], attrs)[0], first)
     assert len(calls) == 1
     with np.errstate(all="ignore"):
@@ -99,10 +114,13 @@ def test_prepared_native_call_matches_and_steps_aside(kind):
             got = fn(args, attrs)[0]
             want = fn(args, plain)[0]  # a plain dict: never prepared
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
-    assert len(calls) == 1, "the prepared call ran for an input it was not made for"
+    # A Fortran-ordered copy of x is the same input: the 1x1 and im2col steps make it C-contiguous
+    # (their GEMM would copy it anyway) and take the prepared call; depthwise reads x in place.
+    assert len(calls) == (1 if kind == "depthwise" else 2), "the prepared call ran for an input it was not made for"
+    del calls[1:]
     from unittest import mock
 
-    attrs.memo["prepared"] = (w, b, x.shape, counted)
+    memo[key] = memo[key][:2] + (memo[key][2], counted)
     with mock.patch.object(native.library, "_lib", None):  # the library set aside (OPTCLI_NATIVE=0): numpy runs
         np.testing.assert_allclose(fn([x, w, b], attrs)[0], first, rtol=1e-5, atol=1e-5)
     assert len(calls) == 1, "the prepared native call ran with the library set aside"

@@ -102,6 +102,42 @@ def test_lstm_inside_if_runs_optcli_kernel(monkeypatch, sr):
     assert calls == ["run_recurrent"], "the branch's LSTM did not run optcli's kernel"
 
 
+def _conv_if_model() -> onnx.ModelProto:
+    """An If whose branches convolve the outer [1, 8, 17] 'x' (Conv1d, weights in the main graph as
+    torch writes them): a pointwise conv in one branch, a depthwise and a dense one in the other."""
+    inits = [numpy_helper.from_array((RNG.standard_normal(shape) * 0.3).astype(np.float32), name)
+             for name, shape in (("w1x1", (4, 8, 1)), ("wdw", (8, 1, 3)), ("wd", (4, 8, 3)), ("b4", (4,)))]
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    then = helper.make_graph([helper.make_node("Conv", ["x", "w1x1", "b4"], ["y"], kernel_shape=[1])], "then", [],
+                             [out])
+    other = helper.make_graph([helper.make_node("Conv", ["x", "wdw"], ["t"], kernel_shape=[3], pads=[1, 1], group=8),
+                               helper.make_node("Conv", ["t", "wd", "b4"], ["y"], kernel_shape=[3], strides=[2])],
+                              "else", [], [out])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "convs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 17]),
+         helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("branch", [True, False])
+def test_body_convs_take_the_variant_their_shapes_fit(monkeypatch, branch):
+    """A body's Conv meets its weight only at run time, so it chooses the pointwise or depthwise
+    variant there (``conv.conv_by_shape``) instead of always im2col: a voice detector's 1x1 Conv1d
+    in its If took 56 us through im2col, 12 us as a 1x1."""
+    from optcli.ops import conv
+
+    pointwise = _counting(monkeypatch, conv, "conv_1x1")
+    depthwise = _counting(monkeypatch, conv, "conv_depthwise")
+    model = _conv_if_model()
+    feeds = {"x": RNG.standard_normal((1, 8, 17)).astype(np.float32), "c": np.array(branch)}
+    predictor = optcli.load(optcli.optimize(model=model, valid_targets="arm").data)
+    for _ in range(2):  # the second run takes the steps' prepared calls
+        assert_close(predictor.run(feeds)["y"], run_ort(model, feeds)[0], what=f"If branch {branch}")
+    assert (len(pointwise), len(depthwise)) == ((2, 0) if branch else (0, 2))
+
+
 def test_loop_body_with_rank1_onehot_depth_runs_optcli_kernels(monkeypatch):
     from onnx.reference.ops import op_one_hot, op_tanh
 
