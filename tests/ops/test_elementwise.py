@@ -202,3 +202,28 @@ def test_keeps_float16():
     for op in ["Exp", "Erf", "Softplus", "Sqrt"]:
         assert kernels_for(op)[0].fn([np.abs(x)], {"_opset": OPSET})[0].dtype == np.float16
     assert kernels_for("Add")[0].fn([x, x], {"_opset": OPSET})[0].dtype == np.float16
+
+
+@pytest.mark.parametrize("slopes", ["below 1", "above 1", "mixed", "scalar", "nan", "per width"])
+def test_prelu_takes_max_or_min_and_matches_where(slopes):
+    """PRelu runs as max(x, slope * x) where every slope is <= 1 (min where >= 1), as np.where
+    elsewhere: the same values, NaN and infinities included, with the same slopes seen again (the
+    step's memo) and a new slope array of the other side."""
+    from optcli.ops.activation import prelu
+    from optcli.ops.registry import StepAttrs
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 6, 5, 7)).astype(np.float32)
+    x[0, 0, 0, :4] = [np.nan, -np.inf, np.inf, -0.0]
+    slope = {"below 1": rng.uniform(-2, 1, (6, 1, 1)), "above 1": rng.uniform(1, 3, (6, 1, 1)),
+             "mixed": rng.uniform(0, 2, (6, 1, 1)), "scalar": np.array(0.1), "nan": np.array([np.nan]),
+             "per width": rng.uniform(0, 0.3, (7,))}[slopes].astype(np.float32)
+    attrs = StepAttrs({})
+    for k, s in enumerate((slope, slope, slope + np.float32(2.5))):  # the memo's hit, then other slopes
+        want = np.where(x >= 0, x, x * s)
+        got = prelu([x, s], attrs)[0]
+        assert got.dtype == np.float32 and got.shape == x.shape and got is not x
+        np.testing.assert_array_equal(got, want)
+        if k == 0:
+            expected = {"below 1": -1, "above 1": 1, "mixed": None, "scalar": -1, "nan": None, "per width": -1}
+            assert attrs.memo["prelu side"][1] == expected[slopes]
