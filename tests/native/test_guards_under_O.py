@@ -1,6 +1,7 @@
 """The native wrappers' guards hold under ``python -O`` (issue 23): memory safety in optcli/native
 rested on ``assert``s, which -O removes, and the C code then ran on mismatched shapes.  A child
-interpreter started with -O hands each wrapper arguments it must refuse; every call must raise
+interpreter started with -O hands each wrapper arguments it must refuse (a blocked conv told a
+1x1 window for its 3x3 weight among them); every call must raise
 ``NativeError`` before C runs.  (The check lives in the child's own code, not in pytest asserts:
 -O would strip those too.)"""
 
@@ -21,6 +22,7 @@ CHILD = """
 import numpy as np
 from optcli import native
 from optcli.native.library import NativeError
+from optcli.native.blocked_conv import conv2d_blocked, pack_conv_weights
 
 assert False, "this child must run under python -O"  # removed by -O: reaching the cases proves it
 f = np.float32
@@ -35,6 +37,9 @@ cases = {
     "row_mean split": lambda: native.row_mean(np.ones(10, f), 3),
     "conv2d_gemm group": lambda: native.conv2d_gemm(np.ones((1, 6, 8, 8), f), np.ones((4, 4, 3, 3), f), None,
                                                     (1, 1), (1, 1), (6, 6), group=2),
+    "conv2d_blocked kernel_shape": lambda: conv2d_blocked(np.ones((1, 2, 8, 8, 8), f),
+                                                          pack_conv_weights(np.ones((16, 16, 3, 3), f), 8), None, 16,
+                                                          (1, 1), (1, 1), (1, 1), (0, 0), (8, 8)),
 }
 for name, call in cases.items():
     try:
@@ -54,4 +59,39 @@ def test_every_guard_holds_under_python_O():
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = dict(line.rsplit(" ", 1) if line.endswith(("refused", "RAN")) else (line, "other")
                    for line in proc.stdout.strip().splitlines())
-    assert len(results) == 8 and all(v == "refused" for v in results.values()), proc.stdout
+    assert len(results) == 9 and all(v == "refused" for v in results.values()), proc.stdout
+
+
+@pytest.mark.skipif(not native.available(), reason=native.status())
+def test_the_geometry_array_outlives_a_cache_clear_before_the_c_call(monkeypatch):
+    """Issue 23, part 9: another thread's predictor may clear the shared geometry cache between
+    ``_geom`` and the C call; the caller's own reference keeps the array, and so its address, valid.
+    Here the clear happens at exactly that moment, and new arrays of the same size, filled with -1,
+    are made before the call: with an address alone, numpy's small-block cache hands them the freed
+    block and C reads their -1s as the geometry."""
+    import numpy as np
+
+    from optcli.native import caches, window
+
+    real_geom, real_ptr, planted = caches._geom, window._ptr, []
+
+    def racing_geom(values):
+        hit = real_geom(values)
+        caches._GEOMS.clear()  # another thread's predictor, at 4096 geometries
+        return hit
+
+    def ptr_after_the_clear(a):
+        planted.extend(np.full(15, -1, np.int64) for _ in range(8))
+        return real_ptr(a)
+
+    monkeypatch.setattr(window, "_geom", racing_geom)
+    monkeypatch.setattr(window, "_ptr", ptr_after_the_clear)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 4, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((4, 1, 3, 3)).astype(np.float32)
+    xp = np.pad(x[0], ((0, 0), (1, 1), (1, 1)))
+    want = sum(xp[:, i:i + 9, j:j + 9] * w[:, 0, i, j, None, None] for i in range(3) for j in range(3))[None]
+    for _ in range(3):
+        y = native.depthwise_conv2d(x, w, None, (1, 1), (1, 1), (1, 1), (9, 9))
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    assert planted

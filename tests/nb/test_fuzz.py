@@ -111,6 +111,11 @@ def test_wrong_types_anywhere_in_the_body(tiny, data):
     # zero elements, but dims numpy cannot form (its reshape raised ValueError: issue 23)
     lambda b: b["weights"][0].update(shape=[0, 1 << 62, 1 << 62], nbytes=0),
     lambda b: b["weights"][0].update(shape=[0, (1 << 64) - 1], nbytes=0),
+    # the same in a $tensor attribute (zero bytes of data)
+    lambda b: b["steps"][0]["attrs"].update(value={"$tensor": {"dtype": "float32", "shape": [0, 1 << 62, 1 << 62],
+                                                               "data": b""}}),
+    lambda b: b["steps"][0]["attrs"].update(value={"$tensor": {"dtype": "float32", "shape": [0, (1 << 64) - 1],
+                                                               "data": b""}}),
     lambda b: b["inputs"][0].update(shape=[0, (1 << 64) - 1]),
     lambda b: b["steps"][0].update(inputs=["nowhere"]),
     lambda b: b["steps"][-1].update(proto=b"\xff\xff\xff"),

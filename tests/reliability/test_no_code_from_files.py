@@ -156,16 +156,21 @@ def test_a_cache_directory_others_can_write_is_tightened(tmp_path):
     assert stat.S_IMODE(d.stat().st_mode) == 0o700
 
 
-def _read_within(seconds: float, path):
-    """read_entry in a daemon thread: a read that blocks fails the test instead of hanging the suite."""
+def _within(seconds: float, fn):
+    """``fn()`` in a daemon thread; fails (instead of hanging the suite) when it is still running."""
     import threading
 
     result: list = []
-    worker = threading.Thread(target=lambda: result.append(read_entry(path)), daemon=True)
+    worker = threading.Thread(target=lambda: result.append(fn()), daemon=True)
     worker.start()
     worker.join(seconds)
-    assert not worker.is_alive(), f"read_entry({path.name}) blocked for {seconds} s"
+    assert not worker.is_alive(), f"blocked for {seconds} s on a planted FIFO"
     return result[0]
+
+
+def _read_within(seconds: float, path):
+    """read_entry in a daemon thread: a read that blocks fails the test instead of hanging the suite."""
+    return _within(seconds, lambda: read_entry(path))
 
 
 def test_a_fifo_planted_under_an_entry_name_neither_hangs_nor_survives(tmp_path):
@@ -183,6 +188,38 @@ def test_a_fifo_planted_under_an_entry_name_neither_hangs_nor_survives(tmp_path)
     os.chmod(planted, 0o777)
     assert private_dir(planted) == planted
     assert sorted(p.name for p in planted.iterdir()) == ["sub"], "every planted entry but a folder is removed"
+
+
+def test_a_fifo_planted_as_the_tuning_entry_neither_hangs_nor_is_read(tmp_path):
+    """Issue 23, part 4a, through the tuning cache: its entry's name is predictable (the device's key)."""
+    TuningCache(_Device(), root=tmp_path)
+    path = TuningCache(_Device(), root=tmp_path).path
+    os.mkfifo(path)
+    cache = _within(5.0, lambda: TuningCache(_Device(), root=tmp_path))
+    assert cache.entries == {} and cache.get("conv-key") is None
+
+
+def test_a_fifo_planted_as_a_program_entry_neither_hangs_nor_is_read(tmp_path, monkeypatch):
+    """Issue 23, part 4a, through the program cache (what ``optcli.load`` builds its GPU programs
+    through): the build compiles from source instead of blocking on the planted entry."""
+    built: list = []
+
+    class Program:
+        def __init__(self, context, *args):
+            built.append(args)
+
+        def build(self, options=""):
+            return self
+
+        def get_info(self, what):
+            return [b""]  # no binary: nothing written back
+
+    fake = types.SimpleNamespace(Program=Program, program_info=types.SimpleNamespace(BINARIES=0))
+    monkeypatch.setitem(sys.modules, "pyopencl", fake)
+    cache = ProgramCache(tmp_path)
+    os.mkfifo(cache._path(_Device(), "kernel void k() {}", ""))
+    prog, compiled = _within(5.0, lambda: cache.build(None, _Device(), "kernel void k() {}"))
+    assert compiled == 1 and built == [("kernel void k() {}",)], "compiled from source, the FIFO not read"
 
 
 def test_damaged_tuning_entry_is_dropped_and_retuned(tmp_path):
