@@ -338,6 +338,77 @@ ALWAYS_INLINE void pool_item(dw_t *a, int64_t it, const int op) {
     }
 }
 
+/* Pooling of small planes (OH * OW <= SMALL_PIXELS), eight planes in the lanes of a vector as
+ * small_group does for depthwise convolution: MTCNN's 3x3 / 2 max pools of 28 x 22 x 22 maps took
+ * ~30 us row by row (pool_item), mostly copying 11-wide rows into its scratch and running one
+ * vector and three scalars per tap.  Padding is a->pad (-inf for max, 0 for average); a NaN wins,
+ * as with np.maximum; average pools multiply each window's sum by rrow[oh] * rcol[ow]. */
+ALWAYS_INLINE void small_pool_group(dw_t *a, float *s, int64_t p0, const int op) {
+    const int64_t planes = a->N * a->M, KH = a->KH, KW = a->KW, OH = a->OH, OW = a->OW;
+    const int64_t SH = (OH - 1) * a->sh + (KH - 1) * a->dh + 1, SW = (OW - 1) * a->sw + (KW - 1) * a->dw + 1;
+    const int lanes = planes - p0 < VL ? (int)(planes - p0) : VL;
+    const v8f pad = vsplat(a->pad);
+    for (int64_t i = 0; i < SH * SW; i++) vstore(s + i * VL, pad);
+    const float *xin[VL];
+    for (int l = 0; l < VL; l++) { /* lanes past the last plane read the first plane again, never stored */
+        int64_t plane = p0 + (l < lanes ? l : 0), n = plane / a->M, c = (plane % a->M) / a->mult;
+        xin[l] = a->x + (n * a->C + c) * a->H * a->W;
+    }
+    int64_t i0 = a->pt < 0 ? -a->pt : 0, i1 = SH - a->pt < a->H ? SH - a->pt : a->H;
+    int64_t j0 = a->pl < 0 ? -a->pl : 0, j1 = SW - a->pl < a->W ? SW - a->pl : a->W;
+    for (int64_t i = i0; i < i1; i++) {
+        float *dst = s + ((i + a->pt) * SW + a->pl) * VL;
+        const int64_t off = i * a->W;
+        for (int64_t j = j0; j < j1; j++) {
+            v8f v = {xin[0][off + j], xin[1][off + j], xin[2][off + j], xin[3][off + j],
+                     xin[4][off + j], xin[5][off + j], xin[6][off + j], xin[7][off + j]};
+            vstore(dst + j * VL, v);
+        }
+    }
+    float out[(SMALL_PIXELS + VL) * VL] __attribute__((aligned(32))); /* whole groups of 8 pixels */
+    const int64_t rs = SW * VL, hstep = a->dh * rs, wstep = a->dw * VL;
+    for (int64_t oh = 0; oh < OH; oh++) {
+        const float *row = s + oh * a->sh * rs;
+        for (int64_t ow = 0; ow < OW; ow++) {
+            const float *px = row + ow * a->sw * VL;
+            v8f acc = vload(px);
+            for (int64_t kh = 0; kh < KH; kh++)
+                for (int64_t kw = kh ? 0 : 1; kw < KW; kw++) {
+                    v8f v = vload(px + kh * hstep + kw * wstep);
+                    acc = op == OP_MAX ? vmax_nan(v, acc) : acc + v;
+                }
+            if (op == OP_AVG) acc *= vsplat(a->rrow[oh] * a->rcol[ow]);
+            vstore(out + (oh * OW + ow) * VL, acc);
+        }
+    }
+    const int64_t npx = OH * OW;
+#ifdef HAVE_SHUFFLE
+    for (int64_t k0 = 0; k0 < npx; k0 += VL) { /* eight pixels of eight planes, turned into planes */
+        v8f r[VL];
+        for (int i = 0; i < VL; i++) r[i] = vload(out + (k0 + i) * VL); /* past npx: unused lanes */
+        transpose8(r);
+        int n = npx - k0 < VL ? (int)(npx - k0) : VL;
+        for (int l = 0; l < lanes; l++) vstore_part(a->y + (p0 + l) * npx + k0, r[l], n);
+    }
+#else
+    for (int l = 0; l < lanes; l++) {
+        float *y = a->y + (p0 + l) * npx;
+        for (int64_t k = 0; k < npx; k++) y[k] = out[k * VL + l];
+    }
+#endif
+}
+
+ALWAYS_INLINE void small_pool_item(dw_t *a, int64_t it, const int op) {
+    const int64_t SH = (a->OH - 1) * a->sh + (a->KH - 1) * a->dh + 1, SW = (a->OW - 1) * a->sw + (a->KW - 1) * a->dw + 1;
+    float *s = opt_scratch((size_t)(SH * SW * VL));
+    if (!s) {
+        a->failed = 1;
+        return;
+    }
+    int64_t planes = a->N * a->M, p1 = (it + 1) * a->group * VL < planes ? (it + 1) * a->group * VL : planes;
+    for (int64_t p0 = it * a->group * VL; p0 < p1; p0 += VL) small_pool_group(a, s, p0, op);
+}
+
 #ifdef HAVE_SHUFFLE
 /* 2x2 max pooling with stride 2 and no padding (BlazeFace's, and many detectors'): each output row
  * is the max of two input rows' even and odd columns, read straight from the input, no scratch.
@@ -370,6 +441,8 @@ HOT_CLONES static void item_max_2x2(void *ctx, int64_t it) {
 #endif
 
 HOT_CLONES static void item_max(void *ctx, int64_t it) { pool_item(ctx, it, OP_MAX); }
+HOT_CLONES static void small_max(void *ctx, int64_t it) { small_pool_item(ctx, it, OP_MAX); }
+HOT_CLONES static void small_avg(void *ctx, int64_t it) { small_pool_item(ctx, it, OP_AVG); }
 HOT_CLONES static void item_avg(void *ctx, int64_t it) { pool_item(ctx, it, OP_AVG); }
 HOT_CLONES static void item_3x3(void *ctx, int64_t it) { item(ctx, it, 9); }
 HOT_CLONES static void item_5x5(void *ctx, int64_t it) { item(ctx, it, 25); }
@@ -435,7 +508,8 @@ static int run_window(dw_t *a, const int64_t *g, opt_item_fn (*pick)(const dw_t 
 
     opt_item_fn fn = pick(a);
     int64_t nitems = a->ngroups * a->nbands;
-    if (fn == small_3x3 || fn == small_5x5 || fn == small_any) { /* items of `group` x 8 planes */
+    if (fn == small_3x3 || fn == small_5x5 || fn == small_any || fn == small_max || fn == small_avg) {
+        /* items of `group` x 8 planes */
         int64_t octets = (planes + VL - 1) / VL, per = octets / (4 * threads);
         a->group = per < 1 ? 1 : per;
         nitems = (octets + a->group - 1) / a->group;
@@ -460,6 +534,8 @@ static opt_item_fn pick_pool(const dw_t *a) {
         a->pt == 0 && a->pl == 0 && 2 * a->OH <= a->H && 2 * a->OW <= a->W)
         return item_max_2x2;
 #endif
+    if (a->OH * a->OW <= SMALL_PIXELS)
+        return a->op == OP_MAX ? small_max : small_avg;
     return a->op == OP_MAX ? item_max : item_avg;
 }
 

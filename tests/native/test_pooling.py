@@ -27,6 +27,11 @@ CASES = [
     ("c6-1d", (1, 6, 31), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
     # 2x2 / 2 without padding: a max pooling of its own (vectors of 8 outputs and a tail, odd rows)
     ("c28-2x2-s2-wide", (2, 28, 65, 70), {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    # small planes (16 x 16 outputs or fewer) take eight planes per vector: MTCNN's 3x3 / 2 ceil-mode
+    # pool over 28 channels (four lanes of the last eight unused), and two images of 9 channels
+    ("c28-22-3x3-s2-ceil", (1, 28, 22, 22), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+    ("c9x2-small-pads", (2, 9, 6, 5), {"kernel_shape": [2, 3], "strides": [1, 2], "pads": [1, 1, 0, 2]}),
+    ("c3-16x16-out", (1, 3, 32, 32), {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [0, 0, 1, 1]}),
 ]
 IDS = {c[0]: c[1:] for c in CASES}
 
