@@ -201,6 +201,25 @@ ALWAYS_INLINE void item(dw_t *a, int64_t it, const int T) {
  * and the outputs are transposed back into their planes. */
 #define SMALL_PIXELS 256
 
+/* The small paths' results, out[pixel][lane] for the eight planes from p0 (lanes of them real),
+ * stored into those planes of y. */
+ALWAYS_INLINE void store_planes(dw_t *a, const float *out, int64_t p0, int lanes, int64_t npx) {
+#ifdef HAVE_SHUFFLE
+    for (int64_t k0 = 0; k0 < npx; k0 += VL) { /* eight pixels of eight planes, turned into planes */
+        v8f r[VL];
+        for (int i = 0; i < VL; i++) r[i] = vload(out + (k0 + i) * VL); /* past npx: unused lanes */
+        transpose8(r);
+        int n = npx - k0 < VL ? (int)(npx - k0) : VL;
+        for (int l = 0; l < lanes; l++) vstore_part(a->y + (p0 + l) * npx + k0, r[l], n);
+    }
+#else
+    for (int l = 0; l < lanes; l++) {
+        float *y = a->y + (p0 + l) * npx;
+        for (int64_t k = 0; k < npx; k++) y[k] = out[k * VL + l];
+    }
+#endif
+}
+
 ALWAYS_INLINE void small_group(dw_t *a, float *s, int64_t p0, const int T) {
     const int64_t planes = a->N * a->M, KH = a->KH, KW = a->KW, OH = a->OH, OW = a->OW;
     const int64_t SH = (OH - 1) * a->sh + (KH - 1) * a->dh + 1, SW = (OW - 1) * a->sw + (KW - 1) * a->dw + 1;
@@ -274,32 +293,10 @@ ALWAYS_INLINE void small_group(dw_t *a, float *s, int64_t p0, const int T) {
     }
     const int64_t npx = OH * OW;
     act_span(out, npx * VL, a->act, a->alpha, a->beta);
-#ifdef HAVE_SHUFFLE
-    for (int64_t k0 = 0; k0 < npx; k0 += VL) { /* eight pixels of eight planes, turned into planes */
-        v8f r[VL];
-        for (int i = 0; i < VL; i++) r[i] = vload(out + (k0 + i) * VL); /* past npx: unused lanes */
-        transpose8(r);
-        int n = npx - k0 < VL ? (int)(npx - k0) : VL;
-        for (int l = 0; l < lanes; l++) vstore_part(a->y + (p0 + l) * npx + k0, r[l], n);
-    }
-#else
-    for (int l = 0; l < lanes; l++) {
-        float *y = a->y + (p0 + l) * npx;
-        for (int64_t k = 0; k < npx; k++) y[k] = out[k * VL + l];
-    }
-#endif
+    store_planes(a, out, p0, lanes, npx);
 }
 
-ALWAYS_INLINE void small_item(dw_t *a, int64_t it, const int T) {
-    const int64_t SH = (a->OH - 1) * a->sh + (a->KH - 1) * a->dh + 1, SW = (a->OW - 1) * a->sw + (a->KW - 1) * a->dw + 1;
-    float *s = opt_scratch((size_t)(SH * SW * VL));
-    if (!s) {
-        a->failed = 1;
-        return;
-    }
-    int64_t planes = a->N * a->M, p1 = (it + 1) * a->group * VL < planes ? (it + 1) * a->group * VL : planes;
-    for (int64_t p0 = it * a->group * VL; p0 < p1; p0 += VL) small_group(a, s, p0, T);
-}
+
 
 /* Pooling: the taps of each output row combined in place (a NaN wins, as with np.maximum). */
 ALWAYS_INLINE void pool_item(dw_t *a, int64_t it, const int op) {
@@ -381,24 +378,12 @@ ALWAYS_INLINE void small_pool_group(dw_t *a, float *s, int64_t p0, const int op)
             vstore(out + (oh * OW + ow) * VL, acc);
         }
     }
-    const int64_t npx = OH * OW;
-#ifdef HAVE_SHUFFLE
-    for (int64_t k0 = 0; k0 < npx; k0 += VL) { /* eight pixels of eight planes, turned into planes */
-        v8f r[VL];
-        for (int i = 0; i < VL; i++) r[i] = vload(out + (k0 + i) * VL); /* past npx: unused lanes */
-        transpose8(r);
-        int n = npx - k0 < VL ? (int)(npx - k0) : VL;
-        for (int l = 0; l < lanes; l++) vstore_part(a->y + (p0 + l) * npx + k0, r[l], n);
-    }
-#else
-    for (int l = 0; l < lanes; l++) {
-        float *y = a->y + (p0 + l) * npx;
-        for (int64_t k = 0; k < npx; k++) y[k] = out[k * VL + l];
-    }
-#endif
+    store_planes(a, out, p0, lanes, OH * OW);
 }
 
-ALWAYS_INLINE void small_pool_item(dw_t *a, int64_t it, const int op) {
+/* Item `it` of the small paths: `group` x 8 planes, a depthwise convolution of T taps (0: any) or a
+ * pooling (op). */
+ALWAYS_INLINE void small_item(dw_t *a, int64_t it, const int T, const int op) {
     const int64_t SH = (a->OH - 1) * a->sh + (a->KH - 1) * a->dh + 1, SW = (a->OW - 1) * a->sw + (a->KW - 1) * a->dw + 1;
     float *s = opt_scratch((size_t)(SH * SW * VL));
     if (!s) {
@@ -406,7 +391,12 @@ ALWAYS_INLINE void small_pool_item(dw_t *a, int64_t it, const int op) {
         return;
     }
     int64_t planes = a->N * a->M, p1 = (it + 1) * a->group * VL < planes ? (it + 1) * a->group * VL : planes;
-    for (int64_t p0 = it * a->group * VL; p0 < p1; p0 += VL) small_pool_group(a, s, p0, op);
+    for (int64_t p0 = it * a->group * VL; p0 < p1; p0 += VL) {
+        if (op == OP_CONV)
+            small_group(a, s, p0, T);
+        else
+            small_pool_group(a, s, p0, op);
+    }
 }
 
 #ifdef HAVE_SHUFFLE
@@ -441,15 +431,15 @@ HOT_CLONES static void item_max_2x2(void *ctx, int64_t it) {
 #endif
 
 HOT_CLONES static void item_max(void *ctx, int64_t it) { pool_item(ctx, it, OP_MAX); }
-HOT_CLONES static void small_max(void *ctx, int64_t it) { small_pool_item(ctx, it, OP_MAX); }
-HOT_CLONES static void small_avg(void *ctx, int64_t it) { small_pool_item(ctx, it, OP_AVG); }
+HOT_CLONES static void small_max(void *ctx, int64_t it) { small_item(ctx, it, 0, OP_MAX); }
+HOT_CLONES static void small_avg(void *ctx, int64_t it) { small_item(ctx, it, 0, OP_AVG); }
 HOT_CLONES static void item_avg(void *ctx, int64_t it) { pool_item(ctx, it, OP_AVG); }
 HOT_CLONES static void item_3x3(void *ctx, int64_t it) { item(ctx, it, 9); }
 HOT_CLONES static void item_5x5(void *ctx, int64_t it) { item(ctx, it, 25); }
 HOT_CLONES static void item_any(void *ctx, int64_t it) { item(ctx, it, (int)((dw_t *)ctx)->taps); }
-HOT_CLONES static void small_3x3(void *ctx, int64_t it) { small_item(ctx, it, 9); }
-HOT_CLONES static void small_5x5(void *ctx, int64_t it) { small_item(ctx, it, 25); }
-HOT_CLONES static void small_any(void *ctx, int64_t it) { small_item(ctx, it, 0); }
+HOT_CLONES static void small_3x3(void *ctx, int64_t it) { small_item(ctx, it, 9, OP_CONV); }
+HOT_CLONES static void small_5x5(void *ctx, int64_t it) { small_item(ctx, it, 25, OP_CONV); }
+HOT_CLONES static void small_any(void *ctx, int64_t it) { small_item(ctx, it, 0, OP_CONV); }
 
 #define SCRATCH_BYTES (32 * 1024) /* an item's scratch should stay in L1/L2 */
 
