@@ -18,8 +18,8 @@ import numpy as np
 
 from optcli import native
 from optcli.ir import OPTCLI_DOMAIN
-from optcli.ops.activation import activate, apply_output_quant, epilogue
-from optcli.ops.registry import kernel
+from optcli.ops.activation import activate, apply_output_quant, epilogue, output_quant
+from optcli.ops.registry import StepAttrs, kernel
 from optcli.ops.shape_functions import (
     Shape,
     ShapeArgs,
@@ -86,6 +86,9 @@ def gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndar
 def fully_connected(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """``X @ W + B`` over the last axis of X (W is [K, N]), then the fused activation epilogue."""
     x, w, bias = inputs[0], inputs[1], _opt(inputs, 2)
+    fast = _prepared_fc(attrs, x, w, bias)
+    if fast is not None:
+        return [fast(x)]
     ct = compute_dtype(x.dtype)
     rows = prod(x.shape[:-1])
     if native.available() and ct == np.float32 and w.ndim == 2 and 1 <= rows < 16 and x.shape[-1] \
@@ -101,6 +104,8 @@ def fully_connected(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
             # path (rows of W.T split across the threads); memory-bound on W, which this reads
             # front to back where [K, N] has each thread stride through every row of W
             y = native.gemm_conv(wt, xr.T[None], b, *epilogue(attrs))[0].T
+            if rows == 1:
+                _prepare_fc(attrs, x, w, bias, wt, b)
         else:  # the thin path (Y's rows in L1 while W streams through once)
             res = None if b is None else np.broadcast_to(b, (1, rows, w.shape[1]))
             y = native.gemm_conv(xr, w.astype(ct, copy=False)[None], None, *epilogue(attrs), residual=res)
@@ -115,6 +120,37 @@ def fully_connected(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
             y = y + b
     y = activate(y, *epilogue(attrs))
     return [apply_output_quant(np.asarray(y).astype(x.dtype, copy=False), attrs)]
+
+
+def _prepared_fc(attrs: dict[str, Any], x: Any, w: Any, bias: Any) -> Any:
+    """The step's one-row product worked out once (``_prepare_fc``), if it applies to this input:
+    the same weights, bias and input shape, a C-contiguous float32 array."""
+    if type(attrs) is not StepAttrs or type(x) is not np.ndarray or x.dtype != np.float32 \
+            or not x.flags.c_contiguous:
+        return None
+    hit = attrs.memo.get("prepared fc")
+    if hit is None or hit[0] is not w or hit[1] is not bias or hit[2] != x.shape or not native.available():
+        return None
+    return hit[3]
+
+
+def _prepare_fc(attrs: dict[str, Any], x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, wt: np.ndarray,
+                b: np.ndarray | None) -> None:
+    """Remember a classifier head's product (one row: Y.T = W.T @ X.T in the narrow path) for this
+    input shape: the derived W.T, the checks and conversions of every argument cost ~40 us a call
+    around a product of microseconds (a face detector's four heads on [1, 576] and [1, 128])."""
+    if type(attrs) is not StepAttrs or x.dtype != np.float32 or output_quant(attrs) is not None:
+        return
+    if b is not None and not (b.dtype == np.float32 and b.flags.c_contiguous):
+        return
+    n, k = wt.shape
+    call = native.prepared_gemm_conv(wt, b, *epilogue(attrs), None, 1, 1, (1, n, 1))
+    shape = x.shape[:-1] + (n,)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        return call(x.reshape(1, k, 1)).reshape(shape)
+
+    attrs.memo["prepared fc"] = (w, bias, x.shape, run)
 
 
 # ----------------------------------------------------------------------------- shape functions

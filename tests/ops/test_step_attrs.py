@@ -59,13 +59,13 @@ def test_address_cache_only_keeps_read_only_arrays():
 
 
 @pytest.mark.skipif(not native.available(), reason="the native library is not built here")
-@pytest.mark.parametrize("kind", ["1x1", "depthwise", "1x1-small-plane", "im2col", "im2col-1d"])
+@pytest.mark.parametrize("kind", ["1x1", "depthwise", "1x1-small-plane", "im2col", "im2col-1d", "fc"])
 def test_prepared_native_call_matches_and_steps_aside(kind):
     """A bound step's second run takes its prepared native call (in its attrs' memo), with the same
     result; a new input shape, a strided input or other weights go the full way again.  The
     implicit-GEMM conv (im2col) keeps its own under "prepared im2col"; a Conv1d's sits in the memo
     of the 2-D attributes it runs as."""
-    from optcli.ops import conv
+    from optcli.ops import conv, gemm
 
     rng = np.random.default_rng(3)
     if kind == "depthwise":
@@ -84,6 +84,11 @@ def test_prepared_native_call_matches_and_steps_aside(kind):
         w = rng.standard_normal((32, 1, 64)).astype(np.float32)
         attrs = kernel_attrs({"kernel_shape": [64], "pads": [16, 16], "strides": [32]}, 1, {})
         fn, other_x = conv.conv_im2col, rng.standard_normal((1, 1, 300)).astype(np.float32)
+    elif kind == "fc":  # a classifier head: one row, W [K, N]
+        x = rng.standard_normal((1, 64)).astype(np.float32)
+        w = rng.standard_normal((64, 10)).astype(np.float32)
+        attrs = kernel_attrs({"activation": "relu"}, 1, {})
+        fn, other_x = gemm.fully_connected, rng.standard_normal((1, 1, 64)).astype(np.float32)
     else:
         side = 7 if kind == "1x1-small-plane" else 20
         x = rng.standard_normal((1, 32, side, side)).astype(np.float32)
@@ -91,10 +96,12 @@ def test_prepared_native_call_matches_and_steps_aside(kind):
         attrs = kernel_attrs({"kernel_shape": [1, 1], "activation": "clip", "activation_alpha": 0.0,
                               "activation_beta": 6.0}, 1, {})
         fn, other_x = conv.conv_1x1, rng.standard_normal((1, 32, 3, 5)).astype(np.float32)
-    b = rng.standard_normal(w.shape[0]).astype(np.float32)
+    b = rng.standard_normal(w.shape[1] if kind == "fc" else w.shape[0]).astype(np.float32)
     w.flags.writeable = b.flags.writeable = False  # as a plan's weights
     first = fn([x, w, b], attrs)[0]
-    key = "prepared im2col" if kind.startswith("im2col") else "prepared"
+    if kind == "fc":  # W.T is derived from the second sighting of a weight on: the step prepares then
+        first = fn([x, w, b], attrs)[0]
+    key = {"im2col": "prepared im2col", "im2col-1d": "prepared im2col", "fc": "prepared fc"}.get(kind, "prepared")
     memo = attrs.memo["conv1d_as_2d"][2].memo if kind == "im2col-1d" else attrs.memo
     assert key in memo, "the first run did not prepare the step"
     calls = []
