@@ -59,7 +59,7 @@ def test_address_cache_only_keeps_read_only_arrays():
 
 
 @pytest.mark.skipif(not native.available(), reason="the native library is not built here")
-@pytest.mark.parametrize("kind", ["1x1", "depthwise", "1x1-small-plane", "im2col", "im2col-1d", "fc"])
+@pytest.mark.parametrize("kind", ["1x1", "depthwise", "1x1-small-plane", "im2col", "im2col-1d", "im2col-small", "fc"])
 def test_prepared_native_call_matches_and_steps_aside(kind):
     """A bound step's second run takes its prepared native call (in its attrs' memo), with the same
     result; a new input shape, a strided input or other weights go the full way again.  The
@@ -79,6 +79,11 @@ def test_prepared_native_call_matches_and_steps_aside(kind):
         attrs = kernel_attrs({"kernel_shape": [3, 3], "pads": [1, 2, 0, 1], "strides": [2, 1],
                               "activation": "relu"}, 1, {})
         fn, other_x = conv.conv_im2col, rng.standard_normal((1, 16, 9, 17)).astype(np.float32)
+    elif kind == "im2col-small":  # below 16 output positions: numpy's BLAS for one call, prepared for a step
+        x = rng.standard_normal((1, 48, 4, 4)).astype(np.float32)
+        w = rng.standard_normal((64, 48, 2, 2)).astype(np.float32)
+        attrs = kernel_attrs({"kernel_shape": [2, 2], "activation": "relu"}, 1, {})
+        fn, other_x = conv.conv_im2col, rng.standard_normal((1, 48, 3, 5)).astype(np.float32)
     elif kind == "im2col-1d":  # a voice detector's STFT-like Conv1d: 1 channel, kernel 64, stride 32
         x = rng.standard_normal((1, 1, 512)).astype(np.float32)
         w = rng.standard_normal((32, 1, 64)).astype(np.float32)
@@ -101,7 +106,8 @@ def test_prepared_native_call_matches_and_steps_aside(kind):
     first = fn([x, w, b], attrs)[0]
     if kind == "fc":  # W.T is derived from the second sighting of a weight on: the step prepares then
         first = fn([x, w, b], attrs)[0]
-    key = {"im2col": "prepared im2col", "im2col-1d": "prepared im2col", "fc": "prepared fc"}.get(kind, "prepared")
+    key = {"im2col": "prepared im2col", "im2col-1d": "prepared im2col", "im2col-small": "prepared im2col",
+           "fc": "prepared fc"}.get(kind, "prepared")
     memo = attrs.memo["conv1d_as_2d"][2].memo if kind == "im2col-1d" else attrs.memo
     assert key in memo, "the first run did not prepare the step"
     calls = []
@@ -120,7 +126,7 @@ def test_prepared_native_call_matches_and_steps_aside(kind):
         for args in ([np.asfortranarray(x), w, b], [x, w.copy(), b], [x, w, None], [other_x, w, b]):
             got = fn(args, attrs)[0]
             want = fn(args, plain)[0]  # a plain dict: never prepared
-            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)  # native vs numpy sums: fp32 rounding
     # A Fortran-ordered copy of x is the same input: the 1x1 and im2col steps make it C-contiguous
     # (their GEMM would copy it anyway) and take the prepared call; depthwise reads x in place.
     assert len(calls) == (1 if kind == "depthwise" else 2), "the prepared call ran for an input it was not made for"
