@@ -25,7 +25,7 @@ import numpy as np
 
 from optcli import native
 from optcli.ops.activation import apply_output_quant
-from optcli.ops.registry import kernel
+from optcli.ops.registry import StepAttrs, kernel
 from optcli.ops.shape_functions import Shape, ShapeArgs, ShapeDerivationError, shape_fn
 from optcli.ops.spatial import Window, compute_dtype, pad_input, prod, window, window_dims
 
@@ -50,7 +50,8 @@ def _lowest(dtype: np.dtype) -> Any:
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
 
-def _native_pool(x: np.ndarray, win: Window, op: str, include_pad: bool = False) -> np.ndarray | None:
+def _native_pool(x: np.ndarray, win: Window, op: str, include_pad: bool = False,
+                 attrs: dict[str, Any] | None = None) -> np.ndarray | None:
     """The pool in the native library (fp32, 1-D as 2-D with a one-row window), or None where it
     does not run (no library, another dtype, 3-D, empty)."""
     if not (x.dtype == np.float32 and x.ndim in (3, 4) and x.size and native.depthwise_fits(win.kernel, win.strides)):
@@ -66,15 +67,31 @@ def _native_pool(x: np.ndarray, win: Window, op: str, include_pad: bool = False)
         rrow, rcol = (np.ones(1) if lift else 1.0 / counts[0]), 1.0 / counts[-1]
     y = native.pool2d(x[:, :, None, :] if lift else x, op, one + win.kernel, one + win.strides, one + win.dilations,
                       (0,) * lift + win.pad_begin, one + win.out, rrow, rcol)
+    if not lift and type(attrs) is StepAttrs and x.flags.c_contiguous:  # the next runs: one checked C call
+        attrs.memo["prepared pool"] = (x.shape, native.window.prepared_pool2d(
+            x.shape, op, win.kernel, win.strides, win.dilations, win.pad_begin, win.out, rrow, rcol))
     return y.reshape(y.shape[:2] + win.out) if lift else y
+
+
+def _prepared_pool(attrs: dict[str, Any], x: Any) -> Any:
+    """The step's pool worked out once (``_native_pool``), for an input of the shape it was made
+    for: a C-contiguous float32 array."""
+    if type(attrs) is not StepAttrs or type(x) is not np.ndarray or x.dtype != np.float32 \
+            or not x.flags.c_contiguous or not native.available():
+        return None
+    hit = attrs.memo.get("prepared pool")
+    return hit[1] if hit is not None and hit[0] == x.shape else None
 
 
 @kernel("MaxPool", max_outputs=1)
 def max_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """Max over the kernel taps of a -inf padded input (returns Y only, never Indices)."""
     x = inputs[0]
+    fast = _prepared_pool(attrs, x)
+    if fast is not None:
+        return [fast(x)]
     win = _window(x, attrs)
-    y = _native_pool(x, win, "max")
+    y = _native_pool(x, win, "max", attrs=attrs)
     if y is not None:
         return [y]
     return [_over_taps(pad_input(x, win, _lowest(x.dtype)), win, np.maximum)]
@@ -108,8 +125,11 @@ def _counts(win: Window, spatial: tuple[int, ...], include_pad: bool) -> np.ndar
 def average_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """Sum over the kernel taps of a zero-padded input, divided by the per-window count."""
     x = inputs[0]
+    fast = _prepared_pool(attrs, x)
+    if fast is not None:
+        return [apply_output_quant(fast(x), attrs)]
     win = _window(x, attrs)
-    y = _native_pool(x, win, "avg", bool(attrs.get("count_include_pad", 0)))
+    y = _native_pool(x, win, "avg", bool(attrs.get("count_include_pad", 0)), attrs)
     if y is not None:
         return [apply_output_quant(y, attrs)]
     ct = compute_dtype(x.dtype)

@@ -160,3 +160,36 @@ def test_a_dropped_predictor_leaves_no_weights_behind():
     gc.collect()
     alive = sum(r() is not None for r in refs)
     assert alive == 0, f"{alive} of {len(refs)} weights outlived their predictor"
+
+
+@pytest.mark.skipif(not native.available(), reason="the native library is not built here")
+@pytest.mark.parametrize("op", ["max", "avg"])
+def test_prepared_pool_matches_and_steps_aside(op):
+    """A pooling step's second run takes its prepared call (the memo's "prepared pool"), with the
+    same result; another input shape, a Fortran-ordered input or the library set aside go the full way."""
+    from unittest import mock
+
+    from optcli.ops import pool
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 28, 22, 22)).astype(np.float32)
+    attrs = kernel_attrs({"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1, "pads": [1, 0, 0, 1]}, 1, {})
+    fn = pool.max_pool if op == "max" else pool.average_pool
+    first = fn([x], attrs)[0]
+    shape, prepared = attrs.memo["prepared pool"]
+    calls = []
+
+    def counted(arr):
+        calls.append(arr.shape)
+        return prepared(arr)
+
+    attrs.memo["prepared pool"] = (shape, counted)
+    np.testing.assert_array_equal(fn([x], attrs)[0], first)
+    assert calls == [x.shape]
+    for other in (np.asfortranarray(x), rng.standard_normal((1, 28, 9, 9)).astype(np.float32)):
+        np.testing.assert_allclose(fn([other], attrs)[0], fn([other], dict(attrs))[0], rtol=1e-6, atol=1e-6)
+    assert calls == [x.shape], "the prepared call ran for an input it was not made for"
+    attrs.memo["prepared pool"] = (x.shape, counted)
+    with mock.patch.object(native.library, "_lib", None):  # OPTCLI_NATIVE=0: numpy runs
+        np.testing.assert_allclose(fn([x], attrs)[0], first, rtol=1e-6, atol=1e-6)
+    assert calls == [x.shape]
