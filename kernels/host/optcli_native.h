@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 4 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 5 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -146,5 +146,21 @@ OPT_API int optcli_recurrent_f32(int cell, const float *xp, const float *rt, con
  * row's hidden units over the pool, one time step at a time (default 163840; 0: always, -1: never);
  * -2 changes nothing.  Returns the previous value. */
 OPT_API int64_t optcli_recurrent_split_from(int64_t floats);
+
+/* Integer convolutions (qgemm.c): u8 or s8 activations x s8 weights, accumulated exactly in int32,
+ * requantized to u8 or s8 as onnxruntime's QLinearConv: float(acc + bias[m]) * mult[m], clamped to
+ * [qmin, qmax] - y_zp, rounded to nearest even, + y_zp.  x [N, C, H, W], y [N, M, OH, OW], NCHW.
+ * geom: N, C, H, W, M, KH, KW, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, OH, OW, group
+ * (padding with the input's zero point; at the end: what OH and OW imply); qp: x zero point,
+ * y zero point, qmin, qmax, x signed (0: u8), y signed.  bias [M] int32 or NULL; mult [M] float.
+ * gemm: wp [M, ceil(K / 2)] int32, W [M, K] (K = C / group * KH * KW) as int16 pairs, the low half
+ * k even (zero past K); K at most 65536.  depthwise: C / group == 1, w [M, KH * KW] int8. */
+OPT_API int optcli_qconv2d_gemm(const void *x, const int32_t *wp, const int32_t *bias, const float *mult, void *y,
+                                const int64_t *geom, const int32_t *qp);
+OPT_API int optcli_qconv2d_depthwise(const void *x, const int8_t *w, const int32_t *bias, const float *mult, void *y,
+                                     const int64_t *geom, const int32_t *qp);
+/* For the tests: the dot-product path, 1 plain C, 2 AVX2 (x86-64 with AVX2 only); 0 picks by the CPU
+ * again, -1 changes nothing.  Returns the path now in use, or -1 if refused. */
+OPT_API int optcli_qgemm_variant(int which);
 
 #endif

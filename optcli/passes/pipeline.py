@@ -39,6 +39,7 @@ from optcli.passes import (
     fuse_gelu,
     fuse_layer_norm,
     fuse_matmul_add,
+    fuse_qdq_conv,
     inline_constant_if,
     insert_copies,
     keep_small_islands_on_host,
@@ -53,6 +54,7 @@ from optcli.passes import (
 PASSES: list[ModuleType] = [
     # pre-quantized models: QOperator ops -> QDQ; QDQ pairs -> FakeQuant, dequantized weights -> int8 storage
     qoperator_to_qdq,
+    fuse_qdq_conv,  # host-only plans: quantized convs become integer steps, before fold_qdq makes FakeQuants
     fold_qdq,
     # cleanup
     fold_constants,

@@ -32,8 +32,8 @@ MIN_OPSET = 7
 STANDARD = ("", "ai.onnx")
 EPILOGUE = ("activation", "activation_alpha", "activation_beta", QUANT_ATTR)
 # Ops whose window attributes size loops and launch grids (int32 kernel arguments on the GPU).
-WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool",
-                        "MaxUnpool", "QLinearAveragePool"})
+WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "QConv", "MaxPool", "AveragePool",
+                        "LpPool", "MaxUnpool", "QLinearAveragePool"})
 # Recurrent ops own attributes named like the fused epilogue's floats: their activation_alpha /
 # activation_beta are lists (one per activation), checked against the op's schema instead.
 RECURRENT_OPS = frozenset({("", "LSTM"), ("", "GRU"), ("", "RNN"), ("ai.onnx", "LSTM"), ("ai.onnx", "GRU"),
@@ -48,7 +48,12 @@ OPTCLI_OPS: dict[str, tuple[int, int, dict[str, str]]] = {
     "ChannelAffine": (2, 3, {}),
     "FullyConnected": (2, 3, {}),
     "DynamicQuantizeMatMul": (3, 5, {}),
+    "QConv": (2, 3, {"strides": "INTS", "pads": "INTS", "dilations": "INTS", "group": "INT", "kernel_shape": "INTS",
+                     "auto_pad": "STRING", "x_scale": "FLOAT", "x_zero_point": "INT", "w_scale": "FLOATS",
+                     "y_scale": "FLOAT", "y_zero_point": "INT", "qmin": "INT", "qmax": "INT", "x_signed": "INT",
+                     "y_signed": "INT"}),
 }
+QCONV_REQUIRED = frozenset({"x_scale", "x_zero_point", "w_scale", "y_scale", "y_zero_point", "qmin", "qmax"})
 
 
 def check_steps(plan: Plan, source: str) -> None:
@@ -107,7 +112,7 @@ def _problem(step: Step, opsets: dict[str, int], version: int) -> str:
         need, most, types = spec
         slots = ["Single"] * need + ["Optional"] * (most - need)
         problem = _inputs_problem(step.inputs, slots, variadic=False)
-        return problem or _attrs_problem(step, types, set())
+        return problem or _attrs_problem(step, types, QCONV_REQUIRED if step.op_type == "QConv" else set())
     if step.domain not in STANDARD:
         return ""  # contrib ops (com.microsoft) have no schema in onnx; their kernels check their inputs
     schema = _schema(step.op_type, version)
@@ -167,6 +172,33 @@ def _attrs_problem(step: Step, types: dict[str, str], required: set[str]) -> str
                 return f"attribute '{name}' {_describe(value)} is out of range ({WINDOW_LOW[name]} to {INT32_MAX})"
     if step.domain == "optcli" and step.op_type == "FakeQuant":
         return _fake_quant_problem(step.attrs)
+    if step.domain == "optcli" and step.op_type == "QConv":
+        return _qconv_problem(step.attrs)
+    return ""
+
+
+def _qconv_problem(attrs: dict) -> str:
+    """Scales positive and finite with a float32 multiplier x_scale * w_scale / y_scale that is a
+    positive normal float (a huge or tiny scale would make it inf or 0: every output one value),
+    zero points and clamp bounds inside their dtypes."""
+    scales = [attrs["x_scale"], attrs["y_scale"], *attrs["w_scale"]]
+    with np.errstate(all="ignore"):
+        in_float32 = np.all([np.isfinite(np.float32(s)) and np.float32(s) >= np.finfo(np.float32).tiny for s in scales])
+    if not attrs["w_scale"] or not all(math.isfinite(s) and s > 0 for s in scales) or not in_float32:
+        return "QConv needs positive finite scales (x_scale, y_scale and one or more w_scale)"
+    with np.errstate(all="ignore"):
+        mult = np.float32(attrs["x_scale"]) * np.asarray(attrs["w_scale"], np.float32) / np.float32(attrs["y_scale"])
+    if not np.all(np.isfinite(mult) & (mult >= np.finfo(np.float32).tiny)):
+        return "QConv's scales give a requantization multiplier x_scale * w_scale / y_scale out of float32's range"
+    for which in ("x", "y"):
+        signed = attrs.get(f"{which}_signed", 0)
+        if signed not in (0, 1):
+            return f"QConv's '{which}_signed' must be 0 or 1"
+        lo, hi = (-128, 127) if signed else (0, 255)
+        if not lo <= attrs[f"{which}_zero_point"] <= hi:
+            return f"QConv's '{which}_zero_point' {attrs[f'{which}_zero_point']} is outside its dtype ({lo} to {hi})"
+        if which == "y" and not lo <= attrs["qmin"] <= attrs["qmax"] <= hi:
+            return f"QConv's qmin and qmax must lie in {lo} to {hi} with qmin <= qmax"
     return ""
 
 

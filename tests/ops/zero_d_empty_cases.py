@@ -415,6 +415,23 @@ _DQMM_EQ = _dynamic_quantize_matmul_equivalent
 add("DynamicQuantizeMatMul", Case("empty rows", [f(0, 3), *_DQMM], opset=13, equivalent=_DQMM_EQ),
     Case("empty batch", [f(2, 0, 3), *_DQMM], opset=13, equivalent=_DQMM_EQ), domain=OPTCLI)
 
+_QCONV = {"x_scale": 0.02, "x_zero_point": 128, "w_scale": [0.01, 0.03], "y_scale": 0.05, "y_zero_point": 3,
+          "qmin": 3, "qmax": 255, "x_signed": 0, "y_signed": 0, "pads": [1, 1, 1, 1]}
+
+
+def _qconv_equivalent(names, outs):
+    """optcli.QConv is QLinearConv with its quantization as attributes, and a fused Relu as qmin."""
+    scales = {"xs": np.float32(_QCONV["x_scale"]), "xz": np.uint8(_QCONV["x_zero_point"]),
+              "ws": np.asarray(_QCONV["w_scale"], np.float32), "wz": np.zeros(2, np.int8),
+              "ys": np.float32(_QCONV["y_scale"]), "yz": np.uint8(_QCONV["y_zero_point"])}
+    node = helper.make_node("QLinearConv", [names[0], "xs", "xz", names[1], "ws", "wz", "ys", "yz", names[2]], outs,
+                            pads=_QCONV["pads"])
+    return [node], scales
+
+
+add("QConv", Case("empty batch", [q8(0, 3, 4, 4), q8(2, 3, 3, 3, dtype=np.int8), ints(5, -7, dtype=np.int32)],
+                  dict(_QCONV), equivalent=_qconv_equivalent), domain=OPTCLI)
+
 # ----------------------------------------------------------------------------- recurrent
 
 def _zeros_of(*shapes: tuple[int, ...]) -> Equivalent:
@@ -457,6 +474,7 @@ NO_ZERO_D: dict[tuple[str, str], str] = {
     (OPTCLI, "FullyConnected"): "X must have rank >= 1 and W is 2-D, so the output has rank >= 1",
     (OPTCLI, "DynamicQuantizeMatMul"): "as FullyConnected: B is a 2-D weight, so the output has rank >= 1",
     (OPTCLI, "ChannelAffine"): "scale and shift apply along axis 1: rank >= 2",
+    (OPTCLI, "QConv"): _SPATIAL,
     (MS, "QLinearConcat"): _RANK_1,
     (MS, "QGemm"): "the op needs 2-D A and B",
     **{("", op): "X is [sequence, batch, input]: rank 3" for op in ["LSTM", "GRU", "RNN"]},

@@ -70,9 +70,10 @@ def test_matches_onnxruntime(float_model, kind, targets, tmp_path):
     ops = result.report["ops_after"]
     compute = [s for s in result.report["steps"] if s["op"] not in ("Upload", "Download", "Pack", "Unpack")]
     assert len(compute) <= _ort_extended_nodes(q, tmp_path)
-    if kind == "qoperator" and targets == "arm":
-        # no GPU: the integer kernels run, and they are onnxruntime's arithmetic to the bit
-        assert ops.get("QLinearConv", 0) > 10 and np.array_equal(got, expected)
+    if kind != "dynamic" and targets == "arm":
+        # no GPU: the convs run as integer QConv steps; QOperator models are onnxruntime's arithmetic to the bit
+        assert ops.get("QConv", 0) > 10 and "QLinearConv" not in ops and "Conv" not in ops
+        assert kind == "qdq" or np.array_equal(got, expected)
     elif kind != "dynamic":
         # the float view: every QuantizeLinear/DequantizeLinear pair is a FakeQuant, and all but the
         # input's are the last stage of the epilogue of the op before them

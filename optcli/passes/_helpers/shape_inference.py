@@ -40,7 +40,9 @@ SHAPE_AS: dict[tuple[str, str], str] = {
     **{("", op): "identity" for op in ("Gelu", "HardSwish")},
     ("optcli", "FullyConnected"): "matmul",
     ("optcli", "DynamicQuantizeMatMul"): "matmul",
+    ("optcli", "QConv"): "conv",  # an integer Conv: the window attributes of Conv, its x and w
 }
+_CONV_ATTRS = ("strides", "pads", "dilations", "group", "kernel_shape", "auto_pad")
 
 
 def reinfer_shapes(graph: Graph) -> int:
@@ -138,6 +140,9 @@ def onnx_node(node: Node) -> onnx.NodeProto:
         return helper.make_node("Identity", node.inputs[:1], node.outputs[:1], name=node.name)
     if kind == "matmul":
         return helper.make_node("MatMul", node.inputs[:2], node.outputs[:1], name=node.name)
+    if kind == "conv":
+        window = {k: v for k, v in node.attrs.items() if k in _CONV_ATTRS}
+        return helper.make_node("Conv", node.inputs[:2], node.outputs[:1], name=node.name, **window)
     attrs = {}
     for key, value in node.attrs.items():
         if key.startswith("_") or (key.startswith("activation") and node.domain in ("", "ai.onnx")):

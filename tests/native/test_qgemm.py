@@ -1,0 +1,143 @@
+"""The integer convolutions (kernels/host/qgemm.c, optcli.QConv's fast path) against the exact numpy
+reference (equal, byte for byte) on odd shapes, on each dot-product path this CPU has (plain C, AVX2)
+and on 1 and 2 threads; and against onnxruntime's own QLinearConv (within one quantization step)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from optcli.native import qgemm
+from optcli.ops.qconv import _native_call, qconv, reference
+from optcli.ops.registry import StepAttrs
+from tests.helpers import run_ort, single_node_model
+
+# name -> (N, C, H, W, M, (KH, KW), strides, pads [t, l, b, r], dilations, group)
+CASES = {
+    "one channel, 1x1 plane": (1, 1, 1, 1, 1, (1, 1), 1, [0, 0, 0, 0], 1, 1),
+    "pointwise, primes": (2, 13, 7, 11, 17, (1, 1), 1, [0, 0, 0, 0], 1, 1),
+    "pointwise, one column": (1, 960, 1, 1, 37, (1, 1), 1, [0, 0, 0, 0], 1, 1),
+    "pointwise 7x7, K odd": (1, 161, 7, 7, 160, (1, 1), 1, [0, 0, 0, 0], 1, 1),
+    "pointwise, many columns": (1, 24, 56, 57, 40, (1, 1), 1, [0, 0, 0, 0], 1, 1),
+    "pointwise, stride 2": (1, 16, 9, 9, 8, (1, 1), 2, [0, 0, 0, 0], 1, 1),
+    "stem 3x3 stride 2 padded": (1, 3, 31, 29, 16, (3, 3), 2, [1, 1, 1, 1], 1, 1),
+    "dense 3x3, primes": (1, 7, 13, 5, 11, (3, 3), 1, [1, 1, 1, 1], 1, 1),
+    "dense 5x3, asymmetric pads, dilation": (2, 5, 12, 10, 6, (5, 3), 1, [2, 0, 1, 3], 2, 1),
+    "grouped 3x3": (1, 12, 8, 8, 18, (3, 3), 1, [1, 1, 1, 1], 1, 3),
+    "depthwise 3x3": (1, 32, 15, 15, 32, (3, 3), 1, [1, 1, 1, 1], 1, 32),
+    "depthwise 3x3 stride 2": (2, 19, 16, 17, 19, (3, 3), 2, [1, 1, 1, 1], 1, 19),
+    "depthwise 5x5 stride 2, odd pads": (1, 7, 14, 9, 7, (5, 5), 2, [2, 1, 2, 2], 1, 7),
+    "depthwise multiplier 2, dilation 2": (1, 5, 11, 11, 10, (3, 3), 1, [2, 2, 2, 2], 2, 5),
+    "depthwise 1x1 spatial": (1, 3, 1, 1, 3, (3, 3), 1, [1, 1, 1, 1], 1, 3),
+    "depthwise 3x3 stride 3": (1, 4, 10, 13, 4, (3, 3), 3, [0, 1, 0, 1], 1, 4),
+}
+
+
+def make(case: tuple, seed: int, x_signed: int = 0, y_signed: int = 0, xzp: int | None = None,
+         w_range: int = 128) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    n, c, h, w_, m, k, s, pads, d, g = case
+    rng = np.random.default_rng(seed)
+    xdt = np.int8 if x_signed else np.uint8
+    info = np.iinfo(xdt)
+    x = rng.integers(info.min, info.max + 1, (n, c, h, w_), dtype=xdt)
+    w = rng.integers(-w_range, w_range, (m, c // g, *k), dtype=np.int8)
+    lo, hi = (-128, 127) if y_signed else (0, 255)
+    # scales spanning 1e-4..1e2 per channel (over 16 channels or more: fewer would all saturate); y_scale
+    # puts a typical accumulator of the median channel mid-range
+    w_scale = 10.0 ** (rng.uniform(-4, 2, m) if m >= 16 else rng.uniform(-2.5, -1.5, m))
+    x_scale = 0.02
+    typical = np.sqrt(c // g * k[0] * k[1]) * 70.0
+    b = rng.integers(-3 * typical, 3 * typical, m).astype(np.int32)
+    y_scale = float(x_scale * np.median(w_scale) * typical / 40.0)
+    attrs = dict(strides=[s, s], pads=pads, dilations=[d, d], group=g, x_scale=x_scale,
+                 x_zero_point=int(rng.integers(info.min, info.max + 1)) if xzp is None else xzp,
+                 w_scale=[float(v) for v in w_scale], y_scale=y_scale, y_zero_point=int(rng.integers(lo, hi + 1)),
+                 qmin=lo, qmax=hi, x_signed=x_signed, y_signed=y_signed)
+    return x, w, b, attrs
+
+
+@pytest.fixture(params=[1, 2], ids=["plain-C", "AVX2"])
+def path(request, native_lib):
+    if qgemm.variant(request.param) != request.param:
+        pytest.skip("this CPU has no AVX2")
+    yield request.param
+    qgemm.variant(0)
+
+
+@pytest.fixture(params=[1, 2], ids=lambda n: f"{n}-threads")
+def threads(request, native_lib):
+    old = native_lib.set_num_threads(request.param)
+    yield request.param
+    native_lib.set_num_threads(old)
+
+
+def native_qconv(x, w, b, attrs):
+    call = _native_call(x, w, b, attrs)
+    assert call is not None, "the native path did not take the case"
+    return call(x)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_equals_the_integer_reference(name, path, threads):
+    for seed, signs in enumerate([(0, 0), (1, 1), (0, 1)]):
+        x, w, b, attrs = make(CASES[name], seed, *signs)
+        got, want = native_qconv(x, w, b, attrs), reference(x, w, b, attrs)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want, err_msg=f"{name}, signs {signs}")
+        if x.size > 8:  # the case says something: not every output at a bound
+            assert np.any((want != attrs["qmin"]) & (want != attrs["qmax"]))
+
+
+@pytest.mark.parametrize("xzp", [0, 255])
+def test_saturating_sums_and_extreme_zero_points(path, xzp):
+    """x at 0 or 255 against weights at -128 / 127: every pair of products sums past int16 (what
+    vpmaddubsw would clip), and a zero point at either end of u8."""
+    case = CASES["dense 3x3, primes"]
+    x, w, b, attrs = make(case, 7, xzp=xzp)
+    x[:] = 255 - xzp
+    w[:] = np.where(np.arange(w.size).reshape(w.shape) % 3 == 0, -128, 127).astype(np.int8)
+    attrs.update(y_scale=attrs["y_scale"] * 20)
+    got, want = native_qconv(x, w, b, attrs), reference(x, w, b, attrs)
+    np.testing.assert_array_equal(got, want)
+    assert np.abs(np.int64(255) * 127 * 2) > 32767
+
+
+def test_relu_and_clip_bounds(path):
+    x, w, b, attrs = make(CASES["pointwise, primes"], 3)
+    attrs.update(qmin=attrs["y_zero_point"], qmax=min(255, attrs["y_zero_point"] + 40))
+    got = native_qconv(x, w, b, attrs)
+    np.testing.assert_array_equal(got, reference(x, w, b, attrs))
+    assert got.min() >= attrs["qmin"] and got.max() <= attrs["qmax"]
+
+
+def test_step_kernel_prepares_once_and_without_bias(native_lib):
+    x, w, _, attrs = make(CASES["depthwise 3x3 stride 2"], 5)
+    step = StepAttrs(attrs)
+    first = qconv([x, w], step)[0]
+    assert "qconv" in step.memo
+    np.testing.assert_array_equal(qconv([x, w], step)[0], first)
+    np.testing.assert_array_equal(first, reference(x, w, None, attrs))
+
+
+def qlinear_conv_ort(x, w, b, attrs) -> np.ndarray:
+    onnx_attrs = {k: attrs[k] for k in ("strides", "pads", "dilations", "group")}
+    inits = {"xs": np.float32(attrs["x_scale"]), "xz": np.uint8(attrs["x_zero_point"]), "w": w,
+             "ws": np.asarray(attrs["w_scale"], np.float32), "wz": np.zeros(w.shape[0], np.int8),
+             "ys": np.float32(attrs["y_scale"]), "yz": np.uint8(attrs["y_zero_point"]), "b": b}
+    model = single_node_model("QLinearConv", {"x": x}, attrs=onnx_attrs, initializers=inits,
+                              input_names=["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"])
+    for o in model.graph.output:
+        o.CopyFrom(onnx.helper.make_tensor_value_info(o.name, onnx.TensorProto.UINT8, None))
+    return run_ort(model, {"x": x})[0]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_within_one_step_of_onnxruntime_qlinearconv(name, native_lib):
+    """Weights within 7 bits: onnxruntime's u8 x s8 kernels on AVX2 machines without VNNI sum pairs of
+    products in saturating int16 (vpmaddubsw), so with full-range weights its own results drift from
+    the exact ones (that is why its quantizer has reduce_range); ours are exact either way (above)."""
+    x, w, b, attrs = make(CASES[name], 11, w_range=64)
+    got = native_qconv(x, w, b, attrs)
+    theirs = qlinear_conv_ort(x, w, b, attrs)
+    assert np.abs(got.astype(int) - theirs.astype(int)).max() <= 1
