@@ -162,5 +162,10 @@ OPT_API int optcli_qconv2d_depthwise(const void *x, const int8_t *w, const int32
 /* For the tests: the dot-product path, 1 plain C, 2 AVX2 (x86-64 with AVX2 only); 0 picks by the CPU
  * again, -1 changes nothing.  Returns the path now in use, or -1 if refused. */
 OPT_API int optcli_qgemm_variant(int which);
+/* Quantized Add (qelementwise.c), onnxruntime's QLinearAdd arithmetic: y[i] = rint(clamp(fma(a[i], p[0],
+ * fma(b[i], p[1], p[2])), p[3], p[4])) over n elements of the same shape; p: a_scale / y_scale,
+ * b_scale / y_scale, y_zp - (p[0] * a_zp + p[1] * b_zp), qmin, qmax; flags: a signed, b signed (y's
+ * signedness is in its bounds: its bytes are the two's complement of the result). */
+OPT_API int optcli_qadd(const void *a, const void *b, void *y, int64_t n, const float *p, const int32_t *flags);
 
 #endif

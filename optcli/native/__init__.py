@@ -9,8 +9,8 @@ This face re-exports what the package calls as ``native.<name>``; the code lives
 - ``caches``: data addresses of read-only arrays, geometry arrays, ``derived``;
 - one wrapper module per C file: ``window`` (depthwise conv, pooling), ``stem``, ``gemm``,
   ``epilogue``, ``elementwise``, ``blocked_conv`` and ``blocked_window`` (the NCHWc layout, imported
-  by optcli/ops/blocked.py when it needs them), ``qgemm`` (the integer convs of optcli.QConv, imported
-  by optcli/ops/qconv.py).
+  by optcli/ops/blocked.py when it needs them), ``qgemm`` and ``qelementwise`` (the integer convs and
+  adds of optcli.QConv and optcli.QAdd, imported by optcli/ops/qconv.py and qadd.py).
 """
 
 from optcli.activation_codes import ACTIVATION_CODES

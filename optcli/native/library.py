@@ -88,6 +88,7 @@ _SIGNATURES = {
     "optcli_qconv2d_gemm": ([_vp, _vp, _vp, _vp, _vp, _vp, _vp], ctypes.c_int),
     "optcli_qconv2d_depthwise": ([_vp, _vp, _vp, _vp, _vp, _vp, _vp], ctypes.c_int),
     "optcli_qgemm_variant": ([ctypes.c_int], ctypes.c_int),  # tests only
+    "optcli_qadd": ([_vp, _vp, _vp, ctypes.c_int64, _vp, _vp], ctypes.c_int),
 }
 
 

@@ -17,39 +17,26 @@ The DequantizeLinear nodes other ops still read (a residual Add) stay; the other
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from optcli.ir import OPTCLI_DOMAIN, Graph, Names, Node
-from optcli.ops.quant import quantize
 from optcli.passes._helpers import graph_queries
-from optcli.passes._helpers.graph_queries import drop_values
+from optcli.passes._helpers.qdq import (
+    RANGE,
+    clamp,
+    dequantized,
+    is_std,
+    replace_chains,
+    requantized,
+    scalar_params,
+)
 from optcli.passes.base import PassContext
 
 NAME = "fuse_qdq_conv"
 DESCRIPTION = ("turn DequantizeLinear -> Conv -> [Relu/Clip] -> QuantizeLinear chains and QLinearConv into "
                "integer optcli.QConv steps (host-only plans)")
 
-_STD = ("", "ai.onnx")
-_RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
 _CONV_ATTRS = ("strides", "pads", "dilations", "group", "kernel_shape", "auto_pad")
-
-
-def _std(node: Node | None, op: str) -> bool:
-    return node is not None and node.op_type == op and node.domain in _STD and node.proto is None
-
-
-def _scalar_params(graph: Graph, scale_name: str, zp_name: str) -> tuple[float, int, str] | None:
-    """A per-tensor scale and 8-bit zero point given as constants: (scale, zero point, dtype)."""
-    scale = graph.const(scale_name)
-    zp = graph.const(zp_name) if zp_name else np.zeros((), np.uint8)
-    if scale is None or zp is None or scale.size != 1 or zp.size != 1 or zp.dtype.name not in _RANGE:
-        return None
-    s = float(np.float32(scale.reshape(-1)[0]))
-    if not (math.isfinite(s) and s > 0):
-        return None
-    return s, int(zp.reshape(-1)[0]), zp.dtype.name
 
 
 def _weight(graph: Graph, w_name: str, scale_name: str, zp_name: str, axis: int) -> tuple[str, list[float]] | None:
@@ -75,7 +62,7 @@ def _bias(graph: Graph, names: Names, node: Node | None, name: str, x_scale: flo
         return ""
     product = np.float32(x_scale) * np.asarray(w_scale, np.float32)
     dq = producers.get(name)
-    if _std(dq, "DequantizeLinear") and not dq.attrs.get("block_size"):
+    if is_std(dq, "DequantizeLinear") and not dq.attrs.get("block_size"):
         b, s = graph.const(dq.input(0)), graph.const(dq.input(1))
         zp = graph.const(dq.input(2)) if dq.input(2) else None
         if b is None or s is None or b.dtype != np.int32 or b.ndim != 1 or (dq.input(2) and zp is None):
@@ -98,70 +85,35 @@ def _bias(graph: Graph, names: Names, node: Node | None, name: str, x_scale: flo
     return names.initializer(f"{node.name if node else name}_bias_int32", q.astype(np.int32))
 
 
-def _clamp(graph: Graph, act: Node | None, y_scale: float, y_zp: int, dtype: str) -> tuple[int, int] | None:
-    """[qmin, qmax]: the output dtype's range, narrowed by a Relu or a Clip with constant bounds
-    (quantizing the clamped float equals clamping the quantized value: rounding is monotone)."""
-    lo, hi = _RANGE[dtype]
-    if act is None:
-        return lo, hi
-    if act.op_type == "Relu":
-        bounds = (0.0, None)
-    else:  # Clip: bounds as inputs (opset 11+) or attributes
-        if len(act.inputs) > 1 or not act.attrs:
-            consts = [graph.const(act.input(k)) if act.input(k) else None for k in (1, 2)]
-            if any(act.input(k) and consts[k - 1] is None for k in (1, 2)):
-                return None
-            bounds = tuple(None if c is None else float(c.reshape(-1)[0]) for c in consts)
-        else:
-            bounds = (act.attrs.get("min"), act.attrs.get("max"))
-
-    def q(v: float) -> int:
-        return int(quantize(np.float32(v), np.float32(y_scale), y_zp, np.dtype(dtype)))
-
-    qlo = lo if bounds[0] is None else max(lo, q(bounds[0]))
-    qhi = hi if bounds[1] is None else min(hi, q(bounds[1]))
-    return (qlo, qhi) if qlo <= qhi else None
-
-
 def _qconv(name: str, x: str, w: str, bias: str, y: str, conv_attrs: dict, xq: tuple, w_scale: list[float],
-           yq: tuple, clamp: tuple[int, int]) -> Node:
+           yq: tuple, bounds: tuple[int, int]) -> Node:
     attrs = {k: v for k, v in conv_attrs.items() if k in _CONV_ATTRS}
     attrs.update(x_scale=xq[0], x_zero_point=xq[1], x_signed=int(xq[2] == "int8"), w_scale=w_scale,
-                 y_scale=yq[0], y_zero_point=yq[1], y_signed=int(yq[2] == "int8"), qmin=clamp[0], qmax=clamp[1])
+                 y_scale=yq[0], y_zero_point=yq[1], y_signed=int(yq[2] == "int8"), qmin=bounds[0], qmax=bounds[1])
     return Node("QConv", [x, w] + ([bias] if bias else []), [y], attrs, name, OPTCLI_DOMAIN)
 
 
 def _from_qdq(graph: Graph, conv: Node, producers: dict, consumers: dict, names: Names) -> tuple[Node, list] | None:
-    dq_x, dq_w = producers.get(conv.input(0)), producers.get(conv.input(1))
-    if not (_std(dq_x, "DequantizeLinear") and _std(dq_w, "DequantizeLinear")) or len(conv.outputs) != 1:
+    x, dq_w = dequantized(graph, producers, conv.input(0)), producers.get(conv.input(1))
+    if x is None or not is_std(dq_w, "DequantizeLinear") or dq_w.attrs.get("block_size") or len(conv.outputs) != 1:
         return None
-    if dq_x.attrs.get("block_size") or dq_w.attrs.get("block_size"):
-        return None
-    xq = _scalar_params(graph, dq_x.input(1), dq_x.input(2))
     weight = _weight(graph, dq_w.input(0), dq_w.input(1), dq_w.input(2), int(dq_w.attrs.get("axis", 1)))
-    if xq is None or weight is None or graph.dtype_of(dq_x.input(0)) != xq[2]:
+    out = requantized(graph, consumers, conv.outputs[0])
+    if weight is None or out is None:
         return None
-    act = graph_queries.sole_consumer(graph, consumers, conv.outputs[0])
-    q = act
-    if _std(act, "Relu") or _std(act, "Clip"):
-        q = graph_queries.sole_consumer(graph, consumers, act.outputs[0])
-    else:
-        act = None
-    if not _std(q, "QuantizeLinear") or q.attrs.get("block_size") or (q.attrs.get("output_dtype") and not q.input(2)):
-        return None  # (an output dtype given by attribute alone: left to the float view)
-    yq = _scalar_params(graph, q.input(1), q.input(2))
-    clamp = _clamp(graph, act, yq[0], yq[1], yq[2]) if yq is not None else None
-    bias = _bias(graph, names, conv, conv.input(2), xq[0], weight[1], producers)
-    if clamp is None or bias is None:
+    act, q, yq = out
+    bounds = clamp(graph, act, yq[0], yq[1], yq[2])
+    bias = _bias(graph, names, conv, conv.input(2), x[1][0], weight[1], producers)
+    if bounds is None or bias is None:
         return None
-    node = _qconv(names.fresh(f"{conv.name}_qconv"), dq_x.input(0), weight[0], bias, q.outputs[0], conv.attrs, xq,
-                  weight[1], yq, clamp)
+    node = _qconv(names.fresh(f"{conv.name}_qconv"), x[0], weight[0], bias, q.outputs[0], conv.attrs, x[1],
+                  weight[1], yq, bounds)
     return node, [n for n in (act, q) if n is not None]
 
 
 def _from_qlinear(graph: Graph, node: Node, names: Names) -> Node | None:
-    xq = _scalar_params(graph, node.input(1), node.input(2))
-    yq = _scalar_params(graph, node.input(6), node.input(7))
+    xq = scalar_params(graph, node.input(1), node.input(2))
+    yq = scalar_params(graph, node.input(6), node.input(7))
     weight = _weight(graph, node.input(3), node.input(4), node.input(5), 0)
     b = graph.const(node.input(8)) if node.input(8) else None
     if xq is None or yq is None or weight is None or graph.dtype_of(node.input(0)) != xq[2]:
@@ -169,7 +121,7 @@ def _from_qlinear(graph: Graph, node: Node, names: Names) -> Node | None:
     if node.input(8) and (b is None or b.dtype != np.int32 or b.ndim != 1) or node.attrs.get("channels_last"):
         return None
     return _qconv(names.fresh(f"{node.name}_qconv"), node.input(0), weight[0], node.input(8), node.outputs[0],
-                  node.attrs, xq, weight[1], yq, _RANGE[yq[2]])
+                  node.attrs, xq, weight[1], yq, RANGE[yq[2]])
 
 
 def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
@@ -177,33 +129,17 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
         return {"fused": 0, "qlinear": 0}
     names = Names(graph)
     producers, consumers = graph.producers(), graph_queries.consumers(graph)
-    replace: dict[int, Node] = {}
-    gone: set[int] = set()
-    fused = qlinear = 0
+    matches: list[tuple[Node, Node, list[Node]]] = []
     for node in graph.nodes:
-        if _std(node, "Conv"):
+        if is_std(node, "Conv"):
             found = _from_qdq(graph, node, producers, consumers, names)
             if found is not None:
-                replace[id(node)] = found[0]
-                gone.update(id(n) for n in found[1])
-                drop_values(graph, node.outputs[0], *[n.outputs[0] for n in found[1][:-1]])
-                fused += 1
-        elif _std(node, "QLinearConv"):
+                matches.append((node, *found))
+        elif is_std(node, "QLinearConv"):
             new = _from_qlinear(graph, node, names)
             if new is not None:
-                replace[id(node)] = new
-                qlinear += 1
-    if not replace:
-        return {"fused": 0, "qlinear": 0}
-    graph.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in gone]
-    # DequantizeLinear nodes no one reads any more (those of the weights, of inputs read only by convs)
-    read = graph_queries.consumers(graph)
-    outputs = graph.output_names()
-    dead = [n for n in graph.nodes if _std(n, "DequantizeLinear") and n.outputs[0] not in read
-            and n.outputs[0] not in outputs]
-    if dead:
-        ids = {id(n) for n in dead}
-        graph.nodes = [n for n in graph.nodes if id(n) not in ids]
-        drop_values(graph, *[n.outputs[0] for n in dead])
-    graph.remove_unused_initializers()
-    return {"fused": fused, "qlinear": qlinear}
+                matches.append((node, new, []))
+    qlinear = sum(old.op_type == "QLinearConv" for old, _, _ in matches)
+    if matches:
+        replace_chains(graph, matches)  # with the DequantizeLinear nodes of the weights, of inputs only convs read
+    return {"fused": len(matches) - qlinear, "qlinear": qlinear}

@@ -39,6 +39,7 @@ from optcli.passes import (
     fuse_gelu,
     fuse_layer_norm,
     fuse_matmul_add,
+    fuse_qdq_add,
     fuse_qdq_conv,
     inline_constant_if,
     insert_copies,
@@ -55,6 +56,7 @@ PASSES: list[ModuleType] = [
     # pre-quantized models: QOperator ops -> QDQ; QDQ pairs -> FakeQuant, dequantized weights -> int8 storage
     qoperator_to_qdq,
     fuse_qdq_conv,  # host-only plans: quantized convs become integer steps, before fold_qdq makes FakeQuants
+    fuse_qdq_add,  # and the residual Adds between them
     fold_qdq,
     # cleanup
     fold_constants,

@@ -53,7 +53,11 @@ OPTCLI_OPS: dict[str, tuple[int, int, dict[str, str]]] = {
                      "y_scale": "FLOAT", "y_zero_point": "INT", "qmin": "INT", "qmax": "INT", "x_signed": "INT",
                      "y_signed": "INT"}),
 }
-QCONV_REQUIRED = frozenset({"x_scale", "x_zero_point", "w_scale", "y_scale", "y_zero_point", "qmin", "qmax"})
+_QADD_ATTRS = ("a_scale", "a_zero_point", "b_scale", "b_zero_point", "y_scale", "y_zero_point", "qmin", "qmax")
+OPTCLI_OPS["QAdd"] = (2, 2, {**{k: "FLOAT" if k.endswith("scale") else "INT" for k in _QADD_ATTRS},
+                             "a_signed": "INT", "b_signed": "INT", "y_signed": "INT"})
+REQUIRED_ATTRS = {"QConv": frozenset({"x_scale", "x_zero_point", "w_scale", "y_scale", "y_zero_point", "qmin", "qmax"}),
+                  "QAdd": frozenset(_QADD_ATTRS)}
 
 
 def check_steps(plan: Plan, source: str) -> None:
@@ -112,7 +116,7 @@ def _problem(step: Step, opsets: dict[str, int], version: int) -> str:
         need, most, types = spec
         slots = ["Single"] * need + ["Optional"] * (most - need)
         problem = _inputs_problem(step.inputs, slots, variadic=False)
-        return problem or _attrs_problem(step, types, QCONV_REQUIRED if step.op_type == "QConv" else set())
+        return problem or _attrs_problem(step, types, REQUIRED_ATTRS.get(step.op_type, set()))
     if step.domain not in STANDARD:
         return ""  # contrib ops (com.microsoft) have no schema in onnx; their kernels check their inputs
     schema = _schema(step.op_type, version)
@@ -172,33 +176,45 @@ def _attrs_problem(step: Step, types: dict[str, str], required: set[str]) -> str
                 return f"attribute '{name}' {_describe(value)} is out of range ({WINDOW_LOW[name]} to {INT32_MAX})"
     if step.domain == "optcli" and step.op_type == "FakeQuant":
         return _fake_quant_problem(step.attrs)
-    if step.domain == "optcli" and step.op_type == "QConv":
-        return _qconv_problem(step.attrs)
+    if step.domain == "optcli" and step.op_type in ("QConv", "QAdd"):
+        return _quantized_problem(step.attrs, step.op_type)
     return ""
 
 
-def _qconv_problem(attrs: dict) -> str:
-    """Scales positive and finite with a float32 multiplier x_scale * w_scale / y_scale that is a
-    positive normal float (a huge or tiny scale would make it inf or 0: every output one value),
-    zero points and clamp bounds inside their dtypes."""
-    scales = [attrs["x_scale"], attrs["y_scale"], *attrs["w_scale"]]
+def _quantized_problem(attrs: dict, op: str) -> str:
+    """Scales positive, finite and normal in float32, with requantization ratios (QConv: x_scale * w_scale /
+    y_scale; QAdd: a_scale / y_scale, b_scale / y_scale) that are positive normal float32 (a huge or tiny
+    scale would make them inf or 0: every output one value); zero points and clamp bounds inside their
+    dtypes."""
+    if op == "QConv":
+        ins, scales = ("x",), [attrs["x_scale"], attrs["y_scale"], *attrs["w_scale"]]
+        if not attrs["w_scale"]:
+            return "QConv needs positive finite scales (x_scale, y_scale and one or more w_scale)"
+    else:
+        ins, scales = ("a", "b"), [attrs["a_scale"], attrs["b_scale"], attrs["y_scale"]]
+    tiny = np.finfo(np.float32).tiny
     with np.errstate(all="ignore"):
-        in_float32 = np.all([np.isfinite(np.float32(s)) and np.float32(s) >= np.finfo(np.float32).tiny for s in scales])
-    if not attrs["w_scale"] or not all(math.isfinite(s) and s > 0 for s in scales) or not in_float32:
-        return "QConv needs positive finite scales (x_scale, y_scale and one or more w_scale)"
-    with np.errstate(all="ignore"):
-        mult = np.float32(attrs["x_scale"]) * np.asarray(attrs["w_scale"], np.float32) / np.float32(attrs["y_scale"])
-    if not np.all(np.isfinite(mult) & (mult >= np.finfo(np.float32).tiny)):
-        return "QConv's scales give a requantization multiplier x_scale * w_scale / y_scale out of float32's range"
-    for which in ("x", "y"):
+        if not all(math.isfinite(s) and s > 0 and np.isfinite(np.float32(s)) and np.float32(s) >= tiny
+                   for s in scales):
+            return f"{op} needs positive finite scales" + (
+                " (x_scale, y_scale and one or more w_scale)" if op == "QConv" else "")
+        f32 = np.float32
+        if op == "QConv":
+            ratios = f32(attrs["x_scale"]) * np.asarray(attrs["w_scale"], f32) / f32(attrs["y_scale"])
+        else:
+            ratios = np.array([f32(attrs["a_scale"]) / f32(attrs["y_scale"]),
+                               f32(attrs["b_scale"]) / f32(attrs["y_scale"])])
+    if not np.all(np.isfinite(ratios) & (ratios >= tiny)):
+        return f"{op}'s scales give a requantization multiplier out of float32's range"
+    for which in (*ins, "y"):
         signed = attrs.get(f"{which}_signed", 0)
         if signed not in (0, 1):
-            return f"QConv's '{which}_signed' must be 0 or 1"
+            return f"{op}'s '{which}_signed' must be 0 or 1"
         lo, hi = (-128, 127) if signed else (0, 255)
         if not lo <= attrs[f"{which}_zero_point"] <= hi:
-            return f"QConv's '{which}_zero_point' {attrs[f'{which}_zero_point']} is outside its dtype ({lo} to {hi})"
+            return f"{op}'s '{which}_zero_point' {attrs[f'{which}_zero_point']} is outside its dtype ({lo} to {hi})"
         if which == "y" and not lo <= attrs["qmin"] <= attrs["qmax"] <= hi:
-            return f"QConv's qmin and qmax must lie in {lo} to {hi} with qmin <= qmax"
+            return f"{op}'s qmin and qmax must lie in {lo} to {hi} with qmin <= qmax"
     return ""
 
 

@@ -432,6 +432,24 @@ def _qconv_equivalent(names, outs):
 add("QConv", Case("empty batch", [q8(0, 3, 4, 4), q8(2, 3, 3, 3, dtype=np.int8), ints(5, -7, dtype=np.int32)],
                   dict(_QCONV), equivalent=_qconv_equivalent), domain=OPTCLI)
 
+_QADD = {"a_scale": 0.02, "a_zero_point": 7, "b_scale": 0.05, "b_zero_point": 250, "y_scale": 0.06,
+         "y_zero_point": 128, "qmin": 0, "qmax": 255, "a_signed": 0, "b_signed": 0, "y_signed": 0}
+
+
+def _qadd_equivalent(names, outs):
+    """optcli.QAdd stands for DequantizeLinear x2 -> Add -> QuantizeLinear (to within a rounding tie)."""
+    consts = {k: (np.float32 if k.endswith("scale") else np.uint8)(v) for k, v in _QADD.items()
+              if k.endswith(("scale", "zero_point"))}
+    nodes = [helper.make_node("DequantizeLinear", [names[0], "a_scale", "a_zero_point"], ["fa"]),
+             helper.make_node("DequantizeLinear", [names[1], "b_scale", "b_zero_point"], ["fb"]),
+             helper.make_node("Add", ["fa", "fb"], ["s"]),
+             helper.make_node("QuantizeLinear", ["s", "y_scale", "y_zero_point"], outs)]
+    return nodes, consts
+
+
+add("QAdd", Case("0-d", [q8(), q8()], dict(_QADD), equivalent=_qadd_equivalent),
+    Case("empty", [q8(0, 3), q8(0, 3)], dict(_QADD), equivalent=_qadd_equivalent), domain=OPTCLI)
+
 # ----------------------------------------------------------------------------- recurrent
 
 def _zeros_of(*shapes: tuple[int, ...]) -> Equivalent:

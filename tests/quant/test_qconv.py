@@ -98,16 +98,17 @@ def mobilenet_qdq(tmp_path_factory, request):
         quantize_static(str(folder / "fp32.onnx"), str(folder / "qdq.onnx"), _Reader(inp.name, shape),
                         quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QUInt8,
                         weight_type=QuantType.QInt8, reduce_range=request.param)
-    convs = sum(n.op_type == "Conv" for n in onnx.load(str(folder / "fp32.onnx")).graph.node)
-    return folder / "qdq.onnx", inp.name, shape, convs, request.param
+    kinds = collections.Counter(n.op_type for n in onnx.load(str(folder / "fp32.onnx")).graph.node)
+    return folder / "qdq.onnx", inp.name, shape, (kinds["Conv"], kinds["Add"]), request.param
 
 
 def test_a_quantized_mobilenet_runs_its_convs_in_integers(mobilenet_qdq):
-    path, name, shape, convs, reduce_range = mobilenet_qdq
+    path, name, shape, (convs, adds), reduce_range = mobilenet_qdq
     result = optcli.optimize(model_file=str(path), valid_targets="arm")
     assert convs == 52 and qconv_steps(result.plan) == convs
     kinds = collections.Counter(s.op_type for s in result.plan.steps)
     assert kinds["FakeQuant"] == 0 and kinds["Conv"] == 0
+    assert adds == 10 and kinds["QAdd"] == adds and kinds["Add"] == 0  # residual blocks stay in u8
     predictor = optcli.load(result.data, threads=2)
     qdq = onnx.load(str(path))
     step = output_step(qdq)

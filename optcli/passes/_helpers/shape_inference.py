@@ -36,7 +36,7 @@ _DOMAIN_OPSET = {"optcli": 1}
 # so a model exported at opset 13 still infers through them.
 SHAPE_AS: dict[tuple[str, str], str] = {
     **{("optcli", op): "identity" for op in ("Upload", "Download", "Pack", "Unpack", "Swish", "FakeQuant",
-                                            "ChannelAffine")},
+                                            "ChannelAffine", "QAdd")},
     **{("", op): "identity" for op in ("Gelu", "HardSwish")},
     ("optcli", "FullyConnected"): "matmul",
     ("optcli", "DynamicQuantizeMatMul"): "matmul",

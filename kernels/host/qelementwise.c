@@ -1,0 +1,52 @@
+/* Quantized element-wise ops (optcli.QAdd, optcli/ops/qadd.py): the residual Adds of quantized
+ * models, u8 / s8 in and out, so a residual block's tensors stay bytes between integer convs.
+ *
+ * The arithmetic is onnxruntime's QLinearAdd (MLAS, x86): each operand's scale ratio to the output
+ * scale and all zero points folded into float32 fused multiply-adds,
+ *     r = fma(a, a_scale / y_scale, fma(b, b_scale / y_scale, y_zp - (ra * a_zp + rb * b_zp))),
+ * clamped to [qmin, qmax] (the output dtype, narrowed by a fused Relu) and rounded half to even.
+ * The ratios and the constant term come from the caller, computed in float32 as the numpy reference
+ * does (optcli/ops/qadd.py).  fmaf is one instruction in the AVX2/FMA clone and on aarch64, a libm
+ * call (slow, exact) on x86-64 CPUs without FMA. */
+#include <math.h>
+#include <stdint.h>
+
+#include "optcli_native.h"
+#include "simd.h"
+
+#define CHUNK 16384 /* elements per work item */
+
+typedef struct {
+    const uint8_t *a, *b;
+    uint8_t *y;
+    int64_t n;
+    float ra, rb, fixed, lo, hi;
+    int as, bs;
+} qadd_t;
+
+#define QADD_LOOP(LOAD_A, LOAD_B)                                                    \
+    for (int64_t i = s; i < e; i++) {                                                \
+        float r = fmaf((float)(LOAD_A), q->ra, fmaf((float)(LOAD_B), q->rb, q->fixed)); \
+        r = r < q->lo ? q->lo : (r > q->hi ? q->hi : r);                             \
+        q->y[i] = (uint8_t)(int32_t)rintf(r); /* within the output dtype: its byte */ \
+    }
+
+HOT_CLONES static void qadd_item(void *ctx, int64_t it) {
+    const qadd_t *q = ctx;
+    const int64_t s = it * CHUNK, e = s + CHUNK < q->n ? s + CHUNK : q->n;
+    if (!q->as && !q->bs) {
+        QADD_LOOP(q->a[i], q->b[i])
+    } else {
+        QADD_LOOP(q->as ? (int32_t)(int8_t)q->a[i] : (int32_t)q->a[i],
+                  q->bs ? (int32_t)(int8_t)q->b[i] : (int32_t)q->b[i])
+    }
+}
+
+OPT_API int optcli_qadd(const void *a, const void *b, void *y, int64_t n, const float *p, const int32_t *flags) {
+    if (n < 0 || !(p[3] <= p[4]) || p[3] < -128.0f || p[4] > 255.0f) return OPT_EINVAL;
+    if (n == 0) return 0;
+    qadd_t q = {.a = a, .b = b, .y = y, .n = n, .ra = p[0], .rb = p[1], .fixed = p[2], .lo = p[3], .hi = p[4],
+                .as = flags[0] != 0, .bs = flags[1] != 0};
+    opt_parallel(qadd_item, &q, (n + CHUNK - 1) / CHUNK, 0);
+    return 0;
+}

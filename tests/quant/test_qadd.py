@@ -1,0 +1,121 @@
+"""optcli.QAdd, the integer residual Add (optcli/ops/qadd.py, kernels/host/qelementwise.c, passes/fuse_qdq_add.py):
+the native kernel equals the numpy reference byte for byte, both equal onnxruntime's QLinearAdd, the pass
+makes one of a QDQ residual block, and crafted parameters are refused at load."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import onnx
+import pytest
+
+import optcli
+from optcli import native
+from optcli.errors import NbFormatError
+from optcli.native import library
+from optcli.ops.qadd import qadd, reference
+from tests.helpers import run_ort, single_node_model
+from tests.quant.quantized_models import feeds, ort_run, quantized, residual_cnn
+from tests.reliability.nbfuzz import parts, rebuild
+
+
+@pytest.fixture
+def native_lib():
+    """The native library (skips without it, fails under OPTCLI_REQUIRE_NATIVE=1, as tests/native does)."""
+    if not native.available():
+        if os.environ.get("OPTCLI_REQUIRE_NATIVE") == "1":
+            pytest.fail(f"OPTCLI_REQUIRE_NATIVE=1 but {native.status()}")
+        pytest.skip(native.status())
+    return library
+
+
+def make(seed: int, shape=(2, 7, 5, 3), a_signed=0, b_signed=0, y_signed=0, zps=None):
+    rng = np.random.default_rng(seed)
+    dt = {0: np.uint8, 1: np.int8}
+    a = rng.integers(np.iinfo(dt[a_signed]).min, np.iinfo(dt[a_signed]).max + 1, shape).astype(dt[a_signed])
+    b = rng.integers(np.iinfo(dt[b_signed]).min, np.iinfo(dt[b_signed]).max + 1, shape).astype(dt[b_signed])
+    lo, hi = (-128, 127) if y_signed else (0, 255)
+    za, zb, zy = zps if zps else (int(rng.integers(np.iinfo(dt[s]).min, np.iinfo(dt[s]).max + 1))
+                                  for s in (a_signed, b_signed, y_signed))
+    attrs = {"a_scale": float(10 ** rng.uniform(-4, 2)), "b_scale": 0.0, "y_scale": 0.0, "a_zero_point": za,
+             "b_zero_point": zb, "y_zero_point": zy, "qmin": lo, "qmax": hi, "a_signed": a_signed,
+             "b_signed": b_signed, "y_signed": y_signed}
+    attrs["b_scale"] = attrs["a_scale"] * float(rng.uniform(0.3, 3))
+    attrs["y_scale"] = (attrs["a_scale"] + attrs["b_scale"]) * float(rng.uniform(0.6, 1.5))
+    return a, b, attrs
+
+
+@pytest.mark.parametrize("signs", [(0, 0, 0), (1, 1, 1), (0, 1, 0), (1, 0, 1)])
+def test_native_equals_the_reference(native_lib, signs):
+    for seed in range(4):
+        a, b, attrs = make(seed, a_signed=signs[0], b_signed=signs[1], y_signed=signs[2])
+        got, want = qadd([a, b], attrs)[0], reference(a, b, attrs)
+        np.testing.assert_array_equal(got, want)
+        assert np.any((want != attrs["qmin"]) & (want != attrs["qmax"]))
+
+
+@pytest.mark.parametrize("zps", [(0, 0, 0), (255, 255, 255), (0, 255, 128)])
+def test_extreme_zero_points_and_a_relu_clamp(native_lib, zps):
+    a, b, attrs = make(9, shape=(1, 3, 70, 70), zps=zps)
+    attrs.update(qmin=zps[2])  # a fused Relu: the output's zero point is its floor
+    got = qadd([a, b], attrs)[0]
+    np.testing.assert_array_equal(got, reference(a, b, attrs))
+    assert got.min() >= zps[2]
+
+
+def test_without_the_library_the_reference_runs(monkeypatch):
+    a, b, attrs = make(3)
+    monkeypatch.setattr(library, "_lib", None)
+    np.testing.assert_array_equal(qadd([a, b], attrs)[0], reference(a, b, attrs))
+
+
+def test_equals_onnxruntime_qlinearadd():
+    for seed in range(4):
+        a, b, attrs = make(seed, shape=(1, 16, 9, 9))
+        inits = {"sa": np.float32(attrs["a_scale"]), "za": np.uint8(attrs["a_zero_point"]),
+                 "sb": np.float32(attrs["b_scale"]), "zb": np.uint8(attrs["b_zero_point"]),
+                 "sy": np.float32(attrs["y_scale"]), "zy": np.uint8(attrs["y_zero_point"])}
+        model = single_node_model("QLinearAdd", {"a": a, "b": b}, initializers=inits,
+                                  input_names=["a", "sa", "za", "b", "sb", "zb", "sy", "zy"])
+        model.graph.node[0].domain = "com.microsoft"
+        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+        theirs = run_ort(model, {"a": a, "b": b})[0]
+        assert np.abs(qadd([a, b], attrs)[0].astype(int) - theirs.astype(int)).max() <= 1
+
+
+@pytest.fixture(scope="module")
+def qdq_cnn(tmp_path_factory):
+    return quantized(residual_cnn(), "qdq", tmp_path_factory.mktemp("qadd"))
+
+
+def test_the_residual_add_of_a_qdq_model_becomes_one_integer_step(qdq_cnn):
+    result = optcli.optimize(model=qdq_cnn, valid_targets="arm")
+    kinds = [s.op_type for s in result.plan.steps]
+    assert kinds.count("QAdd") == 1 and "Add" not in kinds
+    predictor = optcli.load(result.data)
+    for seed in range(3):
+        x = feeds(residual_cnn(), seed)
+        ours, theirs = predictor.run(x)["y"], ort_run(qdq_cnn, x)[0]
+        scale = np.abs(theirs).max()
+        assert np.abs(ours - theirs).max() <= 0.05 * scale
+
+
+@pytest.mark.parametrize("attrs, message", [
+    ({"a_scale": 0.0}, "positive finite scales"),
+    ({"b_scale": -1.0}, "positive finite scales"),
+    ({"y_scale": math.nan}, "positive finite scales"),
+    ({"a_scale": 1e300}, "positive finite scales"),
+    ({"a_scale": 1e30, "y_scale": 1e-30}, "multiplier"),
+    ({"a_zero_point": 300}, "'a_zero_point' 300 is outside"),
+    ({"b_signed": 0, "b_zero_point": -4}, "'b_zero_point' -4 is outside"),
+    ({"qmin": 9, "qmax": 2}, "qmin and qmax"),
+    ({"y_signed": 3}, "'y_signed' must be 0 or 1"),
+])
+def test_crafted_parameters_are_refused_at_load(qdq_cnn, attrs, message):
+    data = optcli.optimize(model=qdq_cnn, valid_targets="arm").data
+    body, blob = parts(data)
+    next(s for s in body["steps"] if s["op"] == "QAdd")["attrs"].update(attrs)
+    with pytest.raises(NbFormatError, match=message):
+        optcli.load(rebuild(body, blob))
