@@ -24,21 +24,32 @@ typedef struct {
     int as, bs;
 } qadd_t;
 
-#define QADD_LOOP(LOAD_A, LOAD_B)                                                    \
-    for (int64_t i = s; i < e; i++) {                                                \
-        float r = fmaf((float)(LOAD_A), q->ra, fmaf((float)(LOAD_B), q->rb, q->fixed)); \
-        r = r < q->lo ? q->lo : (r > q->hi ? q->hi : r);                             \
-        q->y[i] = (uint8_t)(int32_t)rintf(r); /* within the output dtype: its byte */ \
-    }
+/* Locals and restrict pointers: a store through a uint8_t pointer may alias anything, the struct
+ * included, and would keep the compiler from vectorising the loop. */
+#define QADD_LOOP(TA, TB)                                                                  \
+    do {                                                                                   \
+        const TA *restrict a = (const TA *)q->a;                                           \
+        const TB *restrict b = (const TB *)q->b;                                           \
+        uint8_t *restrict y = q->y;                                                        \
+        const float ra = q->ra, rb = q->rb, fixed = q->fixed, lo = q->lo, hi = q->hi;      \
+        for (int64_t i = s; i < e; i++) {                                                  \
+            float r = fmaf((float)a[i], ra, fmaf((float)b[i], rb, fixed));                 \
+            r = r < lo ? lo : (r > hi ? hi : r);                                           \
+            y[i] = (uint8_t)(int32_t)rintf(r); /* within the output dtype: its byte */     \
+        }                                                                                  \
+    } while (0)
 
 HOT_CLONES static void qadd_item(void *ctx, int64_t it) {
     const qadd_t *q = ctx;
     const int64_t s = it * CHUNK, e = s + CHUNK < q->n ? s + CHUNK : q->n;
     if (!q->as && !q->bs) {
-        QADD_LOOP(q->a[i], q->b[i])
+        QADD_LOOP(uint8_t, uint8_t);
+    } else if (q->as && q->bs) {
+        QADD_LOOP(int8_t, int8_t);
+    } else if (q->as) {
+        QADD_LOOP(int8_t, uint8_t);
     } else {
-        QADD_LOOP(q->as ? (int32_t)(int8_t)q->a[i] : (int32_t)q->a[i],
-                  q->bs ? (int32_t)(int8_t)q->b[i] : (int32_t)q->b[i])
+        QADD_LOOP(uint8_t, int8_t);
     }
 }
 
