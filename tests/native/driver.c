@@ -24,6 +24,11 @@
  * Kind 10 (blocked_conv.c's conversions): geometry n, c, hw, b, direction (0: to blocked, 1: from); array x.
  * Kind 11 (blocked conv): geometry = the first 15 values of optcli_conv2d_blocked_f32, then after the
  * header int64 ib, B, has residual; arrays x (blocked, or plain where ib = 1), packed w, residual, bias.
+ * Kinds 15 and 16, the integer kernels: after the header, int64 e[24].  15 (qgemm.c): e = the 16 values of
+ * optcli_qconv2d_gemm's geom, its 6 qp values, depthwise (0/1), the weights' size in bytes; then bytes x, the
+ * weights (int32 pairs, or int8 for depthwise), int32 bias [M] (if any), float32 multipliers [M].  16
+ * (qelementwise.c): e = n, a signed, b signed, y signed; then float32 params[5], bytes a [n], b [n].  Their
+ * u8 / s8 outputs are written as float32 values.
  * OUT receives the output as float32 (layer norm: y, then mean and 1 / std).  Exit status 0 when
  * every kernel returned 0.  OPTCLI_LANES=4|8|16 in the environment forces that vector width (see
  * optcli_gemm_variant), for runs on the host under a sanitizer.
@@ -44,6 +49,54 @@ static float *read_floats(FILE *f, int64_t n) {
     return p;
 }
 
+static void *read_bytes(FILE *f, int64_t n) {
+    void *p = malloc((size_t)(n > 0 ? n : 1));
+    if (!p || fread(p, 1, (size_t)n, f) != (size_t)n) {
+        fprintf(stderr, "short read (%lld bytes)\n", (long long)n);
+        exit(3);
+    }
+    return p;
+}
+
+/* The integer kernels' u8 / s8 output as float32 values (what OUT holds). */
+static float *bytes_to_floats(const uint8_t *q, int64_t n, int is_signed) {
+    float *y = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) y[i] = is_signed ? (float)(int8_t)q[i] : (float)q[i];
+    return y;
+}
+
+static int run_int8_case(FILE *f, int64_t kind, int has_bias, float **y, int64_t *ny) {
+    int64_t e[24];
+    if (fread(e, sizeof(int64_t), 24, f) != 24) { fprintf(stderr, "short int8 header\n"); return 3; }
+    int rc;
+    uint8_t *yq;
+    if (kind == 15) {
+        const int32_t qp[6] = {(int32_t)e[16], (int32_t)e[17], (int32_t)e[18], (int32_t)e[19], (int32_t)e[20],
+                               (int32_t)e[21]};
+        const int64_t M = e[4];
+        uint8_t *x = read_bytes(f, e[0] * e[1] * e[2] * e[3]);
+        void *w = read_bytes(f, e[23]);
+        int32_t *b = has_bias ? read_bytes(f, M * 4) : NULL;
+        float *mult = read_floats(f, M);
+        *ny = e[0] * M * e[13] * e[14];
+        yq = malloc((size_t)(*ny > 0 ? *ny : 1));
+        rc = e[22] ? optcli_qconv2d_depthwise(x, w, b, mult, yq, e, qp) : optcli_qconv2d_gemm(x, w, b, mult, yq, e, qp);
+        *y = bytes_to_floats(yq, *ny, qp[5]);
+        free(x), free(w), free(b), free(mult);
+    } else {
+        const int32_t flags[2] = {(int32_t)e[1], (int32_t)e[2]};
+        float *p = read_floats(f, 5);
+        uint8_t *a = read_bytes(f, e[0]), *b = read_bytes(f, e[0]);
+        *ny = e[0];
+        yq = malloc((size_t)(*ny > 0 ? *ny : 1));
+        rc = optcli_qadd(a, b, yq, e[0], p, flags);
+        *y = bytes_to_floats(yq, *ny, (int)e[3]);
+        free(p), free(a), free(b);
+    }
+    free(yq);
+    return rc;
+}
+
 static int run_case(const char *in, const char *out) {
     FILE *f = fopen(in, "rb");
     if (!f) { perror(in); return 3; }
@@ -58,7 +111,9 @@ static int run_case(const char *in, const char *out) {
     float *y = NULL;
     int64_t ny;
     int rc;
-    if (h[0] == 0 || h[0] == 8) { /* depthwise: w [M, 1, KH, KW]; stem: w [M, C, KH, KW] */
+    if (h[0] == 15 || h[0] == 16) { /* the integer conv and add */
+        rc = run_int8_case(f, h[0], has_bias, &y, &ny);
+    } else if (h[0] == 0 || h[0] == 8) { /* depthwise: w [M, 1, KH, KW]; stem: w [M, C, KH, KW] */
         int64_t nx = g[0] * g[1] * g[2] * g[3], nw = g[4] * (h[0] == 8 ? g[1] : 1) * g[5] * g[6];
         float *x = read_floats(f, nx), *w = read_floats(f, nw);
         float *b = has_bias ? read_floats(f, g[4]) : NULL;

@@ -329,13 +329,48 @@ class _Real:
         self.shape = (n, -(-c // block), h, w, block)
 
 
+def _int8_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
+    """The integer convs (every case of tests/native/test_qgemm.py, signed and unsigned) and the quantized
+    add, against their numpy references: exact, so an off-by-one step fails assert_close."""
+    from optcli.native.qgemm import pack_pairs
+    from optcli.ops import qadd, qconv
+    from tests.native.test_qgemm import CASES as QCONV_CASES
+    from tests.native.test_qgemm import make as make_qconv
+    from tests.quant.test_qadd import make as make_qadd
+
+    cases = []
+    for i, name in enumerate(QCONV_CASES):
+        x, w, b, attrs = make_qconv(QCONV_CASES[name], i, i % 2, (i // 2) % 2)
+        win = window(attrs, x.shape[2:], w.shape[2:])
+        geom = [*x.shape, w.shape[0], *w.shape[2:], *win.strides, *win.dilations, *win.pad_begin, *win.out,
+                attrs["group"]]
+        qp = [attrs[k] for k in ("x_zero_point", "y_zero_point", "qmin", "qmax", "x_signed", "y_signed")]
+        depthwise = int(w.shape[1] == 1 and attrs["group"] == x.shape[1])
+        weights = (np.ascontiguousarray(w.reshape(w.shape[0], -1)) if depthwise else pack_pairs(w)).tobytes()
+        src, dst = tmp / f"qconv{i}.in", tmp / f"qconv{i}.out"
+        with open(src, "wb") as f:
+            f.write(np.array([15, 0, 1, *[0] * 17], np.int64).tobytes())
+            f.write(np.array([*geom, *qp, depthwise, len(weights)], np.int64).tobytes())
+            f.write(x.tobytes() + weights + b.tobytes() + qconv.multiplier(attrs, w.shape[0]).tobytes())
+        cases.append((src, dst, qconv.reference(x, w, b, attrs).astype(np.float32), f"qconv {name}"))
+    for i, signs in enumerate([(0, 0, 0), (1, 1, 1), (0, 1, 1), (1, 0, 0)]):
+        a, b, attrs = make_qadd(i, (1, 5, 37, 41), *signs)
+        src, dst = tmp / f"qadd{i}.in", tmp / f"qadd{i}.out"
+        with open(src, "wb") as f:
+            f.write(np.array([16, 0, 0, *[0] * 17], np.int64).tobytes())
+            f.write(np.array([a.size, *signs, *[0] * 20], np.int64).tobytes())
+            f.write(qadd.params(attrs).tobytes() + a.tobytes() + b.tobytes())
+        cases.append((src, dst, qadd.reference(a, b, attrs).astype(np.float32), f"qadd {signs}"))
+    return cases
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 def test_kernels_on_aarch64_match_numpy(aarch64_driver, tmp_path, threads):
     qemu, driver = aarch64_driver
     cases = (_depthwise_cases(tmp_path) + _epilogue_cases(tmp_path) + _pool_cases(tmp_path) + _gemm_cases(tmp_path)
              + _elementwise_cases(tmp_path) + _conv_gemm_cases(tmp_path) + _stem_cases(tmp_path)
-             + _blocked_cases(tmp_path) + _blocked_conv_cases(tmp_path))
-    assert len(cases) >= 60
+             + _blocked_cases(tmp_path) + _blocked_conv_cases(tmp_path) + _int8_cases(tmp_path))
+    assert len(cases) >= 80
     args = [str(p) for src, dst, _, _ in cases for p in (src, dst)]
     res = subprocess.run([qemu, str(driver), str(threads), *args], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, f"driver exited {res.returncode}: {res.stdout}{res.stderr}"
