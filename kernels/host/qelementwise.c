@@ -34,7 +34,8 @@ typedef struct {
         const float ra = q->ra, rb = q->rb, fixed = q->fixed, lo = q->lo, hi = q->hi;      \
         for (int64_t i = s; i < e; i++) {                                                  \
             float r = fmaf((float)a[i], ra, fmaf((float)b[i], rb, fixed));                 \
-            r = r < lo ? lo : (r > hi ? hi : r);                                           \
+            r = r > lo ? r : lo; /* in maxps / minps's operand order: one instruction each */ \
+            r = r < hi ? r : hi;                                                           \
             y[i] = (uint8_t)(int32_t)rintf(r); /* within the output dtype: its byte */     \
         }                                                                                  \
     } while (0)

@@ -1,4 +1,6 @@
-"""Quantized element-wise ops (kernels/host/qelementwise.c): optcli.QAdd's fast path."""
+"""Quantized element-wise ops (kernels/host/qelementwise.c): optcli.QAdd's fast path, and its prepared call
+(``prepared_qadd``: the parameters made C arrays once per step; a residual Add of a small plane takes
+10-40 us, of which the per-call conversions took half)."""
 
 from __future__ import annotations
 
@@ -24,3 +26,29 @@ def qadd(a: np.ndarray, b: np.ndarray, params: np.ndarray, y_dtype: np.dtype) ->
     _check(library._lib.optcli_qadd(a.ctypes.data, b.ctypes.data, y.ctypes.data, a.size, params.ctypes.data,
                                     flags.ctypes.data), "quantized add")
     return y
+
+
+def prepared_qadd(shape: tuple[int, ...], a_dtype: np.dtype, b_dtype: np.dtype, params: np.ndarray,
+                  y_dtype: np.dtype):
+    """``qadd`` for one plan step: a function of C-contiguous ``a`` and ``b`` of ``shape`` and these dtypes."""
+    require(library._lib is not None and params.dtype == np.float32 and params.shape == (5,), "prepared qadd")
+    a_dtype, b_dtype, y_dtype = np.dtype(a_dtype), np.dtype(b_dtype), np.dtype(y_dtype)
+    require(a_dtype in _BYTES and b_dtype in _BYTES and y_dtype in _BYTES, "prepared qadd")
+    lo, hi = (-128, 127) if y_dtype == np.int8 else (0, 255)
+    require(lo <= params[3] <= params[4] <= hi, "prepared qadd")
+    params = np.array(params, dtype=np.float32)
+    flags = np.array([a_dtype == np.int8, b_dtype == np.int8], dtype=np.int32)
+    shape, n, fn, empty = tuple(shape), int(np.prod(shape)), library._lib.optcli_qadd, np.empty
+    tail = (params.ctypes.data, flags.ctypes.data)
+
+    def call(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        require(a.shape == shape and b.shape == shape and a.dtype == a_dtype and b.dtype == b_dtype
+                and a.flags.c_contiguous and b.flags.c_contiguous, "qadd")
+        y = empty(shape, y_dtype)
+        rc = fn(a.ctypes.data, b.ctypes.data, y.ctypes.data, n, *tail)
+        if rc:
+            _check(rc, "quantized add")
+        return y
+
+    call.keep = (params, flags)  # what the addresses point into
+    return call

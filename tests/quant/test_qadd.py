@@ -119,3 +119,16 @@ def test_crafted_parameters_are_refused_at_load(qdq_cnn, attrs, message):
     next(s for s in body["steps"] if s["op"] == "QAdd")["attrs"].update(attrs)
     with pytest.raises(NbFormatError, match=message):
         optcli.load(rebuild(body, blob))
+
+
+def test_a_step_prepares_its_call_once(native_lib):
+    from optcli.ops.registry import StepAttrs
+
+    a, b, attrs = make(4, shape=(1, 8, 9, 9))
+    step = StepAttrs(attrs)
+    first = qadd([a, b], step)[0]
+    assert "qadd" in step.memo
+    np.testing.assert_array_equal(qadd([a, b], step)[0], first)
+    np.testing.assert_array_equal(first, reference(a, b, attrs))
+    a2, b2, _ = make(5, shape=(1, 8, 9, 9))
+    np.testing.assert_array_equal(qadd([a2, b2], step)[0], reference(a2, b2, attrs))  # the prepared path
