@@ -173,3 +173,23 @@ def test_gpu_tests_skip_with_the_reason_when_the_device_is_broken(tmp_path):
     assert "skipped" in summary and "passed" not in summary and "failed" not in summary, summary
     skips = [line for line in run.stdout.splitlines() if line.startswith("SKIPPED")]
     assert skips and all("no usable OpenCL device" in s or "no OpenCL" in s for s in skips), skips
+
+
+@pytest.mark.opencl
+def test_the_runtime_takes_over_the_smoke_tests_context_and_optcli_devices_keeps_none(opencl_device, monkeypatch):
+    """Opening a context is most of a warm load on a GPU (CUDA's start: 0.11 s of 0.22 on an H100),
+    so the device the runtime picks keeps its smoke test's context and ClDevice uses it; listing
+    devices keeps none (a CUDA context holds GPU memory, for a device perhaps never used)."""
+    from optcli.runtime.opencl import device as device_module
+    from optcli.runtime.opencl import devices
+
+    monkeypatch.setattr(devices, "_VERDICTS", {})
+    monkeypatch.setattr(devices, "_CONTEXTS", {})
+    devices.list_devices()
+    assert devices._VERDICTS and not devices._CONTEXTS, "optcli devices kept a context"
+    monkeypatch.setattr(devices, "_VERDICTS", {})
+    picked = device_module._pick_device(opencl_device.name)
+    kept = devices._CONTEXTS.get(devices.device_id(picked))
+    assert kept is not None, "the runtime's pick kept no context"
+    assert device_module.ClDevice(picked).context is kept
+    assert devices.take_context(picked) is None, "a context was handed out twice"

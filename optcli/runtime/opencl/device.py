@@ -90,7 +90,7 @@ def _pick_device(name: str | None = None):
     """The first candidate that passes the smoke test (checked once per device per process)."""
     tried = []
     for device in _candidates(name):
-        problems = device_problems(device)
+        problems = device_problems(device, keep_context=True)
         if not problems:
             return device
         tried.append(f"{describe_device(device)} {' and '.join(problems)}")

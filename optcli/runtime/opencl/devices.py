@@ -22,6 +22,7 @@ HOW_TO_GET_ONE = ("to get one: `apt install pocl-opencl-icd` (Debian/Ubuntu: Ope
 
 _VERDICTS: dict[Any, str | None] = {}  # device id -> why the smoke test failed (None: it passed)
 _CONTEXTS: dict[Any, Any] = {}  # device id -> the passing smoke test's context, until ClDevice takes it
+_OPENED: dict[Any, Any] = {}  # device id -> the context a smoke test just opened (device_problems keeps or drops it)
 _LOCK = threading.Lock()
 
 
@@ -67,8 +68,7 @@ def _smoke_test(device) -> str | None:
     """Build and run the pack kernel; None when it works, else what failed.  The build goes through
     the program-binary cache: a cached binary was compiled by this very device and driver (its key
     holds both), so the compiler is known to work, and the kernel still runs and is checked.  A
-    device that passes keeps its context for ``take_context``: opening a context is the largest
-    part of a warm load on a GPU (CUDA's start), and the runtime's ``ClDevice`` needs one anyway."""
+    passing test leaves its context in ``_OPENED`` for ``device_problems`` to keep or drop."""
     stage = "cannot open the device"
     try:
         import pyopencl as cl
@@ -95,7 +95,7 @@ def _smoke_test(device) -> str | None:
             return "gives wrong results on a test kernel"
     except Exception as exc:
         return f"{stage} ({failure_text(exc)})"
-    _CONTEXTS[device_id(device)] = context
+    _OPENED[device_id(device)] = context
     return None
 
 
@@ -110,9 +110,12 @@ def take_context(device):
         return _CONTEXTS.pop(device_id(device), None)
 
 
-def device_problems(device, check: bool = True) -> list[str]:
+def device_problems(device, check: bool = True, keep_context: bool = False) -> list[str]:
     """Why optcli cannot use this device (empty: usable).  ``check`` runs the smoke test, once
-    per device per process (later calls reuse the verdict)."""
+    per device per process (later calls reuse the verdict).  ``keep_context`` (the runtime picking
+    its device) keeps a passing test's context for ``ClDevice`` (``take_context``): opening one is
+    the largest part of a warm load on a GPU (CUDA's start).  ``optcli devices`` keeps none: a CUDA
+    context holds GPU memory, and it checks devices the runtime may never use."""
     if _version(device.version) < (1, 2):
         return [f"speaks {device.version.strip()}, older than OpenCL 1.2"]
     if not check:
@@ -121,6 +124,9 @@ def device_problems(device, check: bool = True) -> list[str]:
     with _LOCK:
         if key not in _VERDICTS:
             _VERDICTS[key] = _smoke_test(device)
+            opened = _OPENED.pop(key, None)
+            if keep_context and opened is not None:  # the runtime's pick: its ClDevice takes this context
+                _CONTEXTS[key] = opened
         failure = _VERDICTS[key]
     return [failure] if failure else []
 
