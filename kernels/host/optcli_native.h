@@ -167,5 +167,8 @@ OPT_API int optcli_qgemm_variant(int which);
  * b_scale / y_scale, y_zp - (p[0] * a_zp + p[1] * b_zp), qmin, qmax; flags: a signed, b signed (y's
  * signedness is in its bounds: its bytes are the two's complement of the result). */
 OPT_API int optcli_qadd(const void *a, const void *b, void *y, int64_t n, const float *p, const int32_t *flags);
+/* QuantizeLinear per tensor (qelementwise.c): y[i] = clamp(rint(x[i] / scale) + zp, lo, hi) over n floats, a NaN
+ * giving 0; lo and hi the output dtype's range (its bytes are the two's complement of the result). */
+OPT_API int optcli_quantize_f32(const float *x, void *y, int64_t n, float scale, float zp, float lo, float hi);
 
 #endif

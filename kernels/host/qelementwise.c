@@ -62,3 +62,36 @@ OPT_API int optcli_qadd(const void *a, const void *b, void *y, int64_t n, const 
     opt_parallel(qadd_item, &q, (n + CHUNK - 1) / CHUNK, 0);
     return 0;
 }
+
+/* QuantizeLinear, per tensor, float32 to u8 / s8, as the numpy kernel (optcli/ops/quant.py) and onnxruntime
+ * compute it: rint(x / scale) in float32 (a division, not a product by 1 / scale: they differ at ties),
+ * plus the zero point, clamped to [lo, hi] (the dtype's range); a NaN gives 0, as numpy's cast does. */
+typedef struct {
+    const float *x;
+    uint8_t *y;
+    int64_t n;
+    float scale, zp, lo, hi;
+} quant_t;
+
+HOT_CLONES static void quantize_item(void *ctx, int64_t it) {
+    const quant_t *q = ctx;
+    const int64_t s = it * CHUNK, e = s + CHUNK < q->n ? s + CHUNK : q->n;
+    const float *restrict x = q->x;
+    uint8_t *restrict y = q->y;
+    const float scale = q->scale, zp = q->zp, lo = q->lo, hi = q->hi;
+    for (int64_t i = s; i < e; i++) {
+        float r = rintf(x[i] / scale) + zp;
+        const int nan = r != r;
+        r = r > lo ? r : lo;
+        r = r < hi ? r : hi;
+        y[i] = nan ? 0 : (uint8_t)(int32_t)r; /* r is an integer within the dtype: its byte */
+    }
+}
+
+OPT_API int optcli_quantize_f32(const float *x, void *y, int64_t n, float scale, float zp, float lo, float hi) {
+    if (n < 0 || !(lo <= hi) || lo < -128.0f || hi > 255.0f) return OPT_EINVAL;
+    if (n == 0) return 0;
+    quant_t q = {.x = x, .y = y, .n = n, .scale = scale, .zp = zp, .lo = lo, .hi = hi};
+    opt_parallel(quantize_item, &q, (n + CHUNK - 1) / CHUNK, 0);
+    return 0;
+}

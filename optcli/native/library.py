@@ -89,6 +89,8 @@ _SIGNATURES = {
     "optcli_qconv2d_depthwise": ([_vp, _vp, _vp, _vp, _vp, _vp, _vp], ctypes.c_int),
     "optcli_qgemm_variant": ([ctypes.c_int], ctypes.c_int),  # tests only
     "optcli_qadd": ([_vp, _vp, _vp, ctypes.c_int64, _vp, _vp], ctypes.c_int),
+    "optcli_quantize_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_float, ctypes.c_float, ctypes.c_float, ctypes.c_float],
+                            ctypes.c_int),
 }
 
 

@@ -1,4 +1,5 @@
-"""Quantized element-wise ops (kernels/host/qelementwise.c): optcli.QAdd's fast path, and its prepared call
+"""Quantized element-wise ops (kernels/host/qelementwise.c): per-tensor QuantizeLinear from float32 (the input of
+an integer plan), optcli.QAdd's fast path, and its prepared call
 (``prepared_qadd``: the parameters made C arrays once per step; a residual Add of a small plane takes
 10-40 us, of which the per-call conversions took half)."""
 
@@ -52,3 +53,17 @@ def prepared_qadd(shape: tuple[int, ...], a_dtype: np.dtype, b_dtype: np.dtype, 
 
     call.keep = (params, flags)  # what the addresses point into
     return call
+
+
+def quantize(x: np.ndarray, scale: np.float32, zero_point: int, dtype: np.dtype) -> np.ndarray:
+    """Per-tensor QuantizeLinear of float32 ``x`` to uint8 / int8: rint(x / scale) + zero_point, saturated, NaN
+    to 0 (optcli.ops.quant.quantize's result, one pass instead of five)."""
+    dtype = np.dtype(dtype)
+    require(library._lib is not None and x.dtype == np.float32 and dtype in _BYTES, "quantize")
+    lo, hi = (-128, 127) if dtype == np.int8 else (0, 255)
+    require(lo <= zero_point <= hi, "quantize")
+    y = np.empty(x.shape, dtype)
+    x = np.require(x, requirements="C")
+    _check(library._lib.optcli_quantize_f32(x.ctypes.data, y.ctypes.data, x.size, float(np.float32(scale)),
+                                            float(zero_point), float(lo), float(hi)), "quantize")
+    return y

@@ -18,12 +18,15 @@ from typing import Any
 
 import numpy as np
 
+from optcli import native
 from optcli.ir import OPTCLI_DOMAIN
+from optcli.native import qelementwise
 from optcli.ops.activation import fake_quantize
 from optcli.ops.conv import _is_depthwise, _is_pointwise, conv_1x1, conv_depthwise, conv_im2col
 from optcli.ops.registry import kernel
 from optcli.ops.shape_functions import Shape, ShapeArgs, check_length, first_input, shape_fn
 
+_BYTES = (np.dtype(np.uint8), np.dtype(np.int8))
 _RANGES = {np.dtype(np.uint8): (0, 255), np.dtype(np.int8): (-128, 127), np.dtype(np.uint16): (0, 65535),
            np.dtype(np.int16): (-32768, 32767), np.dtype(np.int32): (-(2**31), 2**31 - 1)}
 
@@ -89,9 +92,19 @@ def quantize_linear(inputs, attrs):
     if dtype not in _RANGES:
         raise NotImplementedError(f"QuantizeLinear to {dtype}")
     axis, block = int(attrs.get("axis", 1)), int(attrs.get("block_size", 0))
+    if _native_quantize(x, scale, zp, dtype):  # per tensor, float32 to 8 bits: one native pass, the same bytes
+        z = int(np.asarray(zp).reshape(-1)[0]) if zp is not None else 0
+        return [qelementwise.quantize(x, np.asarray(scale).reshape(-1)[0], z, dtype)]
     s = _per_axis(scale, x, axis, block)
     z = _per_axis(zp, x, axis, block) if zp is not None else 0
     return [quantize(x, s, z, dtype)]
+
+
+def _native_quantize(x, scale, zp, dtype: np.dtype) -> bool:
+    """Whether the native QuantizeLinear computes this one (the input of an integer plan, issue 26)."""
+    scale = np.asarray(scale)
+    return (type(x) is np.ndarray and x.dtype == np.float32 and scale.dtype == np.float32 and scale.size == 1
+            and (zp is None or np.asarray(zp).size == 1) and dtype in _BYTES and native.available())
 
 
 @kernel("DequantizeLinear")

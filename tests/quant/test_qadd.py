@@ -132,3 +132,19 @@ def test_a_step_prepares_its_call_once(native_lib):
     np.testing.assert_array_equal(first, reference(a, b, attrs))
     a2, b2, _ = make(5, shape=(1, 8, 9, 9))
     np.testing.assert_array_equal(qadd([a2, b2], step)[0], reference(a2, b2, attrs))  # the prepared path
+
+
+@pytest.mark.parametrize("dtype, zp", [(np.uint8, 0), (np.uint8, 255), (np.uint8, 131), (np.int8, -128), (np.int8, 5)])
+def test_native_quantize_linear_equals_numpy(native_lib, dtype, zp):
+    """The input's QuantizeLinear of an integer plan (kernels/host/qelementwise.c): the numpy kernel's bytes,
+    .5 ties (rounded half to even after a float32 division), NaN, infinities and saturation included."""
+    from optcli.native.qelementwise import quantize as native_quantize
+    from optcli.ops.quant import quantize
+
+    scale = np.float32(0.037)
+    rng = np.random.default_rng(zp & 0xFF)
+    x = (rng.standard_normal(40_000) * 6).astype(np.float32)
+    x[:2000] = (np.arange(-1000, 1000) + 0.5).astype(np.float32) * scale  # ties after the division
+    x[2000:2006] = [np.nan, np.inf, -np.inf, 3e38, -3e38, -0.0]
+    got = native_quantize(x.reshape(8, 5000), scale, zp, np.dtype(dtype))
+    np.testing.assert_array_equal(got.reshape(-1), quantize(x, scale, dtype(zp), np.dtype(dtype)))
