@@ -126,6 +126,9 @@ def main() -> None:
         print("| runtime | min ms | median ms |\n|---|---|---|")
         for key, ts in times.items():
             print(f"| {key} | {min(ts):.2f} | {statistics.median(ts):.2f} |")
+        # a busy neighbour slows a whole round alike: the ratio within each round is steadier than either time
+        ratios = [i / f for i, f in zip(times["optcli arm int8 (QDQ model)"], times["optcli arm fp32"])]
+        print(f"optcli int8 / fp32, median of per-round ratios: {statistics.median(ratios):.2f}")
 
 
 if __name__ == "__main__":
