@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from optcli import native
+from optcli.errors import NbFormatError
 from optcli.ir import OPTCLI_DOMAIN
 from optcli.native import qelementwise
 from optcli.ops.quant_contrib import _fma
@@ -56,8 +57,8 @@ def qadd(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndar
         return [hit[2](a, b)]
     want = (_dtype(attrs.get("a_signed", 0)), _dtype(attrs.get("b_signed", 0)))
     if (a.dtype, b.dtype) != want or a.shape != b.shape:
-        raise ValueError(f"QAdd takes two {want[0]}/{want[1]} tensors of one shape, got {a.dtype} {a.shape} and "
-                         f"{b.dtype} {b.shape}")
+        raise NbFormatError(f"QAdd takes two {want[0]}/{want[1]} tensors of one shape, got {a.dtype} {a.shape} and "
+                            f"{b.dtype} {b.shape}: the plan is corrupted or crafted (only optcli's passes make QAdd)")
     if native.available():
         p, y_dtype = params(attrs), _dtype(attrs.get("y_signed", 0))
         if memo is not None:  # the step's call, worked out once (qelementwise.prepared_qadd)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from optcli import native
+from optcli.errors import NbFormatError
 from optcli.ir import OPTCLI_DOMAIN
 from optcli.native import qgemm
 from optcli.ops.quant import int_conv
@@ -47,13 +48,18 @@ def multiplier(attrs: dict[str, Any], m: int) -> np.ndarray:
 
 
 def _check_inputs(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict[str, Any]) -> None:
+    """QConv steps are made only by optcli's passes, with these dtypes: anything else comes from a
+    corrupted or crafted plan (its fault, exit 2, not a bug of ours; the load checks catch the
+    constants first, runtime/step_checks.py)."""
     if x.dtype != dtype_of(attrs.get("x_signed", 0)) or w.dtype != np.int8 or x.ndim != 4 or w.ndim != 4:
-        raise ValueError(f"QConv takes a 4-D {dtype_of(attrs.get('x_signed', 0))} input and an int8 weight, "
-                         f"got {x.dtype} {x.shape} and {w.dtype} {w.shape}")
+        raise NbFormatError(f"QConv takes a 4-D {dtype_of(attrs.get('x_signed', 0))} input and an int8 weight, "
+                            f"got {x.dtype} {x.shape} and {w.dtype} {w.shape}: the plan is corrupted or crafted")
     if bias is not None and (bias.dtype != np.int32 or bias.shape != (w.shape[0],)):
-        raise ValueError(f"QConv's bias must be int32 [{w.shape[0]}], got {bias.dtype} {bias.shape}")
+        raise NbFormatError(f"QConv's bias must be int32 [{w.shape[0]}], got {bias.dtype} {bias.shape}: the plan is "
+                            "corrupted or crafted")
     if len(attrs["w_scale"]) not in (1, w.shape[0]):
-        raise ValueError(f"QConv has {len(attrs['w_scale'])} weight scales for {w.shape[0]} output channels")
+        raise NbFormatError(f"QConv has {len(attrs['w_scale'])} weight scales for {w.shape[0]} output channels: the "
+                            "plan is corrupted or crafted")
 
 
 def reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict[str, Any]) -> np.ndarray:

@@ -71,10 +71,29 @@ def check_steps(plan: Plan, source: str) -> None:
                             f"{newest}. Rebuild the file with this optcli's opt")
     for i, step in enumerate(plan.steps):
         where = f"{source}: step {i} '{step.name[:60]}' ({step.op_type})"
-        problem = _problem(step, plan.opsets, version or newest)
+        problem = _problem(step, plan.opsets, version or newest) or _constants_problem(step, plan)
         if problem:
             raise NbFormatError(f"{where}: {problem}; the file is corrupted or was not written by optcli")
     _check_layouts(plan, source)
+
+
+def _constants_problem(step, plan: Plan) -> str:
+    """A QConv's weight and bias are constants of the plan, made by optcli's pass: int8 [M, C/g, KH, KW]
+    and int32 [M], with 1 or M weight scales.  A crafted file's other dtypes would otherwise reach the
+    kernel (a uint8 or bool weight read as int8) and fail there as a bug of ours."""
+    if step.domain != "optcli" or step.op_type != "QConv" or len(step.inputs) < 2:
+        return ""
+    w = plan.weights.get(step.inputs[1])
+    if w is None or w.dtype != np.int8 or w.ndim != 4:
+        return "a QConv's weight must be a constant int8 tensor of rank 4"
+    if len(step.inputs) > 2 and step.inputs[2]:
+        b = plan.weights.get(step.inputs[2])
+        if b is None or b.dtype != np.int32 or b.shape != (w.shape[0],):
+            return f"a QConv's bias must be a constant int32 tensor of {w.shape[0]} values"
+    scales = step.attrs.get("w_scale")
+    if isinstance(scales, (list, tuple)) and len(scales) not in (1, w.shape[0]):
+        return f"QConv has {len(scales)} weight scales for {w.shape[0]} output channels"
+    return ""
 
 
 def _check_layouts(plan: Plan, source: str) -> None:

@@ -163,3 +163,34 @@ def test_crafted_scales_and_zero_points_are_refused_at_load(qconv_nb, attrs, mes
     optcli.load(qconv_nb)  # the untouched file loads
     with pytest.raises(NbFormatError, match=message):
         optcli.load(_tamper(qconv_nb, **attrs))
+
+
+def _tamper_weight(data: bytes, which: int, dtype: str) -> bytes:
+    """The QConv's weight (1) or bias (2) described with another dtype of the same size, its bytes kept."""
+    body, blob = parts(data)
+    name = next(s for s in body["steps"] if s["op"] == "QConv")["inputs"][which]
+    for entry in body["weights"]:
+        if entry["name"] == name:
+            entry["dtype"] = dtype
+    return rebuild(body, blob)
+
+
+@pytest.mark.parametrize("which, dtype", [(1, "uint8"), (1, "bool"), (2, "uint32"), (2, "float32")])
+def test_crafted_weight_and_bias_dtypes_are_refused_at_load(qconv_nb, which, dtype):
+    """A uint8 or bool weight (the same bytes, read as int8 by the kernel) or a float32 bias reached the
+    kernel and failed there as "a bug in optcli"; they are the file's fault, refused at load."""
+    with pytest.raises(NbFormatError, match="weight must be a constant int8" if which == 1 else "bias must be"):
+        optcli.load(_tamper_weight(qconv_nb, which, dtype))
+
+
+def test_a_qconv_fed_another_dtype_is_the_plans_fault():
+    """An activation of another dtype can only come from a crafted plan: NbFormatError (exit 2), not
+    a ValueError reported as our bug."""
+    from optcli.ops import qconv
+    from optcli.ops.registry import StepAttrs
+
+    attrs = StepAttrs({"x_scale": 0.1, "x_zero_point": 0, "w_scale": [0.1], "y_scale": 0.1, "y_zero_point": 0,
+                       "qmin": 0, "qmax": 255, "kernel_shape": [1, 1]})
+    w = np.ones((2, 3, 1, 1), np.int8)
+    with pytest.raises(NbFormatError, match="corrupted or crafted"):
+        qconv.qconv([np.zeros((1, 3, 2, 2), np.float32), w, None], attrs)
