@@ -43,6 +43,11 @@ def prepared_qconv(xshape: tuple[int, int, int, int], x_dtype: np.dtype, w: np.n
     require(mult.dtype == np.float32 and mult.shape == (m,), "prepared qconv")
     require(bias is None or (bias.dtype == np.int32 and bias.shape == (m,)), "prepared qconv")
     require(int(np.prod(w.shape[1:])) <= MAX_K, "prepared qconv")
+    # the C reads C / group * KH * KW weights per output channel: they must be w's (a crafted file's
+    # group or window would otherwise send it past the weight array)
+    group = int(geom[15])
+    require(group >= 1 and xshape[1] == w.shape[1] * group and m % group == 0 and tuple(geom[5:7]) == w.shape[2:],
+            "prepared qconv")
     depthwise = w.shape[1] == 1 and geom[15] == geom[1]
     weights = np.ascontiguousarray(w.reshape(m, -1)) if depthwise else pack_pairs(w)
     fn = library._lib.optcli_qconv2d_depthwise if depthwise else library._lib.optcli_qconv2d_gemm

@@ -22,6 +22,7 @@ CHILD = """
 import numpy as np
 from optcli import native
 from optcli.native.library import NativeError
+from optcli.native import qgemm
 from optcli.native.blocked_conv import conv2d_blocked, pack_conv_weights
 
 assert False, "this child must run under python -O"  # removed by -O: reaching the cases proves it
@@ -40,6 +41,10 @@ cases = {
     "conv2d_blocked kernel_shape": lambda: conv2d_blocked(np.ones((1, 2, 8, 8, 8), f),
                                                           pack_conv_weights(np.ones((16, 16, 3, 3), f), 8), None, 16,
                                                           (1, 1), (1, 1), (1, 1), (0, 0), (8, 8)),
+    # an integer conv whose group claims 8 input channels per output channel where w holds 1
+    "prepared_qconv group": lambda: qgemm.prepared_qconv(
+        (1, 8, 6, 6), np.uint8, np.ones((4, 1, 3, 3), np.int8), None, np.ones(4, f),
+        (1, 8, 6, 6, 4, 3, 3, 1, 1, 1, 1, 0, 0, 4, 4, 1), (0, 0, 0, 255, 0, 0), np.uint8),
 }
 for name, call in cases.items():
     try:
@@ -59,7 +64,7 @@ def test_every_guard_holds_under_python_O():
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = dict(line.rsplit(" ", 1) if line.endswith(("refused", "RAN")) else (line, "other")
                    for line in proc.stdout.strip().splitlines())
-    assert len(results) == 9 and all(v == "refused" for v in results.values()), proc.stdout
+    assert len(results) == 10 and all(v == "refused" for v in results.values()), proc.stdout
 
 
 @pytest.mark.skipif(not native.available(), reason=native.status())
