@@ -13,36 +13,22 @@ a GPU run's wall time goes beyond its kernels' time).
 from __future__ import annotations
 
 import sys
-import time
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper
+
+from benchmarks.step_overhead import _min_time, chain
 
 STEPS = 400
 REPEATS = 50
-SHAPE = [1, 32, 16, 16]  # large enough that the placement keeps it on the GPU
-
-
-def chain(steps: int) -> onnx.ModelProto:
-    nodes, prev = [], "x"
-    for i in range(steps):
-        nodes.append(helper.make_node(("Relu", "Neg")[i % 2], [prev], [f"t{i}"]))
-        prev = f"t{i}"
-    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
-                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, SHAPE)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+SHAPE = (1, 32, 16, 16)  # large enough that the placement keeps it on the GPU
 
 
 def _stats(fn) -> tuple[float, float]:
+    """Minimum and median microseconds per step of ``fn`` (a run of the chain), after a warm-up."""
     for _ in range(5):
         fn()
-    times = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times) / STEPS * 1e6, float(np.median(times)) / STEPS * 1e6
+    low, mid = _min_time(fn, REPEATS)
+    return low / STEPS * 1e6, mid / STEPS * 1e6
 
 
 def main(device: str | None) -> None:
@@ -51,7 +37,7 @@ def main(device: str | None) -> None:
     import optcli
     from optcli.compiler import compile_model
 
-    predictor = optcli.load(compile_model(model=chain(STEPS), valid_targets="opencl").data, require_gpu=True,
+    predictor = optcli.load(compile_model(model=chain(STEPS, SHAPE), valid_targets="opencl").data, require_gpu=True,
                             device=device)
     feed = {"x": np.random.default_rng(0).random(SHAPE, dtype=np.float32)}
     dev = predictor.gpu.dev

@@ -25,13 +25,13 @@ STEPS = 400
 REPEATS = 300
 
 
-def chain(steps: int) -> onnx.ModelProto:
+def chain(steps: int, shape: tuple[int, ...] = (1, 4)) -> onnx.ModelProto:
     nodes, prev = [], "x"
     for i in range(steps):
         nodes.append(helper.make_node(("Relu", "Neg")[i % 2], [prev], [f"t{i}"]))
         prev = f"t{i}"
-    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 4])])
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, list(shape))])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 

@@ -220,6 +220,23 @@ ALWAYS_INLINE void store_planes(dw_t *a, const float *out, int64_t p0, int lanes
 #endif
 }
 
+/* The eight planes xin[] side by side in the lanes of the small paths' scratch s (SH x SW pixels of
+ * VL floats, the padding already written): input row i sits at scratch row i + pt, column j at
+ * j + pl (rows and columns outside the scratch: cropped by negative pads). */
+ALWAYS_INLINE void gather_planes(const dw_t *a, const float *const xin[VL], float *s, int64_t SH, int64_t SW) {
+    int64_t i0 = a->pt < 0 ? -a->pt : 0, i1 = SH - a->pt < a->H ? SH - a->pt : a->H;
+    int64_t j0 = a->pl < 0 ? -a->pl : 0, j1 = SW - a->pl < a->W ? SW - a->pl : a->W;
+    for (int64_t i = i0; i < i1; i++) {
+        float *dst = s + ((i + a->pt) * SW + a->pl) * VL;
+        const int64_t off = i * a->W;
+        for (int64_t j = j0; j < j1; j++) {
+            v8f v = {xin[0][off + j], xin[1][off + j], xin[2][off + j], xin[3][off + j],
+                     xin[4][off + j], xin[5][off + j], xin[6][off + j], xin[7][off + j]};
+            vstore(dst + j * VL, v);
+        }
+    }
+}
+
 ALWAYS_INLINE void small_group(dw_t *a, float *s, int64_t p0, const int T) {
     const int64_t planes = a->N * a->M, KH = a->KH, KW = a->KW, OH = a->OH, OW = a->OW;
     const int64_t SH = (OH - 1) * a->sh + (KH - 1) * a->dh + 1, SW = (OW - 1) * a->sw + (KW - 1) * a->dw + 1;
@@ -243,18 +260,7 @@ ALWAYS_INLINE void small_group(dw_t *a, float *s, int64_t p0, const int T) {
         for (int l = lanes; l < VL; l++) v[l] = 0.0f;
         vstore(wt + t * VL, v);
     }
-    /* input row i sits at scratch row i + pt (rows outside the scratch: cropped by negative pads) */
-    int64_t i0 = a->pt < 0 ? -a->pt : 0, i1 = SH - a->pt < a->H ? SH - a->pt : a->H;
-    int64_t j0 = a->pl < 0 ? -a->pl : 0, j1 = SW - a->pl < a->W ? SW - a->pl : a->W;
-    for (int64_t i = i0; i < i1; i++) {
-        float *dst = s + ((i + a->pt) * SW + a->pl) * VL;
-        const int64_t off = i * a->W;
-        for (int64_t j = j0; j < j1; j++) {
-            v8f v = {xin[0][off + j], xin[1][off + j], xin[2][off + j], xin[3][off + j],
-                     xin[4][off + j], xin[5][off + j], xin[6][off + j], xin[7][off + j]};
-            vstore(dst + j * VL, v);
-        }
-    }
+    gather_planes(a, xin, s, SH, SW);
     float out[(SMALL_PIXELS + VL) * VL] __attribute__((aligned(32))); /* whole groups of 8 pixels */
     const v8f vb = vload(bias);
     const int64_t rs = SW * VL, hstep = a->dh * rs, wstep = a->dw * VL;
@@ -351,17 +357,7 @@ ALWAYS_INLINE void small_pool_group(dw_t *a, float *s, int64_t p0, const int op)
         int64_t plane = p0 + (l < lanes ? l : 0), n = plane / a->M, c = (plane % a->M) / a->mult;
         xin[l] = a->x + (n * a->C + c) * a->H * a->W;
     }
-    int64_t i0 = a->pt < 0 ? -a->pt : 0, i1 = SH - a->pt < a->H ? SH - a->pt : a->H;
-    int64_t j0 = a->pl < 0 ? -a->pl : 0, j1 = SW - a->pl < a->W ? SW - a->pl : a->W;
-    for (int64_t i = i0; i < i1; i++) {
-        float *dst = s + ((i + a->pt) * SW + a->pl) * VL;
-        const int64_t off = i * a->W;
-        for (int64_t j = j0; j < j1; j++) {
-            v8f v = {xin[0][off + j], xin[1][off + j], xin[2][off + j], xin[3][off + j],
-                     xin[4][off + j], xin[5][off + j], xin[6][off + j], xin[7][off + j]};
-            vstore(dst + j * VL, v);
-        }
-    }
+    gather_planes(a, xin, s, SH, SW);
     float out[(SMALL_PIXELS + VL) * VL] __attribute__((aligned(32))); /* whole groups of 8 pixels */
     const int64_t rs = SW * VL, hstep = a->dh * rs, wstep = a->dw * VL;
     for (int64_t oh = 0; oh < OH; oh++) {
