@@ -17,8 +17,11 @@
 
 BC_INLINE BC_V BC(ld)(const float *p) { BC_V v; memcpy(&v, p, sizeof v); return v; }
 BC_INLINE void BC(st)(float *p, BC_V v) { memcpy(p, &v, sizeof v); }
-/* an initializer, not 0 + a: that is an add (0 + -0 is +0) before the broadcast */
-BC_INLINE BC_V BC(splat)(float a) { BC_V v = BC_SPLAT(a); return v; }
+/* A broadcast: an initializer, not 0 + a (that is an add, 0 + -0 is +0, before the broadcast),
+ * and a macro, not a function returning the vector: GCC lowers a vector built inside an inlined
+ * default-target function as for the default target, so the AVX2 clone made each broadcast from
+ * eight vinsertps and spilled accumulators around them (2x slower tiles). */
+#define BC_VSPLAT(a) ((BC_V)BC_SPLAT(a))
 
 typedef int32_t BC(vi) __attribute__((vector_size(sizeof(BC_V))));
 
@@ -28,12 +31,16 @@ BC_INLINE BC_V BC(sel)(BC(vi) m, BC_V a, BC_V b) { return (BC_V)((m & (BC(vi))a)
 /* relu and clip in registers as the tile is stored (a NaN stays NaN, as with np.maximum / np.clip);
  * the other activations take one pass over the item's output afterwards. */
 BC_INLINE BC_V BC(clamp)(const bc_t *a, BC_V v) {
+    /* the bounds through volatiles, made here after the tile's loops (see GK(clamp) in gemm_kernel.h:
+     * hoisted, a bound holds a register the accumulators need) */
     if (a->act == ACT_RELU) {
-        const BC_V z = BC(splat)(0.0f);
+        volatile float zero = 0.0f;
+        const BC_V z = BC_VSPLAT(zero);
         return BC(sel)(v < z, z, v);
     }
     if (a->act == ACT_CLIP) {
-        const BC_V lo = BC(splat)(a->alpha), hi = BC(splat)(a->beta);
+        volatile float lo_bound = a->alpha, hi_bound = a->beta;
+        const BC_V lo = BC_VSPLAT(lo_bound), hi = BC_VSPLAT(hi_bound);
         v = BC(sel)(v < lo, lo, v);
         return BC(sel)(v > hi, hi, v);
     }
@@ -47,7 +54,7 @@ BC_INLINE void BC(init)(const bc_t *a, BC_V acc[BC_OB][BC_XMAX], int64_t n, int6
     BC_UNROLL
     for (int o = 0; o < OB; o++) {
         const int64_t at = ((n * a->Mb + ob0 + o) * a->OP + q0) * BC_L;
-        BC_V b = a->bias ? BC(ld)(a->bias + (ob0 + o) * BC_L) : BC(splat)(0.0f);
+        BC_V b = a->bias ? BC(ld)(a->bias + (ob0 + o) * BC_L) : BC_VSPLAT(0.0f);
         BC_UNROLL
         for (int x = 0; x < X; x++) acc[o][x] = first ? b : BC(ld)(a->y + at + x * BC_L);
     }
@@ -90,7 +97,7 @@ BC_INLINE void BC(pw_tile)(const bc_t *a, int64_t n, int64_t ob0, int64_t p0, in
         for (int o = 0; o < OB; o++) wv[o] = BC(ld)(wc + o * BC_L);
         BC_UNROLL
         for (int x = 0; x < X; x++) {
-            BC_V v = BC(splat)(xc[x * ib]);
+            BC_V v = BC_VSPLAT(xc[x * ib]);
             BC_UNROLL
             for (int o = 0; o < OB; o++) acc[o][x] += wv[o] * v;
         }
@@ -126,7 +133,7 @@ BC_INLINE void BC(tile)(const bc_t *a, int64_t n, int64_t ob0, int64_t oh, int64
                     const int64_t at = iw + x * sw;
                     const int in = !CHECK || (at >= 0 && at < W); /* outside: read the row's start, use 0 */
                     const float xv = xr[(in ? at : 0) * ib];
-                    BC_V v = BC(splat)(in ? xv : 0.0f);
+                    BC_V v = BC_VSPLAT(in ? xv : 0.0f);
                     BC_UNROLL
                     for (int o = 0; o < OB; o++) acc[o][x] += wv[o] * v;
                 }
@@ -246,6 +253,7 @@ BC_ATTR static void BC(run_item)(void *ctx, int64_t it) { BC(item)(ctx, it); }
 #undef BC_CK_CALL
 #undef BC_XF
 #undef BC_SPLAT
+#undef BC_VSPLAT
 #undef BC_CHANNELS
 #undef BC_XMAX
 #undef BC_ACC
