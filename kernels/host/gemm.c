@@ -10,10 +10,10 @@
  * Blocking (BLIS-like): a work item is (image, band of NB columns, band of rows).  For each
  * K block (as long as keeps a packed panel in half the L1) the item packs its columns of X into
  * NR-wide panels (contiguous, zero past N: the micro-kernel reads B sequentially whatever the row
- * stride of X), then walks the panels, each in L1, against row blocks of W of MC rows kept in L2.
- * W is not packed: a tile reads its MR rows of W at k as MR broadcasts from MR sequential streams,
- * which the caches serve as well as a packed copy, so there is no per-call packing cost and no
- * cache of packed weights to keep coherent.  Partial sums of all but the last K block go through
+ * stride of X; the band's panels stay in L2), then takes W's rows MR at a time, each such tile of
+ * W in L1 against all the band's panels in turn.  W is not packed: a tile reads its MR rows of W
+ * at k as MR broadcasts from MR sequential streams in L1, so there is no per-call packing cost and
+ * no cache of packed weights to keep coherent.  Partial sums of all but the last K block go through
  * Y (still in L2).  The work item itself is in gemm_kernel.h, once per vector width.
  *
  * Two shapes take other work items: under NARROW_COLS columns (squeeze-excitation convs and conv
@@ -30,7 +30,7 @@
 #include "simd.h"
 
 #define PANEL_FLOATS 6144      /* a packed panel of X, K block x NR floats: 24 KiB, half an L1 */
-#define L2_FLOATS (64 * 1024)  /* 256 KiB: the packed X block, or a row block of W, in L2 */
+#define L2_FLOATS (64 * 1024)  /* 256 KiB: an item's packed band of X, in L2 */
 #define THIN_ROWS 4            /* GK_TM: products of this few rows take the thin work item */
 #define NARROW_COLS 16         /* products of fewer columns take the narrow work item (dot products) */
 #define TRANSPOSED_COLS 256    /* products of NARROW_COLS..this many columns may be taken transposed */
@@ -53,7 +53,7 @@ typedef struct {
     int64_t M, K, N;
     int64_t groups;            /* grouped convs: image b is group b % groups of its input, with that
                                   group's rows of W and bias (0 or 1: one W for every image) */
-    int64_t kc, mc, nb, mb;    /* K block, W row block, columns and rows per item */
+    int64_t kc, nb, mb;        /* K block, columns and rows per item */
     int64_t nn, nm;            /* column bands and row bands per image */
     int act;
     float alpha, beta;
@@ -158,8 +158,6 @@ static int run(gemm_t *g, int64_t batch) {
     /* K blocks of equal size, none above what keeps a packed panel in L1 */
     int64_t kmax = PANEL_FLOATS / nr, kblocks = (K + kmax - 1) / kmax;
     g->kc = (K + kblocks - 1) / kblocks;
-    g->mc = L2_FLOATS / g->kc / mr * mr;
-    if (g->mc < mr) g->mc = mr;
     /* Items: about 4 per thread (a thread that is not scheduled leaves its share to the others).
      * Each column band reads all of its rows of W and each row band packs all of its columns of
      * X, so split the columns when X is the larger (N > M) and the rows when W is (the late
