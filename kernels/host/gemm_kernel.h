@@ -247,9 +247,10 @@ ALWAYS_INLINE void GK(item)(gemm_t *g, int64_t it, const int act) {
         /* A tile's rows of W (MR x kb, in L1 for all of its panels) against each packed panel of
          * the band in turn (a sequential stream from L2), so each row band of Y is written along
          * its rows.  Panels outermost instead (each panel in L1 against all of W's rows, the
-         * BLIS order, which assumes a packed W) was 5-35% slower here: W's MR rows then come as
-         * MR strided streams from L2 for every tile, and Y is written MR rows at a time down all
-         * of M (measured on 1x1 and 3x3 conv shapes at K from 16 to 4608, 1 and 2 threads). */
+         * BLIS order, which assumes a packed W) was as fast or up to 16% slower at 1 thread (W's
+         * MR rows then come as MR strided streams from L2 for every tile, and Y is written MR
+         * rows at a time down all of M), within the noise at 2 threads (1x1 and 3x3 conv shapes,
+         * K 16..2304, the two orders interleaved in one process, order rotated per round). */
         for (int64_t m = m0; m < m1; m += GK_MR) {
             int rows = m1 - m < GK_MR ? (int)(m1 - m) : GK_MR;
             const float *wm = w + m * K + k0, *bm = bias ? bias + m : NULL;
