@@ -115,19 +115,32 @@ ALWAYS_INLINE void fill(const dw_t *a, const float *xin, float *s, int64_t r0, i
 }
 
 /* R output rows x V vectors starting at column ow0; s points at the first row's scratch. */
+/* The loops over the tile's rows and vectors unrolled (the pragmas), so that the accumulators
+ * are registers, and the loop over the taps kept rolled: GCC left the row and vector loops of
+ * the 3x3 tiles rolled, with the accumulator array on the stack (a store and a reload per
+ * multiply-add), and with the taps unrolled too it loaded all 72 inputs of a tile ahead and
+ * spilled them (tests/native/test_codegen.py). */
+#define DW_UNROLL _Pragma("GCC unroll 32")
 ALWAYS_INLINE void tile(const dw_t *a, const float *s, const float *wk, v8f vb, float *y, int64_t ow0,
                         const int R, const int V, const int T) {
     v8f acc[4][2];
+    DW_UNROLL
     for (int r = 0; r < R; r++)
+        DW_UNROLL
         for (int v = 0; v < V; v++) acc[r][v] = vb;
     const int64_t rstep = a->sh * a->RS;
+    _Pragma("GCC unroll 1")
     for (int t = 0; t < T; t++) {
         v8f wt = vsplat(wk[t]);
         const float *p = s + a->toff[t] + ow0;
+        DW_UNROLL
         for (int r = 0; r < R; r++)
+            DW_UNROLL
             for (int v = 0; v < V; v++) acc[r][v] += wt * vload(p + r * rstep + v * VL);
     }
+    DW_UNROLL
     for (int r = 0; r < R; r++)
+        DW_UNROLL
         for (int v = 0; v < V; v++) {
             int64_t col = ow0 + v * VL, left = a->OW - col;
             if (left > 0) vstore_part(y + r * a->OW + col, acc[r][v], (int)left);

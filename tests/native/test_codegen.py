@@ -93,3 +93,17 @@ def test_blocked_conv_tiles_broadcast_in_one_instruction(code):
     assert spans, "the blocked conv's AVX2 clones (bc8_*) are not in the library"
     built = {name: lane_by_lane_broadcasts(code[name]) for name in spans}
     assert not any(built.values()), f"vectors built lane by lane: {built}"
+
+
+def stack_operand_fmas(instructions: list[str]) -> int:
+    """Multiply-adds with an operand on the stack: the activations' polynomial constants, or spills."""
+    return sum(ins.startswith("vfmadd") and "(%rsp)" in ins for ins in instructions)
+
+
+@pytest.mark.parametrize("name", ["item_3x3.arch_x86_64_v3", "item_5x5.arch_x86_64_v3"])
+def test_depthwise_tiles_read_their_inputs_from_the_scratch(code, name):
+    """The depthwise items inline the same activation code as the GEMM's act_rows, whose constants
+    are read from the stack; any stack operand beyond those is a spilled input or accumulator (the
+    3x3 item had 119 against act_rows' 49, its tiles 2x slower)."""
+    activations = stack_operand_fmas(code["gk8_act_rows.arch_x86_64_v3"])
+    assert stack_operand_fmas(code[name]) <= activations, f"{name}: inputs or accumulators on the stack"
