@@ -37,11 +37,13 @@ def all_recipes() -> list[Recipe]:
     import recipes_derived
     import recipes_hf
     import recipes_recurrent
+    import recipes_small
     import recipes_torch
     import recipes_wheels
     base = recipes_torch.recipes() + recipes_hf.recipes() + recipes_wheels.recipes()
     # recipes_recurrent brings its own derived model (quantized LSTM) after its base.
-    return base + recipes_derived.recipes({r.name: r for r in base}) + recipes_recurrent.recipes()
+    return (base + recipes_derived.recipes({r.name: r for r in base}) + recipes_recurrent.recipes()
+            + recipes_small.recipes())
 
 
 def version_of(module: str) -> str | None:

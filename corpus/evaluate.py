@@ -132,12 +132,20 @@ class Run:
     gpu_steps: int = 0
     conv_steps: int = 0
     conv_on_gpu: int = 0
+    conv_kept_on_host: int = 0  # convs the cost model kept on the host (keep_small_islands_on_host)
     errors: dict[str, float] = field(default_factory=dict)
     fold_failures: list = field(default_factory=list)
     error: str = ""
     seconds: float = 0.0
     tolerance: float = 0.0
     fp16_floor: float | None = None  # onnxruntime's own error with half storage, when it was needed
+
+    @property
+    def convs_placed(self) -> bool:
+        """Every conv-family step on the GPU, or on the host by the cost model's decision (a net so
+        small that the copies to the GPU and back would cost more than it saves: MTCNN's R-net), never
+        on the host for want of a GPU kernel."""
+        return bool(self.conv_steps) and self.conv_on_gpu + self.conv_kept_on_host == self.conv_steps
 
     @property
     def max_error(self) -> float:
@@ -173,6 +181,8 @@ def run_model(entry: dict, folder: Path, targets: str, precision: str = "fp32", 
     run.gpu_steps = sum(s["target"] != "arm" for s in steps)
     convs = [s for s in steps if s["op"] in CONV_FAMILY]
     run.conv_steps, run.conv_on_gpu = len(convs), sum(s["target"] != "arm" for s in convs)
+    run.conv_kept_on_host = sum(s["target"] == "arm" and s.get("reason", "").startswith("cost-aware")
+                                for s in convs)
     run.fold_failures = result.report.get("fold_failures", [])
     run.errors = {name: relative_error(outputs[name], ref) for name, ref in expected.items()}
     if precision == "fp16" and not run.accurate:

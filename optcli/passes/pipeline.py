@@ -50,6 +50,7 @@ from optcli.passes import (
     quantize_int8,
     remove_dead_nodes,
     select_kernels,
+    slices_to_split,
 )
 
 PASSES: list[ModuleType] = [
@@ -65,6 +66,7 @@ PASSES: list[ModuleType] = [
     eliminate_identity,
     remove_dead_nodes,
     eliminate_common_subexpressions,
+    slices_to_split,  # after CSE merged repeated Slices
     drop_redundant_fake_quant,  # pre-quantized models: before Pad meets Conv
     # fusion
     fuse_activation_patterns,
