@@ -56,8 +56,8 @@ def recurrent(cell: str, xp: np.ndarray, rt: np.ndarray, rbh: np.ndarray | None,
     if clip is not None:
         flags |= CLIP
     _check(library._lib.optcli_recurrent_f32(
-        CELLS[cell], xp.ctypes.data, _ptr(rt), _ptr(rbh), _ptr(p), _ptr(h0), _ptr(c0), _ptr(lens), _ptr(y),
-        yh.ctypes.data, _ptr(yc), geom_addr, acts.ctypes.data, alphas.ctypes.data, betas.ctypes.data,
+        CELLS[cell], _ptr(xp), _ptr(rt), _ptr(rbh), _ptr(p), _ptr(h0), _ptr(c0), _ptr(lens), _ptr(y),
+        _ptr(yh), _ptr(yc), geom_addr, _ptr(acts), _ptr(alphas), _ptr(betas),
         0.0 if clip is None else float(clip), flags), f"{cell} time loop")
     del geom
     return y, yh, yc
