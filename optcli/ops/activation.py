@@ -169,26 +169,9 @@ def _native_or(x: np.ndarray, name: str, numpy_fn, alpha: float = 0.0, beta: flo
     return [numpy_fn() if y is None else y]
 
 
-NUMPY_SIGMOID_BELOW = 1024
-"""Elements under which a float32 Sigmoid stays in numpy, in five whole-array calls: a decoder's
-Loop body runs it on a gate row of ~100 floats per iteration, where the native call's fixed cost
-(~5 us) is most of the op and the masked reference (``_sigmoid``) costs ~8 us."""
-
-
-def _small_sigmoid(x: np.ndarray) -> np.ndarray:
-    """``_sigmoid`` without masks: e = exp(-|x|), s = 1 / (1 + e), then s where x >= 0 and e * s
-    (exp(x) / (1 + exp(x))) below, so nothing overflows; a NaN stays NaN (``x < 0`` is False)."""
-    e = np.exp(-np.abs(x))
-    s = np.reciprocal(e + x.dtype.type(1))
-    return np.where(x < 0, e * s, s)  # an array for a 0-d x too (the ufuncs gave scalars)
-
-
 @kernel("Sigmoid")
 def sigmoid(inputs, attrs):
-    x = inputs[0]
-    if type(x) is np.ndarray and x.dtype == np.float32 and x.size < NUMPY_SIGMOID_BELOW:
-        return [_small_sigmoid(x)]
-    return _native_or(x, "sigmoid", lambda: _sigmoid(np.asarray(x)))
+    return _native_or(inputs[0], "sigmoid", lambda: _sigmoid(np.asarray(inputs[0])))
 
 
 NUMPY_TANH_BELOW = 1024
