@@ -37,7 +37,7 @@ def _aligned_empty(shape: tuple[int, ...]) -> tuple[np.ndarray, int]:
     and that address."""
     n = math.prod(shape)
     buf = np.empty(n + 16, np.float32)
-    addr = buf.ctypes.data
+    addr = _ptr(buf)
     k = (-addr >> 2) & 15
     return buf[k:k + n].reshape(shape), addr + 4 * k
 
@@ -85,7 +85,7 @@ def prepared_depthwise_conv2d_blocked(xshape: tuple[int, ...], packed: np.ndarra
     require(packed.shape == (cb, *kernel, blk), (packed.shape, xshape, kernel))
     b = _padded_bias(None if bias is None else np.asarray(bias, np.float32), cb * blk)
     geom_values = np.array(_geometry(tuple(xshape), kernel, strides, dilations, pad_begin, out), dtype=np.int64)
-    geom = geom_values.ctypes.data  # the call's own array: the shared cache may drop its copy
+    geom = _ptr(geom_values)  # the call's own array: the shared cache may drop its copy
     fn, code = library._lib.optcli_dwconv2d_blocked_f32, ACTIVATION_CODES[activation]
     w_addr, b_addr = _ptr(packed), _ptr(b)
     shape, empty, f32, xs = (n, cb, out[0], out[1], blk), _aligned_empty, np.float32, tuple(xshape)
@@ -93,7 +93,7 @@ def prepared_depthwise_conv2d_blocked(xshape: tuple[int, ...], packed: np.ndarra
     def call(x: np.ndarray) -> np.ndarray:
         require(x.shape == xs and x.dtype == f32 and x.flags.c_contiguous, 'prepared depthwise conv2d blocked')
         y, y_addr = empty(shape)
-        rc = fn(x.ctypes.data, w_addr, b_addr, y_addr, geom, code, alpha, beta)
+        rc = fn(_ptr(x), w_addr, b_addr, y_addr, geom, code, alpha, beta)
         if rc:
             _check(rc, "blocked depthwise conv")
         return y
@@ -117,7 +117,7 @@ def pool2d_blocked(x: np.ndarray, op: str, kernel: tuple[int, int], strides: tup
     k = None if rcol is None else np.ascontiguousarray(rcol, dtype=np.float32)
     require(op == "max" or (r is not None and k is not None and r.shape == (out[0],) and k.shape == (out[1],)),
             'pool2d blocked')
-    _check(library._lib.optcli_pool2d_blocked_f32(x.ctypes.data, y_addr, geom, POOL_OPS[op], _ptr(r), _ptr(k)),
+    _check(library._lib.optcli_pool2d_blocked_f32(_ptr(x), y_addr, geom, POOL_OPS[op], _ptr(r), _ptr(k)),
            f"blocked {op} pooling")
     return y
 
@@ -129,6 +129,6 @@ def global_average_pool_blocked(x: np.ndarray) -> np.ndarray:
     _check_x(x)
     n, cb, h, w, blk = x.shape
     y = np.empty((n, cb, 1, 1, blk), dtype=np.float32)
-    _check(library._lib.optcli_global_avg_blocked_f32(x.ctypes.data, y.ctypes.data, n, cb, h * w, blk),
+    _check(library._lib.optcli_global_avg_blocked_f32(_ptr(x), _ptr(y), n, cb, h * w, blk),
            "blocked global average pool")
     return y

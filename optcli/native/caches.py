@@ -3,6 +3,7 @@ geometry arrays (``_geom``) and what is made once from a constant weight (``deri
 
 from __future__ import annotations
 
+import ctypes
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +13,7 @@ import numpy as np
 _CONST_ADDRS: dict[int, tuple[weakref.ref, int]] = {}  # id -> (weak reference to a read-only array, its address)
 _GEOMS: dict[tuple[int, ...], tuple[np.ndarray, int]] = {}  # geometry values -> (int64 array, address)
 _CACHE_MAX = 4096
+_char_at, _addressof = ctypes.c_char.from_buffer, ctypes.addressof
 
 
 def _ptr(a: np.ndarray | None) -> int | None:
@@ -19,13 +21,19 @@ def _ptr(a: np.ndarray | None) -> int | None:
     the .nb file) are looked up by identity: numpy takes ~0.8 us to answer, a few times per call of
     kernels that take ~10 us on a model's small layers.  An entry holds its array weakly (a dropped
     predictor's weights are freed) and leaves with it, so an id is never reused while cached; an
-    array's data never moves."""
+    array's data never moves.  Any other array's address comes through ctypes' buffer view of it
+    (~0.9 us where ``a.ctypes.data`` builds a helper object, ~2.4 us on a busy 2-core machine):
+    the native wrappers take three to a dozen addresses a call."""
     if a is None:
         return None
     key = id(a)
     hit = _CONST_ADDRS.get(key)
     if hit is not None and hit[0]() is a:
         return hit[1]
+    try:  # a writable contiguous array (a result, a scratch buffer): ctypes reads its buffer in ~1/3 the time
+        return _addressof(_char_at(a))
+    except (TypeError, ValueError, BufferError):  # read-only, not contiguous, or empty
+        pass
     addr = a.ctypes.data
     if not a.flags.writeable:
         if len(_CONST_ADDRS) >= _CACHE_MAX:

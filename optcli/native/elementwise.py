@@ -20,7 +20,7 @@ def activation(x: np.ndarray, name: str, alpha: float = 0.0, beta: float = 0.0,
     if out is None:
         out = np.empty_like(x)
     require(out.dtype == np.float32 and out.flags.c_contiguous and out.shape == x.shape, 'activation')
-    _check(library._lib.optcli_activation_f32(x.ctypes.data, out.ctypes.data, x.size, ACTIVATION_CODES[name], alpha,
+    _check(library._lib.optcli_activation_f32(_ptr(x), _ptr(out), x.size, ACTIVATION_CODES[name], alpha,
                                               beta), f"{name} activation")
     return out
 
@@ -32,7 +32,7 @@ def add(a: np.ndarray, b: np.ndarray, activation: str | None = None, alpha: floa
     require(library._lib is not None and a.shape == b.shape and a.dtype == b.dtype == np.float32, 'add')
     require(a.flags.c_contiguous and b.flags.c_contiguous, 'add')
     out = np.empty_like(a)
-    _check(library._lib.optcli_add_f32(a.ctypes.data, b.ctypes.data, out.ctypes.data, a.size,
+    _check(library._lib.optcli_add_f32(_ptr(a), _ptr(b), _ptr(out), a.size,
                                        ACTIVATION_CODES[activation], alpha, beta), "add")
     return out
 
@@ -51,7 +51,7 @@ def layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, eps: f
     y = np.empty_like(x)
     mean = np.empty(outer * inner, np.float32) if stats else None
     inv = np.empty(outer * inner, np.float32) if stats else None
-    _check(library._lib.optcli_layer_norm_f32(x.ctypes.data, s.ctypes.data, _ptr(b), y.ctypes.data, _ptr(mean),
+    _check(library._lib.optcli_layer_norm_f32(_ptr(x), _ptr(s), _ptr(b), _ptr(y), _ptr(mean),
                                               _ptr(inv), outer, c, inner, eps), "layer normalization")
     return y, mean, inv
 
@@ -62,7 +62,7 @@ def row_mean(x: np.ndarray, n: int) -> np.ndarray:
     require(library._lib is not None and x.dtype == np.float32 and x.flags.c_contiguous and n >= 1 and x.size % n == 0,
             'row mean')
     y = np.empty(x.size // n, np.float32)
-    _check(library._lib.optcli_row_mean_f32(x.ctypes.data, y.ctypes.data, y.size, n), "row mean")
+    _check(library._lib.optcli_row_mean_f32(_ptr(x), _ptr(y), y.size, n), "row mean")
     return y
 
 
@@ -76,7 +76,7 @@ def to_half(x: np.ndarray) -> np.ndarray | None:
         return None
     out = np.empty(x.shape, np.float16)  # (before ascontiguousarray, which makes a 0-d x 1-d)
     x = np.ascontiguousarray(x)
-    return out if lib.optcli_f32_to_f16(x.ctypes.data, out.ctypes.data, x.size) == 0 else None
+    return out if lib.optcli_f32_to_f16(_ptr(x), _ptr(out), x.size) == 0 else None
 
 
 def from_half(x: np.ndarray) -> np.ndarray | None:
@@ -86,4 +86,4 @@ def from_half(x: np.ndarray) -> np.ndarray | None:
         return None
     out = np.empty(x.shape, np.float32)
     x = np.ascontiguousarray(x)
-    return out if lib.optcli_f16_to_f32(x.ctypes.data, out.ctypes.data, x.size) == 0 else None
+    return out if lib.optcli_f16_to_f32(_ptr(x), _ptr(out), x.size) == 0 else None

@@ -25,8 +25,8 @@ def channel_affine(x: np.ndarray, scale: np.ndarray | None, shift: np.ndarray | 
     s = None if scale is None else np.ascontiguousarray(scale, dtype=np.float32)
     b = None if shift is None else np.ascontiguousarray(shift, dtype=np.float32)
     require((s is None or s.size == x.shape[1]) and (b is None or b.size == x.shape[1]), 'channel affine')
-    px = x.ctypes.data
-    po = px if out is x else out.ctypes.data
+    px = _ptr(x)
+    po = px if out is x else _ptr(out)
     _check(library._lib.optcli_channel_affine_f32(px, po, _ptr(s), _ptr(b), x.shape[0], x.shape[1],
                                                   math.prod(x.shape[2:]), ACTIVATION_CODES[activation], alpha, beta),
            "channel affine")

@@ -34,11 +34,11 @@ def gemm_conv(w: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None, acti
     if panels is not None:  # W.T's panels (pack_panels): small planes taken transposed
         nr, wt = panels
         require(wt.dtype == np.float32 and wt.flags.c_contiguous and wt.size == m * k, 'gemm conv')
-        _check(library._lib.optcli_gemm_conv_t_f32(_ptr(w), _ptr(wt), nr, x.ctypes.data, _ptr(bias), _ptr(r),
-                                                   out.ctypes.data, b, m, k, n, ACTIVATION_CODES[activation], alpha,
+        _check(library._lib.optcli_gemm_conv_t_f32(_ptr(w), _ptr(wt), nr, _ptr(x), _ptr(bias), _ptr(r),
+                                                   _ptr(out), b, m, k, n, ACTIVATION_CODES[activation], alpha,
                                                    beta), "GEMM conv")
         return out
-    _check(library._lib.optcli_gemm_conv_f32(_ptr(w), x.ctypes.data, _ptr(bias), _ptr(r), out.ctypes.data, b, m, k,
+    _check(library._lib.optcli_gemm_conv_f32(_ptr(w), _ptr(x), _ptr(bias), _ptr(r), _ptr(out), b, m, k,
                                              n, ACTIVATION_CODES[activation], alpha, beta), "GEMM conv")
     return out
 
@@ -64,7 +64,7 @@ def prepared_gemm_conv(w: np.ndarray, bias: np.ndarray | None, activation: str |
 
     def call(x: np.ndarray) -> np.ndarray:
         y = empty(shape, f32)
-        rc = fn(*head, x.ctypes.data, b_addr, None, y.ctypes.data, images, m, k, columns, code, alpha, beta)
+        rc = fn(*head, _ptr(x), b_addr, None, _ptr(y), images, m, k, columns, code, alpha, beta)
         if rc:
             _check(rc, "GEMM conv")
         return y
@@ -90,7 +90,7 @@ def prepared_conv2d_gemm(w: np.ndarray, bias: np.ndarray | None, xp_shape: tuple
     xp_shape = tuple(int(d) for d in xp_shape)
     geom_array = np.array((xp_shape[0], w.shape[0], *xp_shape[1:], *w.shape[2:], *strides, *dilations, *out),
                           dtype=np.int64)
-    geom, shape = geom_array.ctypes.data, (xp_shape[0], w.shape[0]) + tuple(out)
+    geom, shape = _ptr(geom_array), (xp_shape[0], w.shape[0]) + tuple(out)
     fn, w_addr, b_addr, code = library._lib.optcli_conv2d_gemm_f32, _ptr(w), _ptr(bias), ACTIVATION_CODES[activation]
     empty, f32 = np.empty, np.float32
 
@@ -98,7 +98,7 @@ def prepared_conv2d_gemm(w: np.ndarray, bias: np.ndarray | None, xp_shape: tuple
         # the C code reads xp by the geometry above: its shape, dtype and layout are checked every call
         require(xp.shape == xp_shape and xp.dtype == f32 and xp.flags.c_contiguous, 'prepared conv2d gemm')
         y = empty(shape, f32)
-        rc = fn(w_addr, xp.ctypes.data, b_addr, None, y.ctypes.data, geom, code, alpha, beta)
+        rc = fn(w_addr, _ptr(xp), b_addr, None, _ptr(y), geom, code, alpha, beta)
         if rc:
             _check(rc, "conv GEMM")
         return y
@@ -114,7 +114,7 @@ def pack_panels(w: np.ndarray) -> tuple[int, np.ndarray] | None:
     require(library._lib is not None and w.ndim == 2, 'pack panels')
     w = np.ascontiguousarray(w, dtype=np.float32)
     wt = np.empty(w.size, dtype=np.float32)
-    nr = library._lib.optcli_gemm_pack_wt_f32(w.ctypes.data, wt.ctypes.data, *w.shape)
+    nr = library._lib.optcli_gemm_pack_wt_f32(_ptr(w), _ptr(wt), *w.shape)
     return (nr, wt) if nr else None
 
 
@@ -134,12 +134,12 @@ def conv2d_gemm(xp: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides:
     y = np.empty((xp.shape[0], w.shape[0]) + tuple(out), dtype=np.float32)
     if group == 1:
         geom_array, geom = _geom((xp.shape[0], w.shape[0], *xp.shape[1:], *w.shape[2:], *strides, *dilations, *out))
-        _check(library._lib.optcli_conv2d_gemm_f32(_ptr(w), xp.ctypes.data, _ptr(b), None, y.ctypes.data,
+        _check(library._lib.optcli_conv2d_gemm_f32(_ptr(w), _ptr(xp), _ptr(b), None, _ptr(y),
                                                    geom, ACTIVATION_CODES[activation], alpha, beta), "conv GEMM")
         return y
     geom_array, geom = _geom((xp.shape[0], w.shape[0] // group, w.shape[1], *xp.shape[2:], *w.shape[2:], *strides,
                               *dilations, *out))
-    _check(library._lib.optcli_conv2d_gemm_grouped_f32(_ptr(w), xp.ctypes.data, _ptr(b), y.ctypes.data, geom,
+    _check(library._lib.optcli_conv2d_gemm_grouped_f32(_ptr(w), _ptr(xp), _ptr(b), _ptr(y), geom,
                                                        group, ACTIVATION_CODES[activation], alpha, beta),
            "grouped conv GEMM")
     return y

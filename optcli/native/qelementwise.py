@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from optcli.native import library
+from optcli.native.caches import _ptr
 from optcli.native.library import _check, require
 
 _BYTES = (np.dtype(np.uint8), np.dtype(np.int8))
@@ -24,8 +25,8 @@ def qadd(a: np.ndarray, b: np.ndarray, params: np.ndarray, y_dtype: np.dtype) ->
     a, b = np.require(a, requirements="C"), np.require(b, requirements="C")  # (ascontiguousarray makes 0-d 1-d)
     params = np.require(params, requirements="C")
     flags = np.array([a.dtype == np.int8, b.dtype == np.int8], dtype=np.int32)
-    _check(library._lib.optcli_qadd(a.ctypes.data, b.ctypes.data, y.ctypes.data, a.size, params.ctypes.data,
-                                    flags.ctypes.data), "quantized add")
+    _check(library._lib.optcli_qadd(_ptr(a), _ptr(b), _ptr(y), a.size, _ptr(params),
+                                    _ptr(flags)), "quantized add")
     return y
 
 
@@ -40,13 +41,13 @@ def prepared_qadd(shape: tuple[int, ...], a_dtype: np.dtype, b_dtype: np.dtype, 
     params = np.array(params, dtype=np.float32)
     flags = np.array([a_dtype == np.int8, b_dtype == np.int8], dtype=np.int32)
     shape, n, fn, empty = tuple(shape), int(np.prod(shape)), library._lib.optcli_qadd, np.empty
-    tail = (params.ctypes.data, flags.ctypes.data)
+    tail = (_ptr(params), _ptr(flags))
 
     def call(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         require(a.shape == shape and b.shape == shape and a.dtype == a_dtype and b.dtype == b_dtype
                 and a.flags.c_contiguous and b.flags.c_contiguous, "qadd")
         y = empty(shape, y_dtype)
-        rc = fn(a.ctypes.data, b.ctypes.data, y.ctypes.data, n, *tail)
+        rc = fn(_ptr(a), _ptr(b), _ptr(y), n, *tail)
         if rc:
             _check(rc, "quantized add")
         return y
@@ -64,6 +65,6 @@ def quantize(x: np.ndarray, scale: np.float32, zero_point: int, dtype: np.dtype)
     require(lo <= zero_point <= hi, "quantize")
     y = np.empty(x.shape, dtype)
     x = np.require(x, requirements="C")
-    _check(library._lib.optcli_quantize_f32(x.ctypes.data, y.ctypes.data, x.size, float(np.float32(scale)),
+    _check(library._lib.optcli_quantize_f32(_ptr(x), _ptr(y), x.size, float(np.float32(scale)),
                                             float(zero_point), float(lo), float(hi)), "quantize")
     return y

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from optcli.native import library
+from optcli.native.caches import _ptr
 from optcli.native.library import _check, require
 
 MAX_K = 65536  # the int32 accumulator's bound in qgemm.c: K * 255 * 128 < 2**31
@@ -56,8 +57,8 @@ def prepared_qconv(xshape: tuple[int, int, int, int], x_dtype: np.dtype, w: np.n
     geom_array = np.array(geom, dtype=np.int64)
     qp_array = np.array(qp, dtype=np.int32)
     shape = (xshape[0], m, int(geom[13]), int(geom[14]))
-    head = (weights.ctypes.data, None if bias is None else bias.ctypes.data, mult.ctypes.data)
-    tail = (geom_array.ctypes.data, qp_array.ctypes.data)
+    head = (_ptr(weights), None if bias is None else _ptr(bias), _ptr(mult))
+    tail = (_ptr(geom_array), _ptr(qp_array))
     x_dtype, y_dtype, xshape = np.dtype(x_dtype), np.dtype(y_dtype), tuple(xshape)
     empty = np.empty
 
@@ -65,7 +66,7 @@ def prepared_qconv(xshape: tuple[int, int, int, int], x_dtype: np.dtype, w: np.n
         require(type(x) is np.ndarray and x.dtype == x_dtype and x.shape == xshape and x.flags.c_contiguous,
                 "qconv")
         y = empty(shape, y_dtype)
-        rc = fn(x.ctypes.data, *head, y.ctypes.data, *tail)
+        rc = fn(_ptr(x), *head, _ptr(y), *tail)
         if rc:
             _check(rc, "integer conv")
         return y

@@ -31,33 +31,48 @@ def recurrent(cell: str, xp: np.ndarray, rt: np.ndarray, rbh: np.ndarray | None,
     """Run the time loop of one layer.  ``xp`` [dirs, seq, batch, G * H] is the input projection with
     the folded biases, ``rt`` [dirs, H, G * H] R transposed (see optcli_native.h for the rest).
     Returns (Y [seq, dirs, batch, H] or None without ``want_y``, Y_h, Y_c or None) in float32."""
-    require(library._lib is not None and cell in CELLS and direction in DIRECTIONS, "recurrent")
-    require(xp.ndim == 4 and rt.ndim == 3, "recurrent")
-    dirs, seq, batch, gh = xp.shape
-    hidden = rt.shape[1]
+    return prepared_recurrent(cell, rt, rbh, direction, acts, alphas, betas, clip, flags)(xp, p, h0, c0, lens, want_y)
+
+
+def prepared_recurrent(cell: str, rt: np.ndarray, rbh: np.ndarray | None, direction: str, acts: np.ndarray,
+                       alphas: np.ndarray, betas: np.ndarray, clip: float | None, flags: int):
+    """``recurrent`` for one layer's weights and attributes, worked out once: a function of
+    ``(xp, p, h0, c0, lens, want_y)``.  The weights' arrays and addresses are checked and taken here;
+    per call only the inputs are (a voice detector's 16-step LSTM spends ~25 us in its C loop, and
+    the per-call conversions of every argument took as long again)."""
+    require(library._lib is not None and cell in CELLS and direction in DIRECTIONS and rt.ndim == 3, "recurrent")
+    dirs, hidden, gh = rt.shape
     require(gh == GATES[cell] * hidden and hidden >= 1, "recurrent")
-    xp = _f32(xp, (dirs, seq, batch, gh))
     rt = _f32(rt, (dirs, hidden, gh))
     rbh = _f32(rbh, (dirs, hidden))
-    p = _f32(p, (dirs, 3 * hidden))
-    h0 = _f32(h0, (dirs, batch, hidden))
-    c0 = _f32(c0, (dirs, batch, hidden))
-    if lens is not None:
-        lens = np.ascontiguousarray(lens, dtype=np.int32)
-        require(lens.shape == (batch,), "recurrent")
     acts = np.ascontiguousarray(acts, dtype=np.int32)
     alphas = np.ascontiguousarray(alphas, dtype=np.float32)
     betas = np.ascontiguousarray(betas, dtype=np.float32)
     require(acts.shape == alphas.shape == betas.shape == (3 * dirs,), "recurrent")
-    y = np.empty((seq, dirs, batch, hidden), np.float32) if want_y else None
-    yh = np.empty((dirs, batch, hidden), np.float32)
-    yc = np.empty((dirs, batch, hidden), np.float32) if cell == "LSTM" else None
-    geom, geom_addr = _geom((dirs, seq, batch, hidden, DIRECTIONS[direction]))
-    if clip is not None:
-        flags |= CLIP
-    _check(library._lib.optcli_recurrent_f32(
-        CELLS[cell], xp.ctypes.data, _ptr(rt), _ptr(rbh), _ptr(p), _ptr(h0), _ptr(c0), _ptr(lens), _ptr(y),
-        yh.ctypes.data, _ptr(yc), geom_addr, acts.ctypes.data, alphas.ctypes.data, betas.ctypes.data,
-        0.0 if clip is None else float(clip), flags), f"{cell} time loop")
-    del geom
-    return y, yh, yc
+    fn, code, way = library._lib.optcli_recurrent_f32, CELLS[cell], DIRECTIONS[direction]
+    fixed = (_ptr(rt), _ptr(rbh))
+    act_addrs = (_ptr(acts), _ptr(alphas), _ptr(betas), 0.0 if clip is None else float(clip),
+                 flags | (CLIP if clip is not None else 0))
+    lstm = cell == "LSTM"
+
+    def call(xp: np.ndarray, p: np.ndarray | None, h0: np.ndarray | None, c0: np.ndarray | None,
+             lens: np.ndarray | None, want_y: bool = True):
+        require(xp.ndim == 4 and xp.shape[0] == dirs and xp.shape[3] == gh, "recurrent")
+        seq, batch = xp.shape[1], xp.shape[2]
+        xp = _f32(xp, (dirs, seq, batch, gh))
+        p = _f32(p, (dirs, 3 * hidden))
+        h0 = _f32(h0, (dirs, batch, hidden))
+        c0 = _f32(c0, (dirs, batch, hidden))
+        if lens is not None:
+            lens = np.ascontiguousarray(lens, dtype=np.int32)
+            require(lens.shape == (batch,), "recurrent")
+        y = np.empty((seq, dirs, batch, hidden), np.float32) if want_y else None
+        yh = np.empty((dirs, batch, hidden), np.float32)
+        yc = np.empty((dirs, batch, hidden), np.float32) if lstm else None
+        geom, geom_addr = _geom((dirs, seq, batch, hidden, way))
+        _check(fn(code, _ptr(xp), *fixed, _ptr(p), _ptr(h0), _ptr(c0), _ptr(lens), _ptr(y), _ptr(yh), _ptr(yc),
+                  geom_addr, *act_addrs), f"{cell} time loop")
+        del geom
+        return y, yh, yc
+
+    return call

@@ -41,7 +41,7 @@ def _window_conv(fn, what: str, x: np.ndarray, w: np.ndarray, bias: np.ndarray |
     m, _, kh, kw = w.shape
     y = np.empty((n, m, out[0], out[1]), dtype=np.float32)
     geom_array, geom = _geom((n, c, h, wd, m, kh, kw, *strides, *dilations, *pad_begin, *out))
-    _check(fn(x.ctypes.data, _ptr(w), _ptr(b), y.ctypes.data, geom, ACTIVATION_CODES[activation], alpha, beta), what)
+    _check(fn(_ptr(x), _ptr(w), _ptr(b), _ptr(y), geom, ACTIVATION_CODES[activation], alpha, beta), what)
     return y
 
 
@@ -57,14 +57,14 @@ def prepared_depthwise_conv2d(xshape: tuple[int, int, int, int], w: np.ndarray, 
     n, c, h, wd = xshape
     m, _, kh, kw = w.shape
     geom_values = np.array((n, c, h, wd, m, kh, kw, *strides, *dilations, *pad_begin, *out), dtype=np.int64)
-    geom = geom_values.ctypes.data  # the call's own array: the shared cache may drop its copy
+    geom = _ptr(geom_values)  # the call's own array: the shared cache may drop its copy
     fn, code = library._lib.optcli_dwconv2d_f32, ACTIVATION_CODES[activation]
     w_addr, b_addr = _ptr(w), _ptr(bias)
     shape, empty, f32 = (n, m, out[0], out[1]), np.empty, np.float32
 
     def call(x: np.ndarray) -> np.ndarray:
         y = empty(shape, f32)
-        rc = fn(x.ctypes.data, w_addr, b_addr, y.ctypes.data, geom, code, alpha, beta)
+        rc = fn(_ptr(x), w_addr, b_addr, _ptr(y), geom, code, alpha, beta)
         if rc:
             _check(rc, "depthwise conv")
         return y
@@ -89,7 +89,7 @@ def prepared_pool2d(xshape: tuple[int, ...], op: str, kernel: tuple[int, int], s
     geom_array = np.array((n, c, h, wd, c, *kernel, *strides, *dilations, *pad_begin, *out), dtype=np.int64)
     r = None if rrow is None else np.ascontiguousarray(rrow, dtype=np.float32)
     k = None if rcol is None else np.ascontiguousarray(rcol, dtype=np.float32)
-    fn, geom, code = library._lib.optcli_pool2d_f32, geom_array.ctypes.data, POOL_OPS[op]
+    fn, geom, code = library._lib.optcli_pool2d_f32, _ptr(geom_array), POOL_OPS[op]
     r_addr, k_addr = _ptr(r), _ptr(k)
     shape, empty, f32 = (n, c, out[0], out[1]), np.empty, np.float32
 
@@ -97,7 +97,7 @@ def prepared_pool2d(xshape: tuple[int, ...], op: str, kernel: tuple[int, int], s
         # the C code reads x by the geometry above: its shape, dtype and layout are checked every call
         require(x.shape == xshape and x.dtype == f32 and x.flags.c_contiguous, 'prepared pool2d')
         y = empty(shape, f32)
-        rc = fn(x.ctypes.data, y.ctypes.data, geom, code, r_addr, k_addr)
+        rc = fn(_ptr(x), _ptr(y), geom, code, r_addr, k_addr)
         if rc:
             _check(rc, f"{op} pooling")
         return y
@@ -119,6 +119,6 @@ def pool2d(x: np.ndarray, op: str, kernel: tuple[int, int], strides: tuple[int, 
     geom_array, geom = _geom((n, c, h, wd, c, *kernel, *strides, *dilations, *pad_begin, *out))
     r = None if rrow is None else np.ascontiguousarray(rrow, dtype=np.float32)
     k = None if rcol is None else np.ascontiguousarray(rcol, dtype=np.float32)
-    _check(library._lib.optcli_pool2d_f32(x.ctypes.data, y.ctypes.data, geom, POOL_OPS[op], _ptr(r), _ptr(k)),
+    _check(library._lib.optcli_pool2d_f32(_ptr(x), _ptr(y), geom, POOL_OPS[op], _ptr(r), _ptr(k)),
            f"{op} pooling")
     return y

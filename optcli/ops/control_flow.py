@@ -4,7 +4,7 @@ A body (an ONNX subgraph) becomes a ``Body``: its constants, and one step per no
 optcli's kernel for the op (the variant that fits any node: a body's nodes are not kernel-selected
 as the main graph's are), a nested ``If``/``Loop``/``Scan`` of this module, or, for an op optcli
 has no kernel for, onnx's reference implementation of that one node (``reference.run_reference``).
-Running a body is a Python loop over those steps on a dict of values: ~1 us per step, where
+Running a body is a Python loop over those steps on a list of value slots: <1 us per step, where
 onnx's ReferenceEvaluator, which ran whole bodies before, cost ~15-30 us per node and ran every
 node with its own implementation (a decoder's ``OneHot`` with a one-element ``depth``, legal ONNX,
 failed there under numpy 2; an LSTM inside a voice detector's ``If`` ran onnx's slow, and for
@@ -84,8 +84,17 @@ _GRAPH_TYPES = (5, 10)  # onnx.AttributeProto.GRAPH, GRAPHS (onnx is imported on
 _MAX_FOLDED = 16 * 1024 * 1024  # elements: a body's folded value is kept for the plan's life
 
 
+_ENV = object()  # a step's attrs slot for one that reads the environment itself: run(args, env)
+
+
 class Body:
-    """One subgraph, compiled once: ``run(feeds, outer)`` gives its outputs in order."""
+    """One subgraph, compiled once: ``run(feeds, outer)`` gives its outputs in order.
+
+    Values live in a list of slots, one per name, laid out once: a Loop runs its body hundreds
+    of times, and a dict environment copied from the outer one and filled name by name cost
+    ~1 us a step there.  A step is ``(fn, attrs, input slots, output slots)``: optcli's kernel is
+    called as ``fn(args, attrs)`` directly; a nested If/Loop/Scan or an onnx.reference node has
+    ``attrs`` ``_ENV`` and is called as ``fn(args, env)`` with the names it may read."""
 
     def __init__(self, graph, opsets: dict[str, int], outer_consts: dict[str, Any] | None = None):
         from onnx import numpy_helper
@@ -95,13 +104,14 @@ class Body:
         self.input_names = [i.name for i in graph.input]
         self.output_names = [o.name for o in graph.output]
         self.consts: dict[str, Any] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-        self.steps: list[tuple] = []  # (run(args) -> list, input names, output names)
+        self.steps: list[tuple] = []  # (fn, attrs or _ENV, input names, output names)
         for node in graph.node:
-            run = _compile_node(node, opsets, {**self.outer_consts, **self.consts})
-            if not self._fold(node, run):
-                self.steps.append((run, list(node.input), list(node.output)))
+            fn, attrs = _compile_node(node, opsets, {**self.outer_consts, **self.consts})
+            if not self._fold(node, fn, attrs):
+                self.steps.append((fn, attrs, list(node.input), list(node.output)))
+        self._lay_out()
 
-    def _fold(self, node, run) -> bool:
+    def _fold(self, node, fn, attrs) -> bool:
         """Evaluate a node of constants once, here: exporters put weight arithmetic inside bodies
         (torch's LSTM gate reordering is Slice/Concat over the weights, 0.8 ms a run in a voice
         detector's If), which the main graph's constant folding never sees.  True when folded."""
@@ -111,7 +121,7 @@ class Body:
         if not all(i in known for i in node.input if i):
             return False
         try:
-            outs = run([known[i] if i else None for i in node.input], known)
+            outs = fn([known[i] if i else None for i in node.input], known if attrs is _ENV else attrs)
         except Exception:  # noqa: BLE001 - left to run (and report) at run time, as it would without folding
             return False
         if len(outs) < len([o for o in node.output if o]):
@@ -121,34 +131,88 @@ class Body:
         self.consts.update((name, v) for name, v in zip(node.output, outs) if name)
         return True
 
+    def _lay_out(self) -> None:
+        """Give every name a slot: constants filled in the template, the body's inputs, each
+        step's outputs, and the names read from the enclosing graphs (``_outer``: read before
+        any step writes them, as a dict copied from the outer values would have given them)."""
+        slot: dict[str, int] = {}
+        for name in self.consts:
+            slot[name] = len(slot)
+        known = set(self.consts)
+        for name in self.input_names:
+            if name:
+                slot.setdefault(name, len(slot))
+                known.add(name)
+        outer: dict[str, int] = {}
+
+        def read(name: str) -> int | None:
+            if not name:
+                return None
+            if name not in known and name not in outer:
+                outer[name] = slot.setdefault(name, len(slot))
+            return slot[name]
+
+        steps = []
+        for fn, attrs, inputs, outputs in self.steps:
+            ins = tuple(read(n) for n in inputs)
+            outs = tuple(slot.setdefault(n, len(slot)) if n else None for n in outputs)
+            known.update(n for n in outputs if n)
+            steps.append((fn, attrs, ins, outs))
+        self._results = tuple(read(n) for n in self.output_names)
+        self._slots, self._outer, self._program = slot, tuple(outer.items()), tuple(steps)
+        template = [None] * len(slot)
+        for name, value in self.consts.items():
+            template[slot[name]] = value
+        self._template = template
+        self._input_slots = tuple(slot.get(n) if n else None for n in self.input_names)
+
     def run(self, feeds: dict[str, Any], outer: dict[str, Any]) -> list:
+        """The outputs for ``feeds`` by input name (absent ones read from ``outer``)."""
+        return self.run_inputs([feeds.get(n, _ABSENT) for n in self.input_names], outer)
+
+    def run_inputs(self, values: list, outer: dict[str, Any]) -> list:
+        """The outputs for ``values`` in the order of the body's inputs (``_ABSENT``: not given,
+        read from ``outer`` like any other outer name)."""
+        vals = self._template.copy()
+        for name, i in self._outer:
+            vals[i] = outer[name]
+        for i, name, v in zip(self._input_slots, self.input_names, values):
+            if i is not None:
+                vals[i] = outer.get(name) if v is _ABSENT else v
+        for fn, attrs, ins, outs in self._program:
+            args = [None if i is None else vals[i] for i in ins]
+            got = fn(args, self._env(vals, outer)) if attrs is _ENV else fn(args, attrs)
+            for i, value in zip(outs, got):
+                if i is not None:
+                    vals[i] = value
+        return [vals[i] for i in self._results]
+
+    def _env(self, vals: list, outer: dict[str, Any]) -> dict[str, Any]:
+        """The names a nested If/Loop/Scan may read: the outer ones, then this body's so far."""
         env = dict(outer)
-        env.update(self.consts)
-        env.update(feeds)
-        for run, inputs, outputs in self.steps:
-            outs = run([env[n] if n else None for n in inputs], env)
-            for name, value in zip(outputs, outs):
-                if name:
-                    env[name] = value
-        return [env[n] for n in self.output_names]
+        env.update((name, vals[i]) for name, i in self._slots.items() if vals[i] is not None)
+        return env
+
+
+_ABSENT = object()
 
 
 def _compile_node(node, opsets: dict[str, int], consts: dict[str, Any]):
-    """A body node as ``run(args, env) -> outputs``: optcli's kernel, a nested control-flow op (its
-    bodies folding over ``consts``, the enclosing bodies' constants), or onnx.reference for this
-    one node."""
+    """A body node as ``(fn, attrs)``: optcli's kernel, called ``fn(args, attrs)``; or, with attrs
+    ``_ENV``, a nested control-flow op (its bodies folding over ``consts``, the enclosing bodies'
+    constants) or onnx.reference for this one node, called ``fn(args, env)``."""
     if node.op_type in CONTROL_FLOW and node.domain in ("", "ai.onnx"):
         op = ControlFlow(node, opsets, consts)
-        return lambda args, env: op.run(args, env)
+        return op.run, _ENV
     if runs_optcli_kernel(node):
         domain = "" if node.domain == "ai.onnx" else node.domain
         fn = _body_kernel(node.op_type, domain)
         attrs = StepAttrs({**attribute_values(node)[0], "_opset": int(opsets.get("", 0) or 0),
                            "_n_outputs": len(node.output)})
-        return lambda args, env: fn(args, attrs)
+        return fn, attrs
     proto = node.SerializeToString(deterministic=True)
     names = list(node.input)
-    return lambda args, env: run_reference(proto, opsets, args, names)
+    return (lambda args, env: run_reference(proto, opsets, args, names)), _ENV
 
 
 def _body_kernel(op_type: str, domain: str):
@@ -212,12 +276,7 @@ class ControlFlow:
         it = 0
         while go and (trips is None or it < trips):
             counter.tick()
-            feeds = {name: v for name, v in zip(names_in[2:], carried) if name}
-            if names_in[0]:
-                feeds[names_in[0]] = np.array(it, np.int64)
-            if names_in[1]:
-                feeds[names_in[1]] = np.array(go)
-            outs = body.run(feeds, env)
+            outs = body.run_inputs([np.array(it, np.int64), np.array(go), *carried], env)
             go = _as_bool(outs[0])
             carried = outs[1:1 + n_carried]
             for k in range(n_scans):
@@ -263,9 +322,7 @@ class ControlFlow:
         counter = _Counter("Scan")
         for t in range(steps):
             counter.tick()
-            feeds = dict(zip(body.input_names[:n], states))
-            feeds.update(zip(body.input_names[n:], (x[t] for x in scans_in)))
-            outs = body.run(feeds, env)
+            outs = body.run_inputs([*states, *(x[t] for x in scans_in)], env)
             states = outs[:n]
             for k in range(k_out):
                 outs_k[k].append(np.asarray(outs[n + k]))

@@ -170,11 +170,12 @@ class _Weights:
     native_acts: tuple | None  # (codes, alphas, betas), None where an activation has no native code
     clip: float | None
     flags: int
+    call: Any = None  # the native time loop, prepared (native_recurrent.prepared_recurrent), or None
 
 
 def _weights(cell: Cell, w, r, b, attrs: dict[str, Any], dirs: int, work: type) -> _Weights:
     memo = getattr(attrs, "memo", None)
-    key = ("recurrent", np.dtype(work).name)
+    key = ("recurrent", work)
     hit = memo.get(key) if memo is not None else None
     if hit is not None and all(a is c for a, c in zip(hit.source, (w, r, b))):
         return hit
@@ -197,6 +198,9 @@ def _weights(cell: Cell, w, r, b, attrs: dict[str, Any], dirs: int, work: type) 
         clip=None if clip is None else float(clip),
         flags=(native_recurrent.INPUT_FORGET if int(attrs.get("input_forget", 0)) else 0)
         | (native_recurrent.LINEAR_BEFORE_RESET if int(attrs.get("linear_before_reset", 0)) else 0))
+    if work is np.float32 and made.native_acts is not None and native.available():
+        made.call = native_recurrent.prepared_recurrent(cell.op, made.rt, made.rbh, _direction(cell, attrs)[0],
+                                                        *made.native_acts, made.clip, made.flags)
     if memo is not None:
         memo[key] = made
     return made
@@ -238,9 +242,8 @@ def run_recurrent(cell: Cell, inputs: list[np.ndarray | None], attrs: dict[str, 
         else:
             np.matmul(x2, prepared.w[d].T, out=out)
         out += prepared.folded[d]
-    if use_native and work == np.float32 and prepared.native_acts is not None and native.available():
-        y, yh, yc = native_recurrent.recurrent(cell.op, xp, prepared.rt, prepared.rbh, p, h0, c0, lens, direction,
-                                               *prepared.native_acts, prepared.clip, prepared.flags)
+    if use_native and prepared.call is not None and native.available():
+        y, yh, yc = prepared.call(xp, p, h0, c0, lens)
     else:
         if use_native and work == np.float32 and not native.available():
             native.note_unavailable()

@@ -465,9 +465,20 @@ def scatter_elements(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
 @kernel("ScatterND")
 def scatter_nd(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     data, raw, updates = np.asarray(inputs[0]), np.asarray(inputs[1]), np.asarray(inputs[2])
-    idx = _indices("ScatterND", raw, data.shape[:raw.shape[-1]])
+    k = raw.shape[-1]
+    idx = _indices("ScatterND", raw, data.shape[:k])
+    reduction = attrs.get("reduction", "none")
+    if k and idx.size <= 32 and reduction in ("", "none") and updates.shape == idx.shape[:-1] + data.shape[k:]:
+        # A few index rows (a decoder's Loop writes one row of its outputs per iteration): each an
+        # assignment through a tuple of ints, where numpy's fancy indexing costs ~10 us a call.
+        out = data.copy()
+        rows = idx.reshape(-1, k).tolist()
+        flat = updates.reshape((len(rows),) + data.shape[k:])
+        for r, row in enumerate(rows):
+            out[tuple(row)] = flat[r]
+        return [out]
     index = tuple(idx[..., j] for j in range(idx.shape[-1]))
-    return [_scatter(data.copy(), index, updates, attrs.get("reduction", "none"))]
+    return [_scatter(data.copy(), index, updates, reduction)]
 
 
 def _sort_order(x: np.ndarray, axis: int, descending: bool) -> np.ndarray:

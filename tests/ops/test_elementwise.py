@@ -122,6 +122,18 @@ def test_unary_float(op):
     check(op, {"x": x}, spec or None, opset=13 if op != "Celu" else 12)
 
 
+@pytest.mark.parametrize("size", [7, 96, 3000])
+def test_sigmoid_tails(size):
+    """Sigmoid agrees with onnxruntime and with float64 over the whole range, relatively down to
+    the subnormals: the tails (where a naive exp(-x) overflows or 1 - tiny cancels), signed zeros."""
+    x = rand((size,), np.float32, -30.0, 30.0)
+    x[:6] = [-100.0, 100.0, -0.0, 0.0, -88.5, 88.5]
+    got = check("Sigmoid", {"x": x})[0]
+    with np.errstate(over="ignore"):
+        exact = 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+    np.testing.assert_allclose(got, exact, rtol=2e-7, atol=1.2e-38)
+
+
 @pytest.mark.parametrize("op", ["Elu", "Selu", "ThresholdedRelu"])
 def test_unary_default_attrs(op):
     check(op, {"x": rand((2, 5))}, opset=10)

@@ -58,6 +58,24 @@ def test_address_cache_only_keeps_read_only_arrays():
     assert key not in caches._CONST_ADDRS
 
 
+def _address_cases():
+    base = np.arange(64, dtype=np.float32).reshape(8, 8)
+    ro = base.copy()
+    ro.flags.writeable = False
+    return {"writable": base.copy(), "row view": base[3:5], "column view": base[:, 2:4], "transposed": base.T,
+            "fortran": np.asfortranarray(base), "read-only": ro, "read-only view": ro[1:], "empty": base[:0],
+            "0-d": np.array(2.5, np.float32), "int8": np.arange(5, dtype=np.int8), "bool": np.ones(3, bool)}
+
+
+@pytest.mark.parametrize("kind", sorted(_address_cases()))
+def test_address_is_the_data_address_of_every_kind_of_array(kind):
+    """``_ptr`` takes a writable contiguous array's address through ctypes' view of its buffer and
+    falls back to numpy's for the rest: whatever the array, the address is where its data starts."""
+    a = _address_cases()[kind]
+    assert caches._ptr(a) == a.ctypes.data
+    assert caches._ptr(a) == a.ctypes.data  # the second call (a cached read-only one) too
+
+
 @pytest.mark.skipif(not native.available(), reason="the native library is not built here")
 @pytest.mark.parametrize("kind", ["1x1", "depthwise", "1x1-small-plane", "im2col", "im2col-1d", "im2col-small", "fc"])
 def test_prepared_native_call_matches_and_steps_aside(kind):

@@ -256,6 +256,35 @@ def test_scatter_nd(reduction):
     idx2 = np.array([[0, 1], [2, 2]], I64)
     check("ScatterND", {"data": data}, {"reduction": reduction}, 16,
           initializers={"idx": idx2, "updates": rand((2, 2))})
+    # a batch of index rows with negative coordinates, and all three coordinates (single elements)
+    idx3 = np.array([[[-1, 0], [2, -3]], [[0, -1], [-4, 2]]], I64)
+    check("ScatterND", {"data": data}, {"reduction": reduction}, 16,
+          initializers={"idx": idx3, "updates": rand((2, 2, 2))})
+    idx4 = np.array([[3, 2, 1], [-4, -3, -2]], I64)
+    check("ScatterND", {"data": data}, {"reduction": reduction}, 16,
+          initializers={"idx": idx4, "updates": rand((2,))})
+
+
+def test_scatter_nd_few_rows_match_the_fancy_indexing_path():
+    """Up to 32 index values take the per-row assignment, more take numpy's fancy indexing: the
+    same distinct indices (negative ones too) give the same result, and the input is never written."""
+    from optcli.ops.tensor import scatter_nd
+
+    data = rand((6, 5, 4))
+    data.setflags(write=False)
+    cells = RNG.permutation(30)[:20]
+    idx = np.stack([cells // 5, cells % 5], axis=1).astype(I64)
+    idx[::3] -= np.array([6, 5], I64)  # the same cells counted from the end
+    updates = rand((20, 4))
+    few = [scatter_nd([data, idx[k:k + 4], updates[k:k + 4]], {})[0] for k in range(0, 20, 4)]  # 8 values each
+    many = scatter_nd([data, idx, updates], {})[0]  # 40 values: the general path
+    merged = data.copy()
+    for k, part in zip(range(0, 20, 4), few):
+        rows = idx[k:k + 4]
+        merged[rows[:, 0], rows[:, 1]] = part[rows[:, 0], rows[:, 1]]
+    np.testing.assert_array_equal(merged, many)
+    with pytest.raises(IndexError):
+        scatter_nd([data, np.array([[6, 0]], I64), rand((1, 4))], {})
 
 
 @pytest.mark.parametrize("largest", [0, 1])

@@ -205,6 +205,13 @@ def test_scan_axes_and_directions(in_axis, in_dir, out_axis, out_dir):
         assert_close(g, e, what=f"{name} axes {in_axis}/{out_axis} directions {in_dir}/{out_dir}")
 
 
+def _loop_body_inputs(width: int) -> list:
+    """A Loop body's inputs: the iteration number, the condition and one carried [width] value."""
+    return [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("s_in", TensorProto.FLOAT, [width])]
+
+
 def test_if_inside_loop_reads_outer_values_and_zero_iterations():
     """A nested If in a Loop body reads a value of the body and one of the main graph; a trip count
     of 0 returns the initial carried value and an empty scan output."""
@@ -219,9 +226,7 @@ def test_if_inside_loop_reads_outer_values_and_zero_iterations():
          helper.make_node("Identity", ["cond_in"], ["cond_out"]),
          helper.make_node("Identity", ["s_out"], ["scan"])],
         "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("s_in", TensorProto.FLOAT, [2])],
+        _loop_body_inputs(2),
         [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
          helper.make_tensor_value_info("s_out", TensorProto.FLOAT, [2]),
          helper.make_tensor_value_info("scan", TensorProto.FLOAT, [2])],
@@ -273,3 +278,37 @@ def test_scan8_rows_of_different_lengths():
     assert_close(got["ys"], expected[1], what="ys")
     with pytest.raises(optcli.OptError, match="lengths 1..4"):
         predictor.run({**feeds, "lens": np.array([4, 0, 2], np.int64)})
+
+
+def test_loop_body_outputs_read_from_everywhere():
+    """A body's values sit in slots laid out once (control_flow.Body): its outputs may be one of
+    its own inputs, one of its constants or a step's result, a step reads the iteration number and
+    a value of the main graph, and every output keeps its place among the scan outputs (the
+    checker refuses a main-graph value as a body output)."""
+    body = helper.make_graph(
+        [helper.make_node("Cast", ["i"], ["i_f"], to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["s_in", "i_f"], ["scaled"]),
+         helper.make_node("Add", ["scaled", "outer_bias"], ["s_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body",
+        _loop_body_inputs(2),
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("s_out", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("s_in", TensorProto.FLOAT, [2]),         # its own input
+         helper.make_tensor_value_info("body_const", TensorProto.FLOAT, [2]),   # its constant
+         helper.make_tensor_value_info("scaled", TensorProto.FLOAT, [2])],      # a step's
+        [numpy_helper.from_array(np.array([3.0, -1.0], np.float32), "body_const")])
+    outs = ["s_final", "inputs_seen", "const_seen", "scaled_seen"]
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "", "s0"], outs, body=body)], "slots",
+        [helper.make_tensor_value_info("trips", TensorProto.INT64, []),
+         helper.make_tensor_value_info("s0", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("outer_bias", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"trips": np.array(4, np.int64), "s0": RNG.standard_normal(2).astype(np.float32),
+             "outer_bias": RNG.standard_normal(2).astype(np.float32)}
+    got = optcli.load(optcli.optimize(model=model, valid_targets="arm").data).run(feeds)
+    for name, expected in zip(outs, run_ort(model, feeds)):
+        assert got[name].shape == expected.shape, name
+        assert_close(got[name], expected, what=name)
