@@ -196,6 +196,24 @@ ALWAYS_INLINE void GK(pack_conv)(float *dst, const conv_t *q, const float *xp, i
     for (int64_t p = 0; p < cols; p += GK_NR, dst += kb * GK_NR) {
         int w = cols - p < GK_NR ? (int)(cols - p) : GK_NR;
         int64_t oh0 = (n0 + p) / q->OW, ow0 = (n0 + p) % q->OW;
+        if (ow0 + w > q->OW) {
+            /* The panel's columns cross output rows (small planes: a 9x9 output is 9-column runs):
+             * their offsets in a plane worked out once, then one gather per row of X.  Walking the
+             * runs per row cost more than the product itself on MTCNN's 3x3 convs. */
+            int64_t off[GK_NR];
+            for (int j = 0, oh = (int)oh0, ow = (int)ow0; j < w; j++) {
+                off[j] = oh * q->sh * q->WP + ow * q->sw;
+                if (++ow == q->OW) ow = 0, oh++;
+            }
+            for (int64_t k = 0; k < kb; k++) {
+                const float *plane = xp + start[k];
+                float *d = dst + k * GK_NR;
+                int j = 0;
+                for (; j < w; j++) d[j] = plane[off[j]];
+                for (; j < GK_NR; j++) d[j] = 0.0f;
+            }
+            continue;
+        }
         for (int64_t k = 0; k < kb; k++) {
             const float *plane = xp + start[k];
             float *d = dst + k * GK_NR;

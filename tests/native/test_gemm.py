@@ -198,6 +198,8 @@ CONVS = [  # (kernel, x shape, w shape, attrs)
     (conv_im2col, (2, 40, 14, 15), (64, 40, 1, 1), {"strides": [2, 3]}),  # two images, unequal strides, 7x5 out
     (conv_im2col, (1, 8, 9, 9), (16, 8, 1, 1), {"strides": [2, 2], "pads": [1, 1, 0, 0]}),  # padded: implicit
     (conv_im2col, (2, 6, 40), (7, 6, 3), {"pads": [1, 1], "strides": [2]}),  # 1-D: a 2-D conv of height 1
+    (conv_im2col, (1, 28, 11, 11), (48, 28, 3, 3), {}),  # MTCNN R-net: every panel crosses output rows
+    (conv_im2col, (1, 4, 12, 22), (6, 4, 3, 3), {"strides": [1, 1]}),  # 10x20 out: in-row and crossing panels
     # grouped: each group a GEMM of its own rows of W, the groups of all images spread over the pool
     (conv_im2col, (1, 8, 12, 12), (8, 2, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}),
     (conv_im2col, (1, 56, 28, 28), (56, 8, 3, 3), {"group": 7, "strides": [2, 2], "pads": [1, 1, 1, 1]}),  # RegNet
