@@ -126,3 +126,52 @@ def test_upsample_and_resize10(mode):
     _legacy("Upsample", 7, {"mode": mode}, [1, 1, 2, 2])
     _legacy("Resize", 10, {"mode": mode}, [1, 1, 2, 1.5])
     _legacy("Resize", 10, {"mode": mode}, [1, 1, 0.6, 0.5])
+
+
+NEAREST_MODES = ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]
+
+
+@pytest.mark.parametrize("coord", ["half_pixel", "asymmetric", "pytorch_half_pixel", "align_corners",
+                                   "tf_half_pixel_for_nn"])
+@pytest.mark.parametrize("nearest", NEAREST_MODES)
+@pytest.mark.parametrize("scales", [[1, 1, 2, 2], [1, 1, 4, 8], [1, 2, 3, 1], [2, 1, 1, 2]])
+def test_nearest_integer_upscales(coord, nearest, scales):
+    """Integer upscales take one broadcast copy where every output index copies input i // k
+    (ops/resize.py _nearest_by_repeats), the per-axis gathers where a mode picks otherwise
+    (align_corners, ceil): both against onnxruntime."""
+    check({"mode": "nearest", "coordinate_transformation_mode": coord, "nearest_mode": nearest}, scales=scales)
+
+
+def test_the_repeat_check_sees_which_modes_repeat():
+    from optcli.ops import resize
+
+    floor_like = resize._nearest_source(5, 10, 2.0, None, {"mode": "nearest",
+                                                            "coordinate_transformation_mode": "asymmetric",
+                                                            "nearest_mode": "floor"}, False)
+    assert resize._repeat_factor(floor_like, 5) == 2
+    ceil = resize._nearest_source(5, 10, 2.0, None, {"mode": "nearest", "coordinate_transformation_mode": "asymmetric",
+                                                      "nearest_mode": "ceil"}, False)
+    assert list(ceil[:4]) == [0, 1, 1, 2] and resize._repeat_factor(ceil, 5) == 0
+    assert resize._repeat_factor(np.array([0, 0, 1, 2, 2, 2]), 3) == 0
+    y = resize._nearest_by_repeats(np.arange(6, dtype=np.float32).reshape(1, 2, 3), {1: 2, 2: 3})
+    assert y.shape == (1, 4, 9) and np.array_equal(y, np.repeat(np.repeat(np.arange(6).reshape(1, 2, 3), 2, 1), 3, 2))
+
+
+def test_a_plan_step_remembers_its_repeats_per_input_shape():
+    """The step memo (StepAttrs) keys the repeats on the input shape and the scales: a second call
+    with another shape, or other scales, works them out again."""
+    from optcli.ops.registry import StepAttrs
+    from optcli.ops.resize import resize
+
+    attrs = StepAttrs({"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor",
+                       "_opset": 13})
+    roi = np.array([], np.float32)
+    for shape, scales in [((1, 2, 3, 4), [1, 1, 2, 2]), ((1, 2, 5, 2), [1, 1, 2, 2]), ((1, 2, 5, 2), [1, 1, 3, 1]),
+                          ((1, 2, 5, 2), [1, 1, 1.5, 1])]:
+        x = RNG.standard_normal(shape).astype(np.float32)
+        s = np.array(scales, np.float32)
+        got = resize([x, roi, s], attrs)[0]
+        model_check = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
+        check(model_check, scales=scales, x=x, opset=13)
+        want = resize([x, roi, s], {**attrs, "_opset": 13})[0]  # a plain dict: no memo
+        assert got.shape == want.shape and np.array_equal(got, want)
