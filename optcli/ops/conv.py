@@ -458,6 +458,12 @@ def _native_depthwise(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, att
 
 
 # ------------------------------------------------------------------------------ ConvTranspose
+def taps_never_overlap(kshape: tuple[int, ...], strides: list[int], dilations: list[int]) -> bool:
+    """Whether each output position of a ConvTranspose gets exactly one tap (kernel == stride,
+    no dilation): a 2x2 stride-2 upsampling head, written without a zeroed buffer to add into."""
+    return tuple(kshape) == tuple(strides) and all(d == 1 for d in dilations)
+
+
 @kernel("ConvTranspose", variant="col2im")
 def conv_transpose(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """Transposed convolution: ``W^T @ X`` to columns, then scatter-add the kernel taps."""
@@ -475,17 +481,34 @@ def conv_transpose(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
     # cols[n, g, (mg, *K), S] = W_g^T @ X_g
     wg = w.astype(ct, copy=False).reshape(group, cg, mg * ksize).transpose(0, 2, 1)
     xg = x.astype(ct, copy=False).reshape(n, group, cg, isize)
-    cols = np.matmul(wg[None], xg).reshape((n, group * mg) + kshape + tuple(spatial))
+    if group == 1 and ct == np.float32 and native.available() and x.size and w.size:
+        # the native GEMM, not BLAS (whose spinning threads then slow the native steps after it)
+        cols = native.gemm_conv(wg[0], xg.reshape(n, cg, isize))
+    else:
+        cols = np.matmul(wg[None], xg)
+    cols = cols.reshape((n, group * mg) + kshape + tuple(spatial))
     # Full (unpadded, unclipped) output: tap k of input i lands at i*s + k*d.
     full = [s * (i - 1) + (k - 1) * d + 1 for s, i, k, d in zip(strides, spatial, kshape, dil)]
-    buf = np.zeros((n, group * mg) + tuple(full), dtype=ct)
-    for tap in np.ndindex(*kshape):
-        dst = tuple(
-            slice(t * d, t * d + s * (i - 1) + 1, s) for t, d, s, i in zip(tap, dil, strides, spatial)
-        )
-        buf[(slice(None), slice(None)) + dst] += cols[(slice(None), slice(None)) + tap]
+    if taps_never_overlap(kshape, strides, dil):
+        # Taps that never overlap (a 2x2 stride-2 upsampling head): each lands on its own
+        # positions, written once through a strided view, where zeroing a buffer and adding each
+        # tap into it read and wrote the whole output once per tap.
+        buf = np.empty((n, group * mg) + tuple(v for i, k in zip(spatial, kshape) for v in (i, k)), dtype=ct)
+        for tap in np.ndindex(*kshape):
+            dst = tuple(v for t in tap for v in (slice(None), t))
+            buf[(slice(None), slice(None)) + dst] = cols[(slice(None), slice(None)) + tap]
+        buf = buf.reshape((n, group * mg) + tuple(full))
+    else:
+        buf = np.zeros((n, group * mg) + tuple(full), dtype=ct)
+        for tap in np.ndindex(*kshape):
+            dst = tuple(
+                slice(t * d, t * d + s * (i - 1) + 1, s) for t, d, s, i in zip(tap, dil, strides, spatial)
+            )
+            buf[(slice(None), slice(None)) + dst] += cols[(slice(None), slice(None)) + tap]
     # Output position o reads buf[o + pad_begin]; anything outside buf (output_padding,
     # negative pads) is zero.
+    if all(b == 0 for b in begin) and tuple(out) == tuple(full):
+        return _finish(buf, _bias(inputs), attrs, x.dtype)  # no crop, no padding: buf is the output
     y = np.zeros((n, group * mg) + tuple(out), dtype=ct)
     src, dst = [], []
     for b, o, f in zip(begin, out, full):

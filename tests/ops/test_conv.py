@@ -153,6 +153,12 @@ CONVT_CASES = [
     ((1, 2, 4, 5), (2, 2, 4, 4), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
     ((2, 3, 7), (3, 2, 4), {"strides": [3], "pads": [1, 2]}),
     ((1, 2, 3, 3, 3), (2, 2, 2, 2, 2), {"strides": [2, 2, 2]}),
+    # taps that never overlap (kernel == stride): written once each, no zeroed buffer
+    ((1, 16, 5, 6), (16, 8, 2, 2), {"strides": [2, 2]}),  # a text detector's upsampling head
+    ((2, 3, 4, 5), (3, 2, 3, 2), {"strides": [3, 2], "pads": [1, 0, 2, 1]}),  # cropped
+    ((1, 4, 3, 3), (4, 2, 2, 2), {"strides": [2, 2], "output_padding": [1, 1]}),  # padded past the taps
+    ((1, 4, 3, 3), (4, 1, 2, 2), {"strides": [2, 2], "group": 2}),  # grouped: BLAS products
+    ((2, 3, 7), (3, 2, 4), {"strides": [4]}),  # 1-D
 ]
 
 
@@ -163,6 +169,19 @@ def test_conv_transpose_matches_ort(xs, ws, attrs):
     expected = ort_ref("ConvTranspose", x, attrs, {"w": w, "b": b})
     for variant, out in run_variants("ConvTranspose", [x, w, b], attrs).items():
         assert_close(out[0], expected, what=f"ConvTranspose[{variant}] {attrs}")
+
+
+def test_non_overlapping_taps_are_recognised(monkeypatch):
+    from optcli.ops import conv
+
+    assert conv.taps_never_overlap((2, 2), [2, 2], [1, 1]) and conv.taps_never_overlap((4,), [4], [1])
+    assert not conv.taps_never_overlap((3, 3), [2, 2], [1, 1]) and not conv.taps_never_overlap((2, 2), [2, 2], [2, 1])
+    # the kernel takes that path for such a model: no zeroed buffer is made
+    zeros = []
+    monkeypatch.setattr(conv.np, "zeros", lambda *a, **k: zeros.append(a) or np.zeros(*a, **k))
+    x, w = _rand(1, 4, 3, 5), _rand(4, 2, 2, 2)
+    run_variants("ConvTranspose", [x, w, _rand(2)], {"strides": [2, 2]})
+    assert not zeros
 
 
 def test_conv_transpose_epilogue():
