@@ -18,9 +18,9 @@ from optcli.errors import InternalError, ModelError, NbFormatError, UsageError
 from optcli.frontend.input_shapes import parse_input_shapes
 from optcli.frontend.onnx_reader import read_model
 from optcli.ir import Graph
-from optcli.nb.layout import FORMAT_VERSION, SUPPORTED_DTYPES
+from optcli.nb.layout import SUPPORTED_DTYPES
 from optcli.nb.reader import load_bytes
-from optcli.nb.writer import to_bytes
+from optcli.nb.writer import format_version, to_bytes
 from optcli.ops.reference import CONTROL_FLOW, body_ops
 from optcli.passes import pipeline
 from optcli.passes.base import Int8Settings, PassContext
@@ -226,7 +226,7 @@ def build_report(graph: Graph, plan: Plan, ctx: PassContext, records: list[dict]
     mem = plan.memory
     report = {
         "tool_version": __version__,
-        "format_version": FORMAT_VERSION,
+        "format_version": format_version(plan),
         "source": graph.metadata.get("source", ""),
         "targets": plan.targets,
         "inputs": [{"name": v.name, "dtype": v.dtype, "shape": list(v.shape or [])} for v in plan.inputs],

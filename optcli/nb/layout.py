@@ -1,4 +1,4 @@
-"""Byte layout of a `.nb` file, version 1 (see docs/nb-format.md).
+"""Byte layout of a `.nb` file, versions 1 and 2 (see docs/nb-format.md).
 
     offset  size  field
     0       8     magic b"OPTCLINB"
@@ -20,7 +20,11 @@ from __future__ import annotations
 import struct
 
 MAGIC = b"OPTCLINB"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest this optcli writes and reads
+READ_VERSIONS = (1, 2)
+"""Version 2 adds compiled If/Loop/Scan bodies (``optcli`` ops and fused epilogues inside a step's
+proto, checked at load by ``runtime/body_checks.py``); a file without them is written as version 1,
+which older readers still take (``writer.format_version``)."""
 HEADER = struct.Struct("<8sII16sQQQQ")
 HEADER_SIZE = HEADER.size  # 64
 ALIGN = 64

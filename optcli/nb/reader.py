@@ -23,6 +23,7 @@ from optcli.nb.layout import (
     HEADER,
     HEADER_SIZE,
     MAGIC,
+    READ_VERSIONS,
     align,
 )
 from optcli.nb.schema import plan_from_body
@@ -51,9 +52,10 @@ def read_header(buf, source: str) -> dict:
     magic, version, flags, tool, body_off, body_len, blob_off, blob_len = HEADER.unpack_from(buf, 0)
     if magic != MAGIC:
         raise NbFormatError(f"{source}: not an optcli .nb file (bad magic {bytes(magic)!r})")
-    if version != FORMAT_VERSION:
-        raise NbFormatError(f"{source}: .nb format version {version}; this optcli reads version "
-                            f"{FORMAT_VERSION}. Rebuild the file with this optcli's opt, or upgrade optcli")
+    if version not in READ_VERSIONS:
+        raise NbFormatError(f"{source}: .nb format version {version}; this optcli reads versions "
+                            f"{READ_VERSIONS[0]} to {FORMAT_VERSION}. Rebuild the file with this optcli's opt, or "
+                            "upgrade optcli")
     if flags != 0:
         raise NbFormatError(f"{source}: unknown header flags {flags:#x}")
     expected_blob = align(HEADER_SIZE + body_len) if body_len <= size else None

@@ -18,10 +18,41 @@ import numpy as np
 
 from optcli._version import __version__
 from optcli.errors import OptError, OutputError
-from optcli.ir import Value
+from optcli.ir import OPTCLI_DOMAIN, Value
 from optcli.nb.layout import FORMAT_VERSION, HEADER, HEADER_SIZE, MAGIC, SUPPORTED_DTYPES, align
+from optcli.ops.activation import QUANT_ATTR
+from optcli.ops.reference import CONTROL_FLOW
 from optcli.ops.weight_quant import quantize
 from optcli.plan import Plan
+
+EPILOGUE_NAMES = frozenset({"activation", "activation_alpha", "activation_beta", QUANT_ATTR})
+
+
+def format_version(plan: Plan) -> int:
+    """The oldest format that holds the plan: 2 when a control-flow step's bodies were compiled (an
+    ``optcli`` op or a fused epilogue inside), 1 otherwise, so older readers keep taking files that
+    need nothing newer.  A version-1 reader would refuse such a body only by accident of onnx's
+    checker; the version says it."""
+    steps = [s for s in plan.steps if s.proto is not None and s.op_type in CONTROL_FLOW]
+    return FORMAT_VERSION if any(_compiled(s.proto) for s in steps) else 1
+
+
+def _compiled(proto: bytes) -> bool:
+    import onnx
+
+    node = onnx.NodeProto()
+    node.ParseFromString(proto)
+
+    def walk(n) -> bool:
+        for a in n.attribute:
+            for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                for inner in g.node:
+                    if inner.domain == OPTCLI_DOMAIN or any(x.name in EPILOGUE_NAMES for x in inner.attribute) \
+                            or walk(inner):
+                        return True
+        return False
+
+    return walk(node)
 
 
 def encode_attr(value: Any) -> Any:
@@ -87,7 +118,7 @@ def to_bytes(plan: Plan) -> bytes:
                         "offset": offset, "nbytes": arr.nbytes, **entry})
     body = msgpack.packb(_body(plan, tensors), use_bin_type=True, use_single_float=False)
     blob_offset = align(HEADER_SIZE + len(body))
-    header = HEADER.pack(MAGIC, FORMAT_VERSION, 0, __version__.encode("ascii")[:16], HEADER_SIZE, len(body),
+    header = HEADER.pack(MAGIC, format_version(plan), 0, __version__.encode("ascii")[:16], HEADER_SIZE, len(body),
                          blob_offset, len(blob))
     data = header + body + b"\0" * (blob_offset - HEADER_SIZE - len(body)) + bytes(blob)
     return data + hashlib.sha256(data).digest()

@@ -32,6 +32,11 @@ from optcli.ops import reference
 from optcli.ops.reference import CONTROL_FLOW, attribute_values, run_reference, runs_optcli_kernel
 from optcli.ops.registry import StepAttrs, kernels_for
 
+BODY_OPTCLI_OPS = frozenset({"FullyConnected", "Swish", "ChannelAffine"})
+"""The ``optcli`` ops a compiled body may hold (``passes/compile_bodies.py``): the ones the body
+passes make whose kernel fits any node.  The loader refuses any other (``runtime/body_checks.py``):
+the others' kernels rely on checks of the main plan (a QConv's int8 weights) a body does not get."""
+
 
 def run_fallback(proto: bytes, opsets: dict[str, int], inputs: list, names: list[str]) -> list:
     """Run a node that kept its NodeProto (a step with no kernel id of its own): If/Loop/Scan in
@@ -103,6 +108,7 @@ class Body:
 
         self.input_names = [i.name for i in graph.input]
         self.output_names = [o.name for o in graph.output]
+        self.output_empty = [_empty_like_declared(o) for o in graph.output]
         self.consts: dict[str, Any] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
         self.steps: list[tuple] = []  # (fn, attrs or _ENV, input names, output names)
         for node in graph.node:
@@ -197,6 +203,22 @@ class Body:
 _ABSENT = object()
 
 
+def _empty_like_declared(value_info) -> np.ndarray:
+    """A scan output of zero iterations: [0, *the body output's declared shape] of its declared type,
+    as onnxruntime gives it, where the declaration is static; else a float [0]."""
+    from onnx import helper
+
+    t = value_info.type.tensor_type
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)) if t.elem_type else np.dtype(np.float32)
+    except Exception:  # noqa: BLE001 - a type numpy has no name for
+        dtype = np.dtype(np.float32)
+    dims = list(t.shape.dim) if t.HasField("shape") else None
+    if dims is None or not all(d.HasField("dim_value") and 0 <= d.dim_value <= 1 << 16 for d in dims):
+        return np.empty((0,), dtype)
+    return np.empty((0, *(d.dim_value for d in dims)), dtype)
+
+
 def _compile_node(node, opsets: dict[str, int], consts: dict[str, Any]):
     """A body node as ``(fn, attrs)``: optcli's kernel, called ``fn(args, attrs)``; or, with attrs
     ``_ENV``, a nested control-flow op (its bodies folding over ``consts``, the enclosing bodies'
@@ -282,7 +304,8 @@ class ControlFlow:
             for k in range(n_scans):
                 scans[k].append(np.asarray(outs[1 + n_carried + k]))
             it += 1
-        results = carried + [np.stack(s) if s else np.empty((0,), np.float32) for s in scans]
+        empty = body.output_empty[1 + n_carried:]
+        results = carried + [np.stack(s) if s else e for s, e in zip(scans, empty)]
         return results[:self.n_outputs]
 
     def _scan(self, args: list, env: dict) -> list:

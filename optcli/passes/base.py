@@ -49,6 +49,9 @@ class PassContext:
     int8: Int8Settings | None = None  # quantize_int8 runs only with these
     results: PassResults = field(default_factory=PassResults)
     warnings: list[str] = field(default_factory=list)
+    # What compile_bodies runs on each If/Loop/Scan body: pipeline.optimize fills it with
+    # pipeline.BODY_PASSES (a field, not an import: the pipeline imports compile_bodies)
+    body_passes: list[Any] | None = None
 
     def warn(self, message: str) -> None:
         if message not in self.warnings:

@@ -18,6 +18,7 @@ from optcli.ir import Graph
 from optcli.passes import (
     batchnorm_to_affine,
     choose_host_layout,
+    compile_bodies,
     compress_weights,
     constants_into_bodies,
     drop_redundant_fake_quant,
@@ -63,6 +64,7 @@ PASSES: list[ModuleType] = [
     fold_constants,
     inline_constant_if,  # after folding made its condition a constant; folds the branch it inlines
     constants_into_bodies,  # the If/Loop/Scan left: their bodies fold what they compute from constants
+    compile_bodies,  # then the bodies go through BODY_PASSES
     eliminate_identity,
     remove_dead_nodes,
     eliminate_common_subexpressions,
@@ -98,6 +100,32 @@ PASSES: list[ModuleType] = [
     choose_host_layout,  # after the kernels are known: which of them have blocked variants
     compress_weights,
     plan_memory,
+]
+
+# What compile_bodies runs on each If/Loop/Scan body (its nested bodies through compile_bodies
+# again): the cleanup and fusions above that make sense for a host body.  No quantization (no
+# calibration data reaches a body), no placement or lowering (the control-flow executor runs a
+# body's nodes with the kernels that fit any node), no fusions into the GPU's or the blocked
+# layout's ops.
+BODY_PASSES: list[ModuleType] = [
+    fold_constants,
+    inline_constant_if,
+    constants_into_bodies,
+    compile_bodies,
+    eliminate_identity,
+    remove_dead_nodes,
+    eliminate_common_subexpressions,
+    slices_to_split,
+    fuse_activation_patterns,
+    fuse_gelu,
+    fuse_layer_norm,
+    fuse_matmul_add,
+    fuse_conv_bias_activation,
+    fold_dynamic_reshape_shapes,
+    fold_shape_chains,
+    fold_constants,
+    eliminate_identity,
+    remove_dead_nodes,
 ]
 
 REQUIRED = {place_nodes.NAME, insert_copies.NAME, select_kernels.NAME, plan_memory.NAME}
@@ -146,6 +174,8 @@ def optimize(
     called with each record as soon as its pass finishes.
     """
     passes = PASSES if passes is None else passes
+    if getattr(ctx, "body_passes", False) is None:
+        ctx.body_passes = [p for p in BODY_PASSES if p.NAME not in set(disabled)]
     disabled = set(disabled)
     check_disabled(disabled, passes)
     records: list[dict[str, Any]] = []

@@ -123,8 +123,11 @@ def _check_layouts(plan: Plan, source: str) -> None:
 
 def _problem(step: Step, opsets: dict[str, int], version: int) -> str:
     if step.proto is not None:
+        from optcli.runtime.body_checks import checked_copy
+
+        proto, problem = checked_copy(step.proto, version, lambda s: _problem(s, opsets, version))
         reads = tuple(dict.fromkeys(n for n in step.inputs if n))
-        return _proto_problem(step.proto, tuple(sorted(opsets.items())), reads)
+        return problem or _proto_problem(proto, tuple(sorted(opsets.items())), reads)
     problem = "" if (step.domain, step.op_type) in RECURRENT_OPS else _epilogue_problem(step.attrs)
     if problem:
         return problem
@@ -300,6 +303,8 @@ def _proto_problem(proto: bytes, opsets: tuple[tuple[str, int], ...], reads: tup
     import onnx
     from onnx import checker, helper
 
+    from optcli.runtime.body_checks import PLACEHOLDER_DOMAIN
+
     node = onnx.NodeProto()
     node.ParseFromString(proto)  # parsed once by the reader already
     imports = {("" if d == "ai.onnx" else d): v for d, v in opsets}
@@ -308,7 +313,7 @@ def _proto_problem(proto: bytes, opsets: tuple[tuple[str, int], ...], reads: tup
         return f"its node's domain '{node.domain[:40]}' has no opset in the file"
     ctx = checker.C.CheckerContext()
     ctx.ir_version = onnx.IR_VERSION
-    ctx.opset_imports = imports
+    ctx.opset_imports = {**imports, PLACEHOLDER_DOMAIN: 1}  # body nodes step checks judged (body_checks.py)
     def typed(name: str):
         return helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [])  # the checker needs a type
 

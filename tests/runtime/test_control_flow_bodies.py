@@ -162,11 +162,16 @@ def test_print_model_ops_names_who_runs_each_body_op():
     model = _loop_model(steps=3)
     body = model.graph.node[0].attribute[0].g
     body.node.insert(0, helper.make_node("Hardmax", ["s_in"], ["hard"]))
-    body.node.append(helper.make_node("Add", ["hard", "s_out"], ["unused"]))
+    scan = next(n for n in body.node if list(n.output) == ["scan"])
+    body.node.remove(scan)  # the scan output reads the Hardmax, so compile_bodies keeps it
+    body.node.extend([helper.make_node("Add", ["hard", "s_out"], ["mixed"]),
+                      helper.make_node("Identity", ["mixed"], ["scan"])])
     report = optcli.optimize(model=model, valid_targets="arm").report
     table = model_ops_table(report)
     rows = {line.split("(in")[0].strip(): line for line in table.splitlines() if "(in Loop body)" in line}
-    assert "optcli kernel" in rows["OneHot"] and "optcli kernel" in rows["Tanh"], table
+    # compile_bodies made the body's MatMul a FullyConnected and gave its Add the Tanh as epilogue
+    assert "optcli kernel" in rows["OneHot"] and "optcli kernel" in rows["FullyConnected"], table
+    assert "optcli kernel" in rows["Add"] and "Tanh" not in rows, table
     assert "onnx reference" in rows["Hardmax"] and "fallback" in rows["Hardmax"], table
     loop_row = next(line for line in table.splitlines() if line.startswith("Loop "))
     assert "optcli executor" in loop_row and "fallback" not in loop_row, table
