@@ -51,6 +51,7 @@ typedef struct {
     int64_t cg, mg, K, kp2, P;
     int64_t nb, nn, mb, nm;
     int16_t *xpad;      /* the centred, zero-padded input [N, C, HP, WP] (NULL for pointwise convs) */
+    const struct dw_geom *dwg; /* depthwise: the taps' offsets, shared by every channel */
     int64_t HP, WP;
     int32_t xzp, yzp, qmin, qmax;
     int xs, ys;
@@ -212,12 +213,12 @@ __attribute__((target("avx2"))) static void pack_pointwise_avx2(const qconv_t *q
     }
 }
 
-/* 16 accumulators of output channel m (columns 0-7 in a0, 8-15 in a1) requantized as requant_row does
+/* 16 accumulators of one output channel (columns 0-7 in a0, 8-15 in a1; its bias b and multiplier) requantized as requant_row does
  * (cvtps rounds to nearest even under the default MXCSR) and n <= 16 of them stored at dst. */
 __attribute__((target("avx2"))) static inline void requant_store16(const qconv_t *q, __m256i a0, __m256i a1,
-                                                                   int64_t m, uint8_t *dst, int64_t n) {
-    const __m256i bias = _mm256_set1_epi32(q->bias ? q->bias[m] : 0), zp = _mm256_set1_epi32(q->yzp);
-    const __m256 mul = _mm256_set1_ps(q->mult[m]);
+                                                                   int32_t b, float mult, uint8_t *dst, int64_t n) {
+    const __m256i bias = _mm256_set1_epi32(b), zp = _mm256_set1_epi32(q->yzp);
+    const __m256 mul = _mm256_set1_ps(mult);
     const __m256 lo = _mm256_set1_ps((float)(q->qmin - q->yzp)), hi = _mm256_set1_ps((float)(q->qmax - q->yzp));
     const __m256i acc[2] = {a0, a1};
     __m256i v[2];
@@ -261,7 +262,8 @@ __attribute__((target("avx2"))) static void tile_avx2(const qconv_t *q, int64_t 
         a31 = _mm256_add_epi32(a31, _mm256_madd_epi16(s, b1));
     }
     const __m256i acc[MR][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
-    for (int r = 0; r < rows; r++) requant_store16(q, acc[r][0], acc[r][1], m0 + r, y + r * ystride, n);
+    for (int r = 0; r < rows; r++)
+        requant_store16(q, acc[r][0], acc[r][1], q->bias ? q->bias[m0 + r] : 0, q->mult[m0 + r], y + r * ystride, n);
 }
 #endif
 
@@ -325,7 +327,8 @@ static void gemm_item(void *ctx, int64_t it) {
 }
 
 typedef int16_t v16h __attribute__((vector_size(32)));
-typedef int16_t v8h __attribute__((vector_size(16)));
+typedef uint8_t v16b __attribute__((vector_size(16)));
+typedef int8_t v16sb __attribute__((vector_size(16)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef uint8_t v8b __attribute__((vector_size(8)));
 
@@ -343,127 +346,204 @@ ALWAYS_INLINE v8b requant8(v8i acc, int32_t bias, float mult, v8f vlo, v8f vhi, 
     return __builtin_convertvector(__builtin_convertvector(v, v8i) + zp, v8b);
 }
 
+/* The depthwise geometry of one work item: its input plane copied as bytes into zero-point-padded
+ * rows, one set per column phase of the stride (phase a holds the padded columns a, a + sw, ...), so
+ * every tap of an output row reads a contiguous run of bytes whatever the stride. */
+typedef struct dw_geom {
+    int64_t HP, WQ;     /* padded rows, columns per phase that the taps read */
+    int64_t toff[64];   /* each tap's offset from its output's first tap (kernels of <= 64 taps) */
+    int64_t taps;       /* (worked out once per call: the divisions cost more than a small plane's sums) */
+} dw_geom_t;
+
+typedef struct {
+    const dw_geom_t *g;
+    int64_t HP, WQ, taps;
+    const int64_t *toff;
+    int16_t tw[64];     /* each tap's weight */
+    int32_t bias;       /* the bias less x_zero_point * sum(w): the sums below read x uncentred */
+    float mult;
+} dw_t;
+
+/* Even and odd bytes of src[0, n) into ev and od (the stride-2 phase split), 32 at a time with AVX2. */
 #ifdef QG_X86
-/* The depthwise sums with vpmaddwd: taps go two by two (the last one of an odd count with a zero
- * weight), their two runs interleaved so each int32 lane takes both products of one output; lanes
- * come out as outputs 0-3, 8-11 (unpacklo) and 4-7, 12-15 (unpackhi), put back in order at the end.
- * Pair sums reach 2 * 255 * 128: exact in int32.  Writes the channel's requantized rows. */
-__attribute__((target("avx2"))) static void dw_rows_avx2(const qconv_t *q, const int16_t *xp, int64_t WQ,
-                                                         const int64_t *toff, const int16_t *tw, int64_t taps,
-                                                         int64_t m, uint8_t *y) {
-    const int64_t OW = q->OW, pairs = (taps + 1) / 2;
-    int32_t wpair[32];
-    for (int64_t p = 0; p < pairs; p++) {
-        const int32_t w1 = 2 * p + 1 < taps ? tw[2 * p + 1] : 0;
-        wpair[p] = (int32_t)((uint32_t)(uint16_t)tw[2 * p] | ((uint32_t)(uint16_t)w1 << 16));
+__attribute__((target("avx2"))) static int64_t split2_avx2(const uint8_t *src, int64_t n, uint8_t *ev, uint8_t *od) {
+    const __m256i sel = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12,
+                                         14, 1, 3, 5, 7, 9, 11, 13, 15);
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i v = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(src + i)), sel);
+        v = _mm256_permute4x64_epi64(v, 0xD8); /* evens in the low half, odds in the high */
+        _mm_storeu_si128((__m128i *)(ev + i / 2), _mm256_castsi256_si128(v));
+        _mm_storeu_si128((__m128i *)(od + i / 2), _mm256_extracti128_si256(v, 1));
     }
+    if (i < n) { /* the tail through a 32-byte copy (a byte loop here cost as much as the sums) */
+        uint8_t t[32] = {0};
+        memcpy(t, src + i, (size_t)(n - i));
+        __m256i v = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)t), sel);
+        v = _mm256_permute4x64_epi64(v, 0xD8);
+        _mm_storeu_si128((__m128i *)(ev + i / 2), _mm256_castsi256_si128(v));
+        _mm_storeu_si128((__m128i *)(od + i / 2), _mm256_extracti128_si256(v, 1));
+    }
+    return n;
+}
+#endif
+
+/* The zero-point-padded phase copy of input plane `plane` into xp (sw * HP * WQ bytes and 32 of slack
+ * for the last runs' overreach), with tmp as room for a split row (W + 64 bytes). */
+static void dw_fill(const qconv_t *q, const dw_t *d, const uint8_t *plane, uint8_t *xp, uint8_t *tmp) {
+    const int64_t sw = q->sw, HP = d->HP, WQ = d->WQ;
+    memset(xp, (int)(uint8_t)q->xzp, (size_t)(sw * HP * WQ + 32));
+    for (int64_t ih = 0; ih < q->H; ih++) {
+        const int64_t r = ih + q->pt;
+        if (r >= HP) break;
+        const uint8_t *src = plane + ih * q->W;
+        if (sw == 2) { /* input column i goes to phase (i + pl) % 2, place (i + pl) / 2 */
+            const int64_t half = (q->W + 1) / 2;
+            uint8_t *ev = tmp, *od = tmp + half + 32; /* split2_avx2 writes up to 16 past each half */
+            int64_t i = 0;
+#ifdef QG_X86
+            if (g_avx2 == 1) i = split2_avx2(src, q->W, ev, od);
+#endif
+            for (const int64_t W = q->W; i < W; i++) (i & 1 ? od : ev)[i / 2] = src[i];
+            for (int e = 0; e < 2; e++) {
+                const int64_t a = (e + q->pl) % 2, j0 = (e + q->pl) / 2, cnt = (q->W - e + 1) / 2;
+                const int64_t n = j0 >= WQ ? 0 : (cnt < WQ - j0 ? cnt : WQ - j0);
+                if (n > 0) memcpy(xp + (a * HP + r) * WQ + j0, e ? od : ev, (size_t)n);
+            }
+            continue;
+        }
+        for (int64_t a = 0; a < sw; a++) { /* phase a: padded columns a + j * sw, input columns that - pl */
+            uint8_t *dst = xp + (a * HP + r) * WQ;
+            const int64_t first = a - q->pl;                              /* input column of j = 0 */
+            const int64_t j0 = first >= 0 ? 0 : (-first + sw - 1) / sw;    /* first j inside the input */
+            int64_t j1 = first >= q->W ? 0 : (q->W - 1 - first) / sw + 1; /* past the last one */
+            if (j1 > WQ) j1 = WQ;
+            if (j1 <= j0) continue;
+            if (sw == 1) {
+                memcpy(dst + j0, src + first + j0, (size_t)(j1 - j0));
+            } else {
+                for (int64_t j = j0; j < j1; j++) dst[j] = src[first + j * sw];
+            }
+        }
+    }
+}
+
+#ifdef QG_X86
+/* 16 outputs at a time with vpmaddwd: taps go two by two (the last one of an odd count with a zero
+ * weight), their bytes widened to int16 and interleaved so each int32 lane takes both products of
+ * one output; lanes come out as outputs 0-3, 8-11 (unpacklo) and 4-7, 12-15 (unpackhi), put back in
+ * order at the end.  x is read uncentred (0..255 or -128..127; d->bias holds the zero point's share),
+ * so pair sums reach 2 * 255 * 128: exact in int32. */
+__attribute__((target("avx2"))) static void dw_rows_avx2(const qconv_t *q, const dw_t *d, const uint8_t *xp,
+                                                         uint8_t *y) {
+    const int64_t OW = q->OW, taps = d->taps, pairs = (taps + 1) / 2, WQ = d->WQ;
+    int32_t wpair[32];
+    int64_t off[64];
+    for (int64_t p = 0; p < pairs; p++) {
+        const int32_t w1 = 2 * p + 1 < taps ? d->tw[2 * p + 1] : 0;
+        wpair[p] = (int32_t)((uint32_t)(uint16_t)d->tw[2 * p] | ((uint32_t)(uint16_t)w1 << 16));
+        off[2 * p] = d->toff[2 * p];
+        off[2 * p + 1] = 2 * p + 1 < taps ? d->toff[2 * p + 1] : d->toff[2 * p];
+    }
+    const int xs = q->xs;
     for (int64_t oh = 0; oh < q->OH; oh++) {
-        const int16_t *base = xp + oh * q->sh * WQ;
+        const uint8_t *base = xp + oh * q->sh * WQ;
         for (int64_t ow = 0; ow < OW; ow += 16) {
             __m256i alo = _mm256_setzero_si256(), ahi = alo;
             for (int64_t p = 0; p < pairs; p++) {
-                const __m256i a = _mm256_loadu_si256((const __m256i *)(base + toff[2 * p] + ow));
-                const __m256i b = 2 * p + 1 < taps ? _mm256_loadu_si256((const __m256i *)(base + toff[2 * p + 1] + ow))
-                                                   : a;
+                const __m128i ra = _mm_loadu_si128((const __m128i *)(base + off[2 * p] + ow));
+                const __m128i rb = _mm_loadu_si128((const __m128i *)(base + off[2 * p + 1] + ow));
+                const __m256i a = xs ? _mm256_cvtepi8_epi16(ra) : _mm256_cvtepu8_epi16(ra);
+                const __m256i b = xs ? _mm256_cvtepi8_epi16(rb) : _mm256_cvtepu8_epi16(rb);
                 const __m256i w = _mm256_set1_epi32(wpair[p]);
                 alo = _mm256_add_epi32(alo, _mm256_madd_epi16(_mm256_unpacklo_epi16(a, b), w));
                 ahi = _mm256_add_epi32(ahi, _mm256_madd_epi16(_mm256_unpackhi_epi16(a, b), w));
             }
             const int64_t n = OW - ow < 16 ? OW - ow : 16;
-            requant_store16(q, _mm256_permute2x128_si256(alo, ahi, 0x20), _mm256_permute2x128_si256(alo, ahi, 0x31), m,
-                            y + oh * OW + ow, n);
+            requant_store16(q, _mm256_permute2x128_si256(alo, ahi, 0x20), _mm256_permute2x128_si256(alo, ahi, 0x31),
+                            d->bias, d->mult, y + oh * OW + ow, n);
         }
     }
 }
 #endif
 
-/* Depthwise (one input channel per group): output channel m of image b, direct.  The centred input
- * plane goes into zero-padded int16 copies, one per column phase of the stride (phase a holds the
- * padded columns a, a + sw, ...), so that every tap of an output row reads a contiguous run whatever
- * the stride.  16 outputs at a time sum all their taps in registers: each product fits int16
- * (255 * 128, one vpmullw for 16), the sums int32. */
-HOT_CLONES static void dw_item(void *ctx, int64_t it) {
-    qconv_t *q = ctx;
-    const int64_t b = it / q->M, m = it % q->M, c = m / q->mg, sw = q->sw;
-    const int64_t HP = (q->OH - 1) * q->sh + (q->KH - 1) * q->dh + 1;
-    const int64_t WQ = q->OW + ((q->KW - 1) * q->dw) / sw + 1; /* columns per phase that the taps read */
-    const size_t shorts = (size_t)(sw * HP * WQ + 16);        /* + the last run's overreach */
-    int16_t *xp = (int16_t *)opt_scratch(shorts * sizeof(int16_t) / sizeof(float) + 1);
-    if (!xp) {
-        q->failed = 1;
-        return;
-    }
-    memset(xp, 0, shorts * sizeof(int16_t));
-    const uint8_t *plane = q->x + (b * q->C + c) * q->H * q->W;
-    const int16_t zp = (int16_t)q->xzp;
-    for (int64_t ih = 0; ih < q->H; ih++) {
-        const int64_t r = ih + q->pt;
-        if (r >= HP) break;
-        const uint8_t *src = plane + ih * q->W;
-        for (int64_t a = 0; a < sw; a++) { /* phase a: padded columns a + j * sw, input columns that - pl */
-            int16_t *dst = xp + (a * HP + r) * WQ;
-            const int64_t first = a - q->pl;                               /* input column of j = 0 */
-            const int64_t j0 = first >= 0 ? 0 : (-first + sw - 1) / sw;     /* first j inside the input */
-            int64_t j1 = first >= q->W ? 0 : (q->W - 1 - first) / sw + 1;  /* past the last one */
-            if (j1 > WQ) j1 = WQ;
-            const uint8_t *s0 = src + first;
-            if (q->xs) {
-                for (int64_t j = j0; j < j1; j++) dst[j] = (int16_t)((int16_t)(int8_t)s0[j * sw] - zp);
-            } else if (sw == 1) {
-                for (int64_t j = j0; j < j1; j++) dst[j] = (int16_t)((int16_t)s0[j] - zp);
-            } else {
-                for (int64_t j = j0; j < j1; j++) dst[j] = (int16_t)((int16_t)s0[j * sw] - zp);
-            }
-        }
-    }
-    const int8_t *w = q->wd + m * q->KH * q->KW;
-    uint8_t *y = q->y + (b * q->M + m) * q->OH * q->OW;
-    const int64_t OW = q->OW, taps = q->KH * q->KW;
-    const int32_t bias = q->bias ? q->bias[m] : 0, yzp = q->yzp;
-    const float mult = q->mult[m];
+/* The portable rows: 16 outputs at a time sum all their taps in vectors; each product of an uncentred
+ * x and a weight fits int16 (255 * 128), the sums int32. */
+HOT_CLONES static void dw_rows_plain(const qconv_t *q, const dw_t *d, const uint8_t *xp, uint8_t *y) {
+    const int64_t OW = q->OW, WQ = d->WQ, taps = d->taps;
+    const int32_t yzp = q->yzp;
     const v8f vlo = vsplat((float)(q->qmin - yzp)), vhi = vsplat((float)(q->qmax - yzp));
-    int64_t toff[64]; /* each tap's offset from its output's first tap (small kernels: <= 64 taps) */
-    int16_t tw[64];
-    const int small = taps <= 64;
-    for (int64_t k = 0; small && k < taps; k++) {
-        const int64_t kh = k / q->KW, off = (k % q->KW) * q->dw;
-        toff[k] = ((off % sw) * HP + kh * q->dh) * WQ + off / sw;
-        tw[k] = w[k];
-    }
-#ifdef QG_X86
-    if (small && g_avx2 == 1) {
-        dw_rows_avx2(q, xp, WQ, toff, tw, taps, m, y);
-        return;
-    }
-#endif
     for (int64_t oh = 0; oh < q->OH; oh++) {
-        const int16_t *base = xp + oh * q->sh * WQ;
+        const uint8_t *base = xp + oh * q->sh * WQ;
         for (int64_t ow = 0; ow < OW; ow += 16) {
             v8i a0 = {0}, a1 = {0};
             for (int64_t k = 0; k < taps; k++) {
-                int64_t o;
-                int16_t wk;
-                if (small) {
-                    o = toff[k];
-                    wk = tw[k];
-                } else {
-                    const int64_t kh = k / q->KW, off = (k % q->KW) * q->dw;
-                    o = ((off % sw) * HP + kh * q->dh) * WQ + off / sw;
-                    wk = w[k];
-                }
                 v16h s;
-                memcpy(&s, base + o + ow, sizeof s);
-                const v16h p = s * wk;
+                if (q->xs) {
+                    v16sb b;
+                    memcpy(&b, base + d->toff[k] + ow, sizeof b);
+                    s = __builtin_convertvector(b, v16h);
+                } else {
+                    v16b b;
+                    memcpy(&b, base + d->toff[k] + ow, sizeof b);
+                    s = __builtin_convertvector(b, v16h);
+                }
+                const v16h p = s * d->tw[k];
                 a0 += __builtin_convertvector(__builtin_shufflevector(p, p, 0, 1, 2, 3, 4, 5, 6, 7), v8i);
                 a1 += __builtin_convertvector(__builtin_shufflevector(p, p, 8, 9, 10, 11, 12, 13, 14, 15), v8i);
             }
             uint8_t out[16];
-            const v8b o0 = requant8(a0, bias, mult, vlo, vhi, yzp), o1 = requant8(a1, bias, mult, vlo, vhi, yzp);
+            const v8b o0 = requant8(a0, d->bias, d->mult, vlo, vhi, yzp);
+            const v8b o1 = requant8(a1, d->bias, d->mult, vlo, vhi, yzp);
             memcpy(out, &o0, 8);
             memcpy(out + 8, &o1, 8);
             memcpy(y + oh * OW + ow, out, (size_t)(OW - ow < 16 ? OW - ow : 16));
         }
     }
+}
+
+/* Depthwise (one input channel per group): output channel m of image b, direct from a byte copy of
+ * its input plane (dw_fill). */
+static void dw_geom(const qconv_t *q, dw_geom_t *g) {
+    const int64_t sw = q->sw;
+    g->HP = (q->OH - 1) * q->sh + (q->KH - 1) * q->dh + 1;
+    g->WQ = q->OW + ((q->KW - 1) * q->dw) / sw + 1;
+    g->taps = q->KH * q->KW;
+    for (int64_t k = 0; k < g->taps; k++) {
+        const int64_t kh = k / q->KW, off = (k % q->KW) * q->dw;
+        g->toff[k] = ((off % sw) * g->HP + kh * q->dh) * g->WQ + off / sw;
+    }
+}
+
+static void dw_item(void *ctx, int64_t it) {
+    qconv_t *q = ctx;
+    const int64_t b = it / q->M, m = it % q->M, c = m / q->mg, sw = q->sw;
+    dw_t d = {.g = q->dwg, .HP = q->dwg->HP, .WQ = q->dwg->WQ, .taps = q->dwg->taps, .toff = q->dwg->toff};
+    const size_t bytes = (size_t)(sw * d.HP * d.WQ + 32), room = (size_t)(q->W + 96);
+    uint8_t *xp = (uint8_t *)opt_scratch((bytes + room) / sizeof(float) + 1);
+    if (!xp) {
+        q->failed = 1;
+        return;
+    }
+    const int8_t *w = q->wd + m * d.taps;
+    uint32_t wsum = 0;
+    for (int64_t k = 0; k < d.taps; k++) {
+        d.tw[k] = w[k];
+        wsum += (uint32_t)(int32_t)w[k];
+    }
+    /* sum((x - zp) * w) = sum(x * w) - zp * sum(w): the true total fits int32 (setup's bound), so the
+     * wrapping sums below give it exactly */
+    d.bias = (int32_t)((q->bias ? (uint32_t)q->bias[m] : 0u) - (uint32_t)q->xzp * wsum);
+    d.mult = q->mult[m];
+    dw_fill(q, &d, q->x + (b * q->C + c) * q->H * q->W, xp, xp + bytes);
+    uint8_t *y = q->y + (b * q->M + m) * q->OH * q->OW;
+#ifdef QG_X86
+    if (g_avx2 == 1) {
+        dw_rows_avx2(q, &d, xp, y);
+        return;
+    }
+#endif
+    dw_rows_plain(q, &d, xp, y);
 }
 
 static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
@@ -538,8 +618,11 @@ OPT_API int optcli_qconv2d_depthwise(const void *x, const int8_t *w, const int32
     qconv_t q = {.x = x, .wd = w, .bias = bias, .mult = mult, .y = y};
     int rc = setup(&q, geom, qp);
     if (rc) return rc;
-    if (q.cg != 1) return OPT_EINVAL;
+    if (q.cg != 1 || q.KH * q.KW > 64) return OPT_EINVAL; /* dw_t's room; the GEMM takes larger windows */
     if (q.N == 0 || q.P == 0) return 0;
+    dw_geom_t g;
+    dw_geom(&q, &g);
+    q.dwg = &g;
     const int64_t macs = q.N * q.M * q.KH * q.KW * q.P;
     opt_parallel(dw_item, &q, q.N * q.M, macs < (1 << 16) ? 1 : 0);
     return q.failed ? OPT_ENOMEM : 0;
