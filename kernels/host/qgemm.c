@@ -213,29 +213,56 @@ __attribute__((target("avx2"))) static void pack_pointwise_avx2(const qconv_t *q
     }
 }
 
-/* 16 accumulators of one output channel (columns 0-7 in a0, 8-15 in a1; its bias b and multiplier) requantized as requant_row does
- * (cvtps rounds to nearest even under the default MXCSR) and n <= 16 of them stored at dst. */
-__attribute__((target("avx2"))) static inline void requant_store16(const qconv_t *q, __m256i a0, __m256i a1,
-                                                                   int32_t b, float mult, uint8_t *dst, int64_t n) {
-    const __m256i bias = _mm256_set1_epi32(b), zp = _mm256_set1_epi32(q->yzp);
-    const __m256 mul = _mm256_set1_ps(mult);
-    const __m256 lo = _mm256_set1_ps((float)(q->qmin - q->yzp)), hi = _mm256_set1_ps((float)(q->qmax - q->yzp));
-    const __m256i acc[2] = {a0, a1};
-    __m256i v[2];
-    for (int h = 0; h < 2; h++) {
-        __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(acc[h], bias)), mul);
-        f = _mm256_min_ps(_mm256_max_ps(f, lo), hi);
-        v[h] = _mm256_add_epi32(_mm256_cvtps_epi32(f), zp);
-    }
-    __m256i t = _mm256_permute4x64_epi64(_mm256_packs_epi32(v[0], v[1]), 0xD8);
-    t = q->ys ? _mm256_packs_epi16(t, t) : _mm256_packus_epi16(t, t);
-    const __m128i bytes = _mm256_castsi256_si128(_mm256_permute4x64_epi64(t, 0x08));
+/* The requantization in vectors, requant_row's results in fewer steps: float(acc + bias) * multiplier, only
+ * its upper clamp (qmax - zp) in float, rounded to nearest even by cvtps (default MXCSR); then the zero
+ * point added in saturating int16 and the lower clamp done by the saturating packs and a byte max/min.
+ * The same integers: rounding is monotone and the bounds are integers, so clamp(rint(v) + zp) equals
+ * rint(clamp(v)) + zp; a v below int32's range converts to INT32_MIN, which every saturation keeps at
+ * the bottom, and so does qmin's byte max. */
+typedef struct {
+    __m256 hi;
+    __m256i zp, lo8, hi8;
+    int ys;
+} rq_t;
+
+__attribute__((target("avx2"))) static inline rq_t rq_init(const qconv_t *q) {
+    rq_t r = {.hi = _mm256_set1_ps((float)(q->qmax - q->yzp)), .zp = _mm256_set1_epi16((int16_t)q->yzp),
+              .lo8 = _mm256_set1_epi8((char)q->qmin), .hi8 = _mm256_set1_epi8((char)q->qmax), .ys = q->ys};
+    return r;
+}
+
+__attribute__((target("avx2"))) static inline __m256i rq_half(const rq_t *r, __m256i acc, __m256i bias, __m256 mul) {
+    const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(acc, bias)), mul);
+    return _mm256_cvtps_epi32(_mm256_min_ps(f, r->hi));
+}
+
+/* 16 accumulators of one output channel (its bias b and multiplier m) as int16 plus the zero point, in
+ * packs_epi32's order: a0's and a1's low 128-bit lanes, then their high lanes. */
+__attribute__((target("avx2"))) static inline __m256i rq_16(const rq_t *r, __m256i a0, __m256i a1, int32_t b, float m) {
+    const __m256i bias = _mm256_set1_epi32(b);
+    const __m256 mul = _mm256_set1_ps(m);
+    return _mm256_adds_epi16(_mm256_packs_epi32(rq_half(r, a0, bias, mul), rq_half(r, a1, bias, mul)), r->zp);
+}
+
+/* Two rq_16 results as bytes, clamped to [qmin, qmax], n <= 16 of each stored at d0 and d1 (d1 NULL: none).
+ * rq_16's halves are outputs 0-7 | 8-15 where `ordered`, else 0-3, 8-11 | 4-7, 12-15 (put back by a byte
+ * shuffle). */
+__attribute__((target("avx2"))) static inline void rq_store2(const rq_t *r, __m256i v0, __m256i v1, uint8_t *d0,
+                                                             uint8_t *d1, int64_t n, int ordered) {
+    __m256i t = r->ys ? _mm256_packs_epi16(v0, v1) : _mm256_packus_epi16(v0, v1);
+    t = r->ys ? _mm256_max_epi8(_mm256_min_epi8(t, r->hi8), r->lo8) : _mm256_max_epu8(_mm256_min_epu8(t, r->hi8), r->lo8);
+    t = _mm256_permute4x64_epi64(t, 0xD8); /* v0's bytes in the low lane, v1's in the high */
+    if (!ordered)
+        t = _mm256_shuffle_epi8(t, _mm256_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15, 0, 1, 2, 3, 8, 9,
+                                                     10, 11, 4, 5, 6, 7, 12, 13, 14, 15));
     if (n == TILE) {
-        _mm_storeu_si128((__m128i *)dst, bytes);
+        _mm_storeu_si128((__m128i *)d0, _mm256_castsi256_si128(t));
+        if (d1) _mm_storeu_si128((__m128i *)d1, _mm256_extracti128_si256(t, 1));
     } else {
-        uint8_t tmp[TILE];
-        _mm_storeu_si128((__m128i *)tmp, bytes);
-        memcpy(dst, tmp, (size_t)n);
+        uint8_t tmp[2 * TILE];
+        _mm256_storeu_si256((__m256i *)tmp, t);
+        memcpy(d0, tmp, (size_t)n);
+        if (d1) memcpy(d1, tmp + TILE, (size_t)n);
     }
 }
 
@@ -262,8 +289,15 @@ __attribute__((target("avx2"))) static void tile_avx2(const qconv_t *q, int64_t 
         a31 = _mm256_add_epi32(a31, _mm256_madd_epi16(s, b1));
     }
     const __m256i acc[MR][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
-    for (int r = 0; r < rows; r++)
-        requant_store16(q, acc[r][0], acc[r][1], q->bias ? q->bias[m0 + r] : 0, q->mult[m0 + r], y + r * ystride, n);
+    const rq_t rq = rq_init(q);
+    for (int r = 0; r < rows; r += 2) {
+        const int64_t m = m0 + r;
+        const __m256i v0 = rq_16(&rq, acc[r][0], acc[r][1], q->bias ? q->bias[m] : 0, q->mult[m]);
+        const __m256i v1 = r + 1 < rows ? rq_16(&rq, acc[r + 1][0], acc[r + 1][1], q->bias ? q->bias[m + 1] : 0,
+                                                q->mult[m + 1])
+                                        : v0;
+        rq_store2(&rq, v0, v1, y + r * ystride, r + 1 < rows ? y + (r + 1) * ystride : NULL, n, 0);
+    }
 }
 #endif
 
@@ -446,6 +480,10 @@ __attribute__((target("avx2"))) static void dw_rows_avx2(const qconv_t *q, const
         off[2 * p + 1] = 2 * p + 1 < taps ? d->toff[2 * p + 1] : d->toff[2 * p];
     }
     const int xs = q->xs;
+    const rq_t rq = rq_init(q);
+    __m256i pend = _mm256_setzero_si256(); /* a run waiting for a second one to be stored with */
+    uint8_t *pend_dst = NULL;
+    int64_t pend_n = 0;
     for (int64_t oh = 0; oh < q->OH; oh++) {
         const uint8_t *base = xp + oh * q->sh * WQ;
         for (int64_t ow = 0; ow < OW; ow += 16) {
@@ -459,11 +497,21 @@ __attribute__((target("avx2"))) static void dw_rows_avx2(const qconv_t *q, const
                 alo = _mm256_add_epi32(alo, _mm256_madd_epi16(_mm256_unpacklo_epi16(a, b), w));
                 ahi = _mm256_add_epi32(ahi, _mm256_madd_epi16(_mm256_unpackhi_epi16(a, b), w));
             }
+            /* alo holds outputs 0-3 | 8-11, ahi 4-7 | 12-15: packs_epi32 puts them in order */
+            const __m256i v = rq_16(&rq, alo, ahi, d->bias, d->mult);
             const int64_t n = OW - ow < 16 ? OW - ow : 16;
-            requant_store16(q, _mm256_permute2x128_si256(alo, ahi, 0x20), _mm256_permute2x128_si256(alo, ahi, 0x31),
-                            d->bias, d->mult, y + oh * OW + ow, n);
+            if (!pend_dst) {
+                pend = v, pend_dst = y + oh * OW + ow, pend_n = n;
+            } else if (n == pend_n) {
+                rq_store2(&rq, pend, v, pend_dst, y + oh * OW + ow, n, 1);
+                pend_dst = NULL;
+            } else { /* runs of different lengths (a row's last one): each on its own */
+                rq_store2(&rq, pend, pend, pend_dst, NULL, pend_n, 1);
+                pend = v, pend_dst = y + oh * OW + ow, pend_n = n;
+            }
         }
     }
+    if (pend_dst) rq_store2(&rq, pend, pend, pend_dst, NULL, pend_n, 1);
 }
 #endif
 

@@ -31,6 +31,9 @@ CASES = {
     "depthwise multiplier 2, dilation 2": (1, 5, 11, 11, 10, (3, 3), 1, [2, 2, 2, 2], 2, 5),
     "depthwise 1x1 spatial": (1, 3, 1, 1, 3, (3, 3), 1, [1, 1, 1, 1], 1, 3),
     "depthwise 3x3 stride 3": (1, 4, 10, 13, 4, (3, 3), 3, [0, 1, 0, 1], 1, 4),
+    "depthwise 9x9, 81 taps (the GEMM's)": (1, 3, 12, 11, 3, (9, 9), 1, [4, 4, 4, 4], 1, 3),
+    "depthwise 3x3, 7x7 plane (runs of 7)": (1, 5, 7, 7, 5, (3, 3), 1, [1, 1, 1, 1], 1, 5),
+    "depthwise 3x3 stride 2, 67 columns": (1, 3, 5, 67, 3, (3, 3), 2, [1, 1, 1, 1], 1, 3),
 }
 
 
@@ -101,6 +104,22 @@ def test_saturating_sums_and_extreme_zero_points(path, xzp):
     got, want = native_qconv(x, w, b, attrs), reference(x, w, b, attrs)
     np.testing.assert_array_equal(got, want)
     assert np.abs(np.int64(255) * 127 * 2) > 32767
+
+
+@pytest.mark.parametrize("name", ["pointwise, primes", "depthwise 3x3 stride 2", "dense 3x3, primes"])
+@pytest.mark.parametrize("signs", [(0, 0), (0, 1), (1, 1)])
+def test_requantization_past_int32(path, name, signs):
+    """Multipliers of 1e8 and 1e-9 with zero points at the ends of their range: float(acc) * multiplier
+    leaves int32 both ways (a conversion gives INT32_MIN there, which the vector epilogue must keep at
+    the bottom after adding the zero point) or rounds to 0 or -0."""
+    x, w, b, attrs = make(CASES[name], 13, *signs)
+    lo, hi = (-128, 127) if signs[1] else (0, 255)
+    for y_scale, zp in ((attrs["x_scale"] * 1e-8, lo), (attrs["x_scale"] * 1e-8, hi), (attrs["x_scale"] * 1e9, hi)):
+        attrs.update(w_scale=[1.0] * w.shape[0], y_scale=y_scale, y_zero_point=zp)
+        want = reference(x, w, b, attrs)
+        np.testing.assert_array_equal(native_qconv(x, w, b, attrs), want, err_msg=f"y_scale {y_scale}, zp {zp}")
+        if y_scale < 1:  # both ends reached
+            assert (want == lo).any() and (want == hi).any()
 
 
 def test_relu_and_clip_bounds(path):
