@@ -167,9 +167,61 @@ static void pad_item(void *ctx, int64_t i) {
     for (int64_t ih = 0; ih < q->H && ih + q->pt < q->HP; ih++) {
         int16_t *row = dst + (ih + q->pt) * q->WP + q->pl;
         const int64_t n = q->W < q->WP - q->pl ? q->W : q->WP - q->pl;
-        for (int64_t iw = 0; iw < n; iw++) row[iw] = (int16_t)centred(q, src + ih * q->W + iw);
+        const uint8_t *s0 = src + ih * q->W;
+        const int16_t zp = (int16_t)q->xzp;
+        if (q->xs) { /* (two plain loops: they vectorise, a call of centred() per byte did not) */
+            for (int64_t iw = 0; iw < n; iw++) row[iw] = (int16_t)((int16_t)(int8_t)s0[iw] - zp);
+        } else {
+            for (int64_t iw = 0; iw < n; iw++) row[iw] = (int16_t)((int16_t)s0[iw] - zp);
+        }
     }
 }
+
+#ifdef QG_X86
+/* pack_padded for tiles of 16 columns within one output row and column strides 1 or 2 (a stem's, a dense
+ * conv's): each k row of the tile is one run of the padded copy (every other value of a run of 32 for
+ * stride 2), two k rows interleaved into the pairs the GEMM reads.  Other tiles go through pack_padded. */
+__attribute__((target("avx2"))) static int pack_padded_avx2(const qconv_t *q, int64_t b, int64_t g, int64_t c0,
+                                                            int64_t nc, int16_t *buf) {
+    const int64_t tiles = (nc + TILE - 1) / TILE, HP = q->HP, WP = q->WP, sw = q->sw;
+    if (nc % TILE || (sw != 1 && sw != 2)) return 0;
+    for (int64_t t = 0; t < tiles; t++)
+        if ((c0 + t * TILE) % q->OW + TILE > q->OW) return 0;
+    const int16_t *xg = q->xpad + (b * q->C + g * q->cg) * HP * WP;
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t col = c0 + t * TILE, base = (col / q->OW) * q->sh * WP + (col % q->OW) * sw;
+        int16_t *dst = buf + t * q->kp2 * TILE * 2;
+        int64_t c = 0, kh = 0, kw = 0;
+        __m256i prev = _mm256_setzero_si256();
+        for (int64_t k = 0; k < q->K; k++) {
+            const int16_t *src = xg + c * HP * WP + kh * q->dh * WP + kw * q->dw + base;
+            __m256i v = _mm256_loadu_si256((const __m256i *)src);
+            if (sw == 2) { /* the even values of 32, in order: sign-extended from the low halves, packed */
+                const __m256i e0 = _mm256_srai_epi32(_mm256_slli_epi32(v, 16), 16);
+                const __m256i v1 = _mm256_loadu_si256((const __m256i *)(src + 16));
+                const __m256i e1 = _mm256_srai_epi32(_mm256_slli_epi32(v1, 16), 16);
+                v = _mm256_permute4x64_epi64(_mm256_packs_epi32(e0, e1), 0xD8);
+            }
+            if (k & 1 || k == q->K - 1) {
+                const __m256i a = k & 1 ? prev : v, bb = k & 1 ? v : _mm256_setzero_si256();
+                const __m256i lo = _mm256_unpacklo_epi16(a, bb), hi = _mm256_unpackhi_epi16(a, bb);
+                int16_t *d = dst + (k / 2) * TILE * 2;
+                _mm256_storeu_si256((__m256i *)d, _mm256_permute2x128_si256(lo, hi, 0x20));
+                _mm256_storeu_si256((__m256i *)(d + 16), _mm256_permute2x128_si256(lo, hi, 0x31));
+            }
+            prev = v;
+            if (++kw == q->KW) {
+                kw = 0;
+                if (++kh == q->KH) {
+                    kh = 0;
+                    c++;
+                }
+            }
+        }
+    }
+    return 1;
+}
+#endif
 
 #ifdef QG_X86
 /* A 1x1 conv with unit strides and no padding: row k of X is the input plane k as it lies, so two
@@ -332,7 +384,10 @@ static void gemm_item(void *ctx, int64_t it) {
     const int avx2 = g_avx2 == 1;
     (void)avx2; /* (read only where the AVX2 path is built) */
     if (q->xpad) {
-        pack_padded(q, b, g, c0, nc, buf);
+#ifdef QG_X86
+        if (!avx2 || !pack_padded_avx2(q, b, g, c0, nc, buf))
+#endif
+            pack_padded(q, b, g, c0, nc, buf);
     } else {
 #ifdef QG_X86
         if (avx2)
@@ -652,7 +707,7 @@ OPT_API int optcli_qconv2d_gemm(const void *x, const int32_t *wp, const int32_t 
     if (!pointwise) {
         q.HP = (q.OH - 1) * q.sh + (q.KH - 1) * q.dh + 1;
         q.WP = (q.OW - 1) * q.sw + (q.KW - 1) * q.dw + 1;
-        q.xpad = malloc((size_t)(q.N * q.C * q.HP * q.WP) * sizeof(int16_t));
+        q.xpad = malloc((size_t)(q.N * q.C * q.HP * q.WP + 32) * sizeof(int16_t)); /* + pack_padded_avx2's overreach */
         if (!q.xpad) return OPT_ENOMEM;
         opt_parallel(pad_item, &q, q.N * q.C, cap);
     }
