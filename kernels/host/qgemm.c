@@ -453,33 +453,49 @@ typedef struct {
     float mult;
 } dw_t;
 
-/* Even and odd bytes of src[0, n) into ev and od (the stride-2 phase split), 32 at a time with AVX2. */
+/* n bytes from s to d in fixed-size moves that overlap at the end instead of a memcpy call per row (a
+ * call of libc's memcpy per input row cost a 28x28 plane as much as its sums); reads and writes stay
+ * within [0, n). */
+static inline void copy_bytes(uint8_t *d, const uint8_t *s, int64_t n) {
+    if (n >= 32) {
+        int64_t i = 0;
+        for (; i + 32 <= n; i += 32) memcpy(d + i, s + i, 32);
+        if (i < n) memcpy(d + n - 32, s + n - 32, 32);
+    } else if (n >= 16) {
+        memcpy(d, s, 16);
+        memcpy(d + n - 16, s + n - 16, 16);
+    } else if (n >= 8) {
+        memcpy(d, s, 8);
+        memcpy(d + n - 8, s + n - 8, 8);
+    } else {
+        for (int64_t i = 0; i < n; i++) d[i] = s[i];
+    }
+}
+
+/* Even and odd bytes of src[0, n) into ev and od (the stride-2 phase split), 32 at a time with AVX2, the
+ * last 32 overlapping the previous ones (from an even start) so that nothing is read or written past
+ * the row: a bounce through a small buffer stalled on store forwarding.  n >= 32. */
 #ifdef QG_X86
-__attribute__((target("avx2"))) static int64_t split2_avx2(const uint8_t *src, int64_t n, uint8_t *ev, uint8_t *od) {
+__attribute__((target("avx2"))) static void split2_avx2(const uint8_t *src, int64_t n, uint8_t *ev, uint8_t *od) {
     const __m256i sel = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12,
                                          14, 1, 3, 5, 7, 9, 11, 13, 15);
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
+    for (int64_t i = 0, last = 0; !last; i += 32) {
+        if (i + 32 >= n) {
+            i = (n - 32) & ~(int64_t)1;
+            last = 1;
+        }
         __m256i v = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(src + i)), sel);
         v = _mm256_permute4x64_epi64(v, 0xD8); /* evens in the low half, odds in the high */
         _mm_storeu_si128((__m128i *)(ev + i / 2), _mm256_castsi256_si128(v));
         _mm_storeu_si128((__m128i *)(od + i / 2), _mm256_extracti128_si256(v, 1));
     }
-    if (i < n) { /* the tail through a 32-byte copy (a byte loop here cost as much as the sums) */
-        uint8_t t[32] = {0};
-        memcpy(t, src + i, (size_t)(n - i));
-        __m256i v = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)t), sel);
-        v = _mm256_permute4x64_epi64(v, 0xD8);
-        _mm_storeu_si128((__m128i *)(ev + i / 2), _mm256_castsi256_si128(v));
-        _mm_storeu_si128((__m128i *)(od + i / 2), _mm256_extracti128_si256(v, 1));
-    }
-    return n;
+    if (n & 1) ev[n / 2] = src[n - 1]; /* an odd row's last byte: past the last even start's 32 */
 }
 #endif
 
 /* The zero-point-padded phase copy of input plane `plane` into xp (sw * HP * WQ bytes and 32 of slack
- * for the last runs' overreach), with tmp as room for a split row (W + 64 bytes). */
-static void dw_fill(const qconv_t *q, const dw_t *d, const uint8_t *plane, uint8_t *xp, uint8_t *tmp) {
+ * for the last runs' overreach). */
+static void dw_fill(const qconv_t *q, const dw_t *d, const uint8_t *plane, uint8_t *xp) {
     const int64_t sw = q->sw, HP = d->HP, WQ = d->WQ;
     memset(xp, (int)(uint8_t)q->xzp, (size_t)(sw * HP * WQ + 32));
     for (int64_t ih = 0; ih < q->H; ih++) {
@@ -487,18 +503,17 @@ static void dw_fill(const qconv_t *q, const dw_t *d, const uint8_t *plane, uint8
         if (r >= HP) break;
         const uint8_t *src = plane + ih * q->W;
         if (sw == 2) { /* input column i goes to phase (i + pl) % 2, place (i + pl) / 2 */
-            const int64_t half = (q->W + 1) / 2;
-            uint8_t *ev = tmp, *od = tmp + half + 32; /* split2_avx2 writes up to 16 past each half */
-            int64_t i = 0;
+            const int64_t W = q->W, je = q->pl / 2, jo = (1 + q->pl) / 2;
+            uint8_t *ev = xp + ((q->pl % 2) * HP + r) * WQ + je, *od = xp + (((1 + q->pl) % 2) * HP + r) * WQ + jo;
+            const int64_t ne = WQ - je < (W + 1) / 2 ? WQ - je : (W + 1) / 2, no = WQ - jo < W / 2 ? WQ - jo : W / 2;
 #ifdef QG_X86
-            if (g_avx2 == 1) i = split2_avx2(src, q->W, ev, od);
-#endif
-            for (const int64_t W = q->W; i < W; i++) (i & 1 ? od : ev)[i / 2] = src[i];
-            for (int e = 0; e < 2; e++) {
-                const int64_t a = (e + q->pl) % 2, j0 = (e + q->pl) / 2, cnt = (q->W - e + 1) / 2;
-                const int64_t n = j0 >= WQ ? 0 : (cnt < WQ - j0 ? cnt : WQ - j0);
-                if (n > 0) memcpy(xp + (a * HP + r) * WQ + j0, e ? od : ev, (size_t)n);
+            if (g_avx2 == 1 && W >= 32 && ne == (W + 1) / 2 && no == W / 2) { /* every byte lands in its row */
+                split2_avx2(src, W, ev, od);
+                continue;
             }
+#endif
+            for (int64_t j = 0; j < ne; j++) ev[j] = src[2 * j];
+            for (int64_t j = 0; j < no; j++) od[j] = src[2 * j + 1];
             continue;
         }
         for (int64_t a = 0; a < sw; a++) { /* phase a: padded columns a + j * sw, input columns that - pl */
@@ -509,7 +524,7 @@ static void dw_fill(const qconv_t *q, const dw_t *d, const uint8_t *plane, uint8
             if (j1 > WQ) j1 = WQ;
             if (j1 <= j0) continue;
             if (sw == 1) {
-                memcpy(dst + j0, src + first + j0, (size_t)(j1 - j0));
+                copy_bytes(dst + j0, src + first + j0, j1 - j0);
             } else {
                 for (int64_t j = j0; j < j1; j++) dst[j] = src[first + j * sw];
             }
@@ -622,8 +637,8 @@ static void dw_item(void *ctx, int64_t it) {
     qconv_t *q = ctx;
     const int64_t b = it / q->M, m = it % q->M, c = m / q->mg, sw = q->sw;
     dw_t d = {.g = q->dwg, .HP = q->dwg->HP, .WQ = q->dwg->WQ, .taps = q->dwg->taps, .toff = q->dwg->toff};
-    const size_t bytes = (size_t)(sw * d.HP * d.WQ + 32), room = (size_t)(q->W + 96);
-    uint8_t *xp = (uint8_t *)opt_scratch((bytes + room) / sizeof(float) + 1);
+    const size_t bytes = (size_t)(sw * d.HP * d.WQ + 32);
+    uint8_t *xp = (uint8_t *)opt_scratch(bytes / sizeof(float) + 1);
     if (!xp) {
         q->failed = 1;
         return;
@@ -638,7 +653,7 @@ static void dw_item(void *ctx, int64_t it) {
      * wrapping sums below give it exactly */
     d.bias = (int32_t)((q->bias ? (uint32_t)q->bias[m] : 0u) - (uint32_t)q->xzp * wsum);
     d.mult = q->mult[m];
-    dw_fill(q, &d, q->x + (b * q->C + c) * q->H * q->W, xp, xp + bytes);
+    dw_fill(q, &d, q->x + (b * q->C + c) * q->H * q->W, xp);
     uint8_t *y = q->y + (b * q->M + m) * q->OH * q->OW;
 #ifdef QG_X86
     if (g_avx2 == 1) {

@@ -37,6 +37,7 @@ CASES = {
     "depthwise 9x9, 81 taps (the GEMM's)": (1, 3, 12, 11, 3, (9, 9), 1, [4, 4, 4, 4], 1, 3),
     "depthwise 3x3, 7x7 plane (runs of 7)": (1, 5, 7, 7, 5, (3, 3), 1, [1, 1, 1, 1], 1, 5),
     "depthwise 3x3 stride 2, 67 columns": (1, 3, 5, 67, 3, (3, 3), 2, [1, 1, 1, 1], 1, 3),
+    "depthwise 3x3 stride 2, 40 columns, pads right": (1, 2, 6, 40, 2, (3, 3), 2, [0, 0, 1, 1], 1, 2),
 }
 
 
