@@ -73,16 +73,15 @@ __attribute__((target("avx2"))) static void split2_avx2(const uint8_t *src, int6
 /* The zero-point-padded phase copy of input plane `plane` into xp (sw * HP * WQ bytes and 32 of slack
  * for the last runs' overreach). */
 static void dw_fill(const qconv_t *q, const dw_t *d, const uint8_t *plane, uint8_t *xp) {
-    const int64_t sw = q->sw, HP = d->HP, WQ = d->WQ;
+    const int64_t sw = q->sw, HP = d->HP, WQ = d->WQ, W = q->W, rows = q->H < HP - q->pt ? q->H : HP - q->pt;
     memset(xp, (int)(uint8_t)q->xzp, (size_t)(sw * HP * WQ + 32));
-    for (int64_t ih = 0; ih < q->H; ih++) {
-        const int64_t r = ih + q->pt;
-        if (r >= HP) break;
-        const uint8_t *src = plane + ih * q->W;
-        if (sw == 2) { /* input column i goes to phase (i + pl) % 2, place (i + pl) / 2 */
-            const int64_t W = q->W, je = q->pl / 2, jo = (1 + q->pl) / 2;
-            uint8_t *ev = xp + ((q->pl % 2) * HP + r) * WQ + je, *od = xp + (((1 + q->pl) % 2) * HP + r) * WQ + jo;
-            const int64_t ne = WQ - je < (W + 1) / 2 ? WQ - je : (W + 1) / 2, no = WQ - jo < W / 2 ? WQ - jo : W / 2;
+    xp += q->pt * WQ; /* input row ih is padded row ih + pt of each phase */
+    if (sw == 2) {    /* input column i goes to phase (i + pl) % 2, place (i + pl) / 2 */
+        const int64_t je = q->pl / 2, jo = (1 + q->pl) / 2;
+        uint8_t *ev = xp + (q->pl % 2) * HP * WQ + je, *od = xp + ((1 + q->pl) % 2) * HP * WQ + jo;
+        const int64_t ne = WQ - je < (W + 1) / 2 ? WQ - je : (W + 1) / 2, no = WQ - jo < W / 2 ? WQ - jo : W / 2;
+        for (int64_t ih = 0; ih < rows; ih++, ev += WQ, od += WQ) {
+            const uint8_t *src = plane + ih * W;
 #ifdef QG_X86
             if (opt_qconv_avx2 == 1 && W >= 32 && ne == (W + 1) / 2 && no == W / 2) { /* every byte lands in its row */
                 split2_avx2(src, W, ev, od);
@@ -91,19 +90,23 @@ static void dw_fill(const qconv_t *q, const dw_t *d, const uint8_t *plane, uint8
 #endif
             for (int64_t j = 0; j < ne; j++) ev[j] = src[2 * j];
             for (int64_t j = 0; j < no; j++) od[j] = src[2 * j + 1];
-            continue;
         }
-        for (int64_t a = 0; a < sw; a++) { /* phase a: padded columns a + j * sw, input columns that - pl */
-            uint8_t *dst = xp + (a * HP + r) * WQ;
-            const int64_t first = a - q->pl;                              /* input column of j = 0 */
-            const int64_t j0 = first >= 0 ? 0 : (-first + sw - 1) / sw;    /* first j inside the input */
-            int64_t j1 = first >= q->W ? 0 : (q->W - 1 - first) / sw + 1; /* past the last one */
-            if (j1 > WQ) j1 = WQ;
-            if (j1 <= j0) continue;
+        return;
+    }
+    /* each phase's bounds once per plane, not per row: a division per row was a 7x7 plane's largest cost */
+    for (int64_t a = 0; a < sw; a++) { /* phase a: padded columns a + j * sw, input columns that - pl */
+        const int64_t first = a - q->pl;                           /* input column of j = 0 */
+        const int64_t j0 = first >= 0 ? 0 : (-first + sw - 1) / sw; /* first j inside the input */
+        int64_t j1 = first >= W ? 0 : (W - 1 - first) / sw + 1;    /* past the last one */
+        if (j1 > WQ) j1 = WQ;
+        if (j1 <= j0) continue;
+        uint8_t *dst = xp + a * HP * WQ + j0;
+        const uint8_t *src = plane + first + j0 * sw;
+        for (int64_t ih = 0; ih < rows; ih++, dst += WQ, src += W) {
             if (sw == 1) {
-                copy_bytes(dst + j0, src + first + j0, j1 - j0);
+                copy_bytes(dst, src, j1 - j0);
             } else {
-                for (int64_t j = j0; j < j1; j++) dst[j] = src[first + j * sw];
+                for (int64_t j = 0; j < j1 - j0; j++) dst[j] = src[j * sw];
             }
         }
     }
@@ -212,7 +215,9 @@ static void dw_geom(const qconv_t *q, dw_geom_t *g) {
 
 static void dw_item(void *ctx, int64_t it) {
     qconv_t *q = ctx;
-    const int64_t b = it / q->M, m = it % q->M, c = m / q->mg, sw = q->sw;
+    /* (one image and one channel per group are the common case: divisions cost a small plane dearly) */
+    const int64_t b = q->N == 1 ? 0 : it / q->M, m = q->N == 1 ? it : it % q->M, c = q->mg == 1 ? m : m / q->mg;
+    const int64_t sw = q->sw;
     dw_t d = {.g = q->dwg, .HP = q->dwg->HP, .WQ = q->dwg->WQ, .taps = q->dwg->taps, .toff = q->dwg->toff};
     const size_t bytes = (size_t)(sw * d.HP * d.WQ + 32);
     uint8_t *xp = (uint8_t *)opt_scratch(bytes / sizeof(float) + 1);
