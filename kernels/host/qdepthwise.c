@@ -118,6 +118,9 @@ static void dw_fill(const qconv_t *q, const dw_t *d, const uint8_t *plane, uint8
  * one output; lanes come out as outputs 0-3, 8-11 (unpacklo) and 4-7, 12-15 (unpackhi), put back in
  * order at the end.  x is read uncentred (0..255 or -128..127; d->bias holds the zero point's share),
  * so pair sums reach 2 * 255 * 128: exact in int32. */
+__attribute__((target("avx2"))) static void dw_rows2_avx2(const qconv_t *q, const dw_t *d, const uint8_t *xp,
+                                                          uint8_t *y, const int32_t *wpair, const int64_t *off);
+
 __attribute__((target("avx2"))) static void dw_rows_avx2(const qconv_t *q, const dw_t *d, const uint8_t *xp,
                                                          uint8_t *y) {
     const int64_t OW = q->OW, taps = d->taps, pairs = (taps + 1) / 2, WQ = d->WQ;
@@ -128,6 +131,10 @@ __attribute__((target("avx2"))) static void dw_rows_avx2(const qconv_t *q, const
         wpair[p] = (int32_t)((uint32_t)(uint16_t)d->tw[2 * p] | ((uint32_t)(uint16_t)w1 << 16));
         off[2 * p] = d->toff[2 * p];
         off[2 * p + 1] = 2 * p + 1 < taps ? d->toff[2 * p + 1] : d->toff[2 * p];
+    }
+    if (OW <= 8) {
+        dw_rows2_avx2(q, d, xp, y, wpair, off);
+        return;
     }
     const int xs = q->xs;
     const rq_t rq = rq_init(q);
@@ -162,6 +169,38 @@ __attribute__((target("avx2"))) static void dw_rows_avx2(const qconv_t *q, const
         }
     }
     if (pend_dst) rq_store2(&rq, pend, pend, pend_dst, NULL, pend_n, 1);
+}
+
+/* dw_rows_avx2 for rows of at most 8 outputs (7x7 planes: 16 lanes held 7 outputs): a run of 16 is two
+ * output rows, each tap's 8 bytes of one row beside the next row's; four rows stored at a time. */
+__attribute__((target("avx2"))) static void dw_rows2_avx2(const qconv_t *q, const dw_t *d, const uint8_t *xp,
+                                                          uint8_t *y, const int32_t *wpair, const int64_t *off) {
+    const int64_t OW = q->OW, OH = q->OH, pairs = (d->taps + 1) / 2, step = q->sh * d->WQ;
+    const int xs = q->xs;
+    const rq_t rq = rq_init(q);
+    __m256i v[2];
+    for (int64_t oh = 0; oh < OH; oh += 4) {
+        for (int h = 0; h < 2; h++) {
+            const int64_t r0 = oh + 2 * h < OH ? oh + 2 * h : OH - 1, r1 = r0 + 1 < OH ? r0 + 1 : r0;
+            const uint8_t *b0 = xp + r0 * step, *b1 = xp + r1 * step; /* (a missing row reads a real one) */
+            __m256i alo = _mm256_setzero_si256(), ahi = alo;
+            for (int64_t p = 0; p < pairs; p++) {
+                const __m128i ra = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(b0 + off[2 * p])),
+                                                      _mm_loadl_epi64((const __m128i *)(b1 + off[2 * p])));
+                const __m128i rb = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(b0 + off[2 * p + 1])),
+                                                      _mm_loadl_epi64((const __m128i *)(b1 + off[2 * p + 1])));
+                const __m256i a = xs ? _mm256_cvtepi8_epi16(ra) : _mm256_cvtepu8_epi16(ra);
+                const __m256i b = xs ? _mm256_cvtepi8_epi16(rb) : _mm256_cvtepu8_epi16(rb);
+                const __m256i w = _mm256_set1_epi32(wpair[p]);
+                alo = _mm256_add_epi32(alo, _mm256_madd_epi16(_mm256_unpacklo_epi16(a, b), w));
+                ahi = _mm256_add_epi32(ahi, _mm256_madd_epi16(_mm256_unpackhi_epi16(a, b), w));
+            }
+            v[h] = rq_16(&rq, alo, ahi, d->bias, d->mult);
+        }
+        uint8_t rows[4 * 8];
+        rq_store2(&rq, v[0], v[1], rows, rows + 16, 16, 1); /* rows oh .. oh + 3, 8 bytes each */
+        for (int64_t r = 0; r < 4 && oh + r < OH; r++) copy_bytes(y + (oh + r) * OW, rows + 8 * r, OW);
+    }
 }
 #endif
 
