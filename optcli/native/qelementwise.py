@@ -78,6 +78,6 @@ def dequantize(x: np.ndarray, scale: np.float32, zero_point: int) -> np.ndarray:
     require((-128 if signed else 0) <= zero_point <= (127 if signed else 255), "dequantize")
     y = np.empty(x.shape, np.float32)
     x = np.require(x, requirements="C")
-    _check(library._lib.optcli_dequantize_f32(x.ctypes.data, y.ctypes.data, x.size, float(np.float32(scale)),
+    _check(library._lib.optcli_dequantize_f32(_ptr(x), _ptr(y), x.size, float(np.float32(scale)),
                                               int(zero_point), int(signed)), "dequantize")
     return y
