@@ -21,9 +21,10 @@ from setuptools.command.build_ext import build_ext
 SOURCES = ["kernels/host/blocked_conv.c", "kernels/host/blocked_window.c", "kernels/host/gemm.c",
            "kernels/host/stem.c", "kernels/host/window.c", "kernels/host/pool.c", "kernels/host/epilogue.c",
            "kernels/host/elementwise.c", "kernels/host/recurrent.c", "kernels/host/qgemm.c",
-           "kernels/host/qelementwise.c"]
+           "kernels/host/qelementwise.c", "kernels/host/qdepthwise.c"]
 HEADERS = ["kernels/host/optcli_native.h", "kernels/host/simd.h", "kernels/host/gemm_kernel.h",
-           "kernels/host/stem_kernel.h", "kernels/host/blocked_conv_kernel.h", "kernels/host/blocked_window_kernel.h"]
+           "kernels/host/stem_kernel.h", "kernels/host/blocked_conv_kernel.h", "kernels/host/blocked_window_kernel.h",
+           "kernels/host/qconv_kernel.h"]
 # No -march=native: x86-64 gets an AVX2/FMA clone of each hot function picked at load (simd.h),
 # so the built package still runs on an older CPU.  -ffp-contract=fast lets a*b+c become an FMA,
 # which -std=c11 would otherwise forbid.  -fno-wrapv undoes Python's own -fwrapv (its CFLAGS come

@@ -6,10 +6,11 @@ folded into the convs), then quantized with ``quantize_static`` (QDQ, per channe
 weights, calibrated on a few random images).  Rows: optcli ``arm`` on the fp32 model, optcli ``arm`` on the
 QDQ model (its quantized convs as ``optcli.QConv`` integer steps), onnxruntime (all graph optimizations:
 its QLinearConv fusions) on the fp32 and the QDQ model.  All at the same thread count, runs interleaved
-round by round so a busy neighbour slows every row alike; minimum and median.  Outputs of the two QDQ
-runs are compared in steps of the output's quantization, and with onnxruntime running the QDQ graph as
-written (no fusions: DequantizeLinear, float Conv, QuantizeLinear), whose results its fused integer kernels
-leave where their saturating int16 pair sums (AVX2 without VNNI) overflow.
+round by round so a busy neighbour slows every row alike; minimum and median; the plans' peak activation
+memory (the memory planner's figure).  Outputs of the two QDQ runs are compared in steps of the output's
+quantization, and with onnxruntime running the QDQ graph as written (no fusions: DequantizeLinear, float
+Conv, QuantizeLinear), whose results its fused integer kernels leave where their saturating int16 pair
+sums (AVX2 without VNNI) overflow.
 
     .venv/bin/python benchmarks/bench_int8.py --threads 2 --runs 40
 """
@@ -75,11 +76,45 @@ def output_step(path: Path) -> float | None:
     return float(inits[dq.input[1]]) if dq is not None and dq.op_type == "DequantizeLinear" else None
 
 
+def kind_of(step) -> str:
+    """A step's kind for the per-step table: convs by shape (1x1, depthwise and its stride, dense), integer
+    and float steps of one op under one name."""
+    op = {"QConv": "Conv", "QAdd": "Add"}.get(step.op_type, step.op_type)
+    if op != "Conv":
+        return op
+    if int(step.attrs.get("group", 1)) > 1:
+        return f"Conv depthwise, stride {step.attrs.get('strides', [1])[0]}"
+    return "Conv 1x1" if tuple(step.attrs.get("kernel_shape", ())) == (1, 1) else "Conv dense (the stem)"
+
+
+def step_kinds(predictor, feeds: dict, repeats: int) -> dict[str, float]:
+    """Each step of the plan run ``repeats`` times on its own inputs (the plan run once in order to make
+    them), its minimum kept, summed by kind (ms): which kinds of step the int8 plan gains or loses on,
+    steadier than whole runs on a busy machine (warm caches flatter the large layers alike in both plans)."""
+    ex = predictor._executor
+    env = dict(ex.plan.weights)
+    env.update(feeds)
+    out: dict[str, float] = collections.defaultdict(float)
+    with predictor._limiter:
+        for step, fn in zip(ex.plan.steps, ex.fns):
+            args = [env[n] if n else None for n in step.inputs]
+            best = float("inf")
+            for _ in range(repeats):
+                t = time.perf_counter()
+                outs = fn(args)
+                best = min(best, time.perf_counter() - t)
+            env.update({n: a for n, a in zip(step.outputs, outs) if n})
+            out[kind_of(step)] += best * 1e3
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=40)
     ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--steps", type=int, default=0, metavar="N",
+                    help="also time each step of both optcli plans N times and print their minimums by kind")
     args = ap.parse_args()
     for label in args.models.split(","):
         model = build(MODELS[label], resolution=224)
@@ -90,10 +125,8 @@ def main() -> None:
             plan_fp32 = optcli.optimize(model_file=str(fp32), valid_targets="arm")
             plan_int8 = optcli.optimize(model_file=str(qdq), valid_targets="arm")
             steps = collections.Counter(f"{s.op_type}" for s in plan_int8.plan.steps)
-            runners = {
-                "optcli arm fp32": optcli.load(plan_fp32.data, threads=args.threads).run,
-                "optcli arm int8 (QDQ model)": optcli.load(plan_int8.data, threads=args.threads).run,
-            }
+            predictors = [optcli.load(p.data, threads=args.threads) for p in (plan_fp32, plan_int8)]
+            runners = {"optcli arm fp32": predictors[0].run, "optcli arm int8 (QDQ model)": predictors[1].run}
             sessions = {"onnxruntime fp32": ort_session(fp32, args.threads),
                         "onnxruntime QDQ model": ort_session(qdq, args.threads)}
             for key, session in sessions.items():
@@ -117,6 +150,9 @@ def main() -> None:
                     times[key].append((time.perf_counter() - t) * 1e3)
         print(f"\n## {label} (224x224, {args.threads} threads, {args.runs} interleaved runs)")
         print(f"int8 plan: {dict(steps.most_common())}")
+        peak = [r.report["memory"]["peak_activation_bytes"] for r in (plan_fp32, plan_int8)]
+        print(f"peak activation memory: fp32 plan {peak[0] / 1e6:.2f} MB, int8 plan {peak[1] / 1e6:.2f} MB "
+              f"({peak[1] / peak[0]:.2f}x)")
         if step:
             diff = np.abs(ours.astype(np.float64) - theirs.astype(np.float64)) / step
             print(f"output vs onnxruntime QDQ: max {diff.max():.1f} steps, {np.mean(diff > 0.5) * 100:.1f}% differ")
@@ -129,6 +165,14 @@ def main() -> None:
         # a busy neighbour slows a whole round alike: the ratio within each round is steadier than either time
         ratios = [i / f for i, f in zip(times["optcli arm int8 (QDQ model)"], times["optcli arm fp32"])]
         print(f"optcli int8 / fp32, median of per-round ratios: {statistics.median(ratios):.2f}")
+        if args.steps:
+            kinds = [step_kinds(p, feeds, args.steps) for p in predictors]
+            print(f"\nper-step minimums of {args.steps} runs, summed by kind (ms)")
+            print("| kind | fp32 plan | int8 plan |\n|---|---|---|")
+            by_size = sorted(set(kinds[0]) | set(kinds[1]), key=lambda k: -max(kinds[0].get(k, 0), kinds[1].get(k, 0)))
+            for kind in by_size:
+                print(f"| {kind} | {kinds[0].get(kind, 0):.3f} | {kinds[1].get(kind, 0):.3f} |")
+            print(f"| all | {sum(kinds[0].values()):.2f} | {sum(kinds[1].values()):.2f} |")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 5 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 6 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -170,5 +170,8 @@ OPT_API int optcli_qadd(const void *a, const void *b, void *y, int64_t n, const 
 /* QuantizeLinear per tensor (qelementwise.c): y[i] = clamp(rint(x[i] / scale) + zp, lo, hi) over n floats, a NaN
  * giving 0; lo and hi the output dtype's range (its bytes are the two's complement of the result). */
 OPT_API int optcli_quantize_f32(const float *x, void *y, int64_t n, float scale, float zp, float lo, float hi);
+/* DequantizeLinear per tensor (qelementwise.c): y[i] = (float)(x[i] - zp) * scale over n u8 (or s8 where x_signed)
+ * values, in float32: the correctly rounded product, as the numpy kernel's float64 product cast to float32. */
+OPT_API int optcli_dequantize_f32(const void *x, float *y, int64_t n, float scale, int32_t zp, int32_t x_signed);
 
 #endif

@@ -95,3 +95,37 @@ OPT_API int optcli_quantize_f32(const float *x, void *y, int64_t n, float scale,
     opt_parallel(quantize_item, &q, (n + CHUNK - 1) / CHUNK, 0);
     return 0;
 }
+
+/* DequantizeLinear, per tensor, u8 / s8 to float32: (x - zp) * scale in float32.  Both factors are exact
+ * float32 values, so the product is the correctly rounded one that the numpy kernel gets by computing in
+ * float64 and casting (optcli/ops/quant.py): the same bits.  The output of an integer plan (issue 26). */
+typedef struct {
+    const uint8_t *x;
+    float *y;
+    int64_t n;
+    float scale;
+    int32_t zp;
+    int xs;
+} dequant_t;
+
+HOT_CLONES static void dequantize_item(void *ctx, int64_t it) {
+    const dequant_t *q = ctx;
+    const int64_t len = q->n - it * CHUNK < CHUNK ? q->n - it * CHUNK : CHUNK;
+    const uint8_t *restrict x = q->x + it * CHUNK;
+    float *restrict y = q->y + it * CHUNK;
+    const float scale = q->scale;
+    const int32_t zp = q->zp;
+    if (q->xs) {
+        for (int64_t i = 0; i < len; i++) y[i] = (float)((int32_t)(int8_t)x[i] - zp) * scale;
+    } else {
+        for (int64_t i = 0; i < len; i++) y[i] = (float)((int32_t)x[i] - zp) * scale;
+    }
+}
+
+OPT_API int optcli_dequantize_f32(const void *x, float *y, int64_t n, float scale, int32_t zp, int32_t x_signed) {
+    if (n < 0 || zp < (x_signed ? -128 : 0) || zp > (x_signed ? 127 : 255)) return OPT_EINVAL;
+    if (n == 0) return 0;
+    dequant_t q = {.x = x, .y = y, .n = n, .scale = scale, .zp = zp, .xs = x_signed != 0};
+    opt_parallel(dequantize_item, &q, (n + CHUNK - 1) / CHUNK, 0);
+    return 0;
+}

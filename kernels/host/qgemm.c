@@ -15,7 +15,7 @@
  * rows) packs its columns into 16-column tiles of int16 pairs [tile][k / 2][16][2] (one vpmaddwd
  * operand per half tile and k pair) and runs 4-row x 16-column register tiles over them; W comes
  * pre-packed as int16 pairs (one int32 per two k, broadcast).  Depthwise convs (one input channel
- * per group) run direct, a channel per work item, two taps per vpmaddwd.
+ * per group) run direct, a channel per work item (qdepthwise.c).
  *
  * The epilogue is onnxruntime's (MlasRequantizeOutput): float(acc + bias) * multiplier[m], clamped
  * in float to [qmin - zp, qmax - zp], rounded to nearest even, plus the zero point.  qmin and qmax
@@ -29,43 +29,21 @@
 #include <string.h>
 
 #include "optcli_native.h"
+#include "qconv_kernel.h"
 #include "simd.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define QG_X86 1
-#include <immintrin.h>
-#endif
-
-#define TILE 16              /* columns per register tile and per packed tile */
 #define MR 4                 /* rows per register tile */
 #define PANEL_BYTES (96 * 1024) /* a band's packed columns: within the L2 beside its rows of W */
 
-typedef struct {
-    const uint8_t *x;   /* the input's bytes (u8 or s8 by xs) [N, C, H, W] */
-    const int32_t *wp;  /* the GEMM's weights, int16 pairs [M, kp2] */
-    const int8_t *wd;   /* depthwise weights [M, KH * KW] */
-    const int32_t *bias;
-    const float *mult;
-    uint8_t *y;         /* u8 or s8 by ys [N, M, OH, OW] */
-    int64_t N, C, H, W, M, KH, KW, sh, sw, dh, dw, pt, pl, OH, OW, G;
-    int64_t cg, mg, K, kp2, P;
-    int64_t nb, nn, mb, nm;
-    int16_t *xpad;      /* the centred, zero-padded input [N, C, HP, WP] (NULL for pointwise convs) */
-    int64_t HP, WP;
-    int32_t xzp, yzp, qmin, qmax;
-    int xs, ys;
-    _Atomic int failed;
-} qconv_t;
-
-static int g_avx2 = -1; /* -1 unknown, 0 the portable path, 1 AVX2; optcli_qgemm_variant sets it for the tests */
+int opt_qconv_avx2 = -1;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void pick(void) {
 #ifdef QG_X86
     __builtin_cpu_init();
-    g_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+    opt_qconv_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
 #else
-    g_avx2 = 0;
+    opt_qconv_avx2 = 0;
 #endif
 }
 
@@ -74,18 +52,18 @@ OPT_API int optcli_qgemm_variant(int which) {
     if (which == 0) {
         pick();
     } else if (which == 1) {
-        g_avx2 = 0;
+        opt_qconv_avx2 = 0;
     } else if (which == 2) {
 #ifdef QG_X86
         if (!__builtin_cpu_supports("avx2")) return -1;
-        g_avx2 = 1;
+        opt_qconv_avx2 = 1;
 #else
         return -1;
 #endif
     } else if (which != -1) {
         return -1;
     }
-    return g_avx2 ? 2 : 1;
+    return opt_qconv_avx2 ? 2 : 1;
 }
 
 static inline int32_t centred(const qconv_t *q, const uint8_t *p) {
@@ -166,9 +144,61 @@ static void pad_item(void *ctx, int64_t i) {
     for (int64_t ih = 0; ih < q->H && ih + q->pt < q->HP; ih++) {
         int16_t *row = dst + (ih + q->pt) * q->WP + q->pl;
         const int64_t n = q->W < q->WP - q->pl ? q->W : q->WP - q->pl;
-        for (int64_t iw = 0; iw < n; iw++) row[iw] = (int16_t)centred(q, src + ih * q->W + iw);
+        const uint8_t *s0 = src + ih * q->W;
+        const int16_t zp = (int16_t)q->xzp;
+        if (q->xs) { /* (two plain loops: they vectorise, a call of centred() per byte did not) */
+            for (int64_t iw = 0; iw < n; iw++) row[iw] = (int16_t)((int16_t)(int8_t)s0[iw] - zp);
+        } else {
+            for (int64_t iw = 0; iw < n; iw++) row[iw] = (int16_t)((int16_t)s0[iw] - zp);
+        }
     }
 }
+
+#ifdef QG_X86
+/* pack_padded for tiles of 16 columns within one output row and column strides 1 or 2 (a stem's, a dense
+ * conv's): each k row of the tile is one run of the padded copy (every other value of a run of 32 for
+ * stride 2), two k rows interleaved into the pairs the GEMM reads.  Other tiles go through pack_padded. */
+__attribute__((target("avx2"))) static int pack_padded_avx2(const qconv_t *q, int64_t b, int64_t g, int64_t c0,
+                                                            int64_t nc, int16_t *buf) {
+    const int64_t tiles = (nc + TILE - 1) / TILE, HP = q->HP, WP = q->WP, sw = q->sw;
+    if (nc % TILE || (sw != 1 && sw != 2)) return 0;
+    for (int64_t t = 0; t < tiles; t++)
+        if ((c0 + t * TILE) % q->OW + TILE > q->OW) return 0;
+    const int16_t *xg = q->xpad + (b * q->C + g * q->cg) * HP * WP;
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t col = c0 + t * TILE, base = (col / q->OW) * q->sh * WP + (col % q->OW) * sw;
+        int16_t *dst = buf + t * q->kp2 * TILE * 2;
+        int64_t c = 0, kh = 0, kw = 0;
+        __m256i prev = _mm256_setzero_si256();
+        for (int64_t k = 0; k < q->K; k++) {
+            const int16_t *src = xg + c * HP * WP + kh * q->dh * WP + kw * q->dw + base;
+            __m256i v = _mm256_loadu_si256((const __m256i *)src);
+            if (sw == 2) { /* the even values of 32, in order: sign-extended from the low halves, packed */
+                const __m256i e0 = _mm256_srai_epi32(_mm256_slli_epi32(v, 16), 16);
+                const __m256i v1 = _mm256_loadu_si256((const __m256i *)(src + 16));
+                const __m256i e1 = _mm256_srai_epi32(_mm256_slli_epi32(v1, 16), 16);
+                v = _mm256_permute4x64_epi64(_mm256_packs_epi32(e0, e1), 0xD8);
+            }
+            if (k & 1 || k == q->K - 1) {
+                const __m256i a = k & 1 ? prev : v, bb = k & 1 ? v : _mm256_setzero_si256();
+                const __m256i lo = _mm256_unpacklo_epi16(a, bb), hi = _mm256_unpackhi_epi16(a, bb);
+                int16_t *d = dst + (k / 2) * TILE * 2;
+                _mm256_storeu_si256((__m256i *)d, _mm256_permute2x128_si256(lo, hi, 0x20));
+                _mm256_storeu_si256((__m256i *)(d + 16), _mm256_permute2x128_si256(lo, hi, 0x31));
+            }
+            prev = v;
+            if (++kw == q->KW) {
+                kw = 0;
+                if (++kh == q->KH) {
+                    kh = 0;
+                    c++;
+                }
+            }
+        }
+    }
+    return 1;
+}
+#endif
 
 #ifdef QG_X86
 /* A 1x1 conv with unit strides and no padding: row k of X is the input plane k as it lies, so two
@@ -212,32 +242,6 @@ __attribute__((target("avx2"))) static void pack_pointwise_avx2(const qconv_t *q
     }
 }
 
-/* 16 accumulators of output channel m (columns 0-7 in a0, 8-15 in a1) requantized as requant_row does
- * (cvtps rounds to nearest even under the default MXCSR) and n <= 16 of them stored at dst. */
-__attribute__((target("avx2"))) static inline void requant_store16(const qconv_t *q, __m256i a0, __m256i a1,
-                                                                   int64_t m, uint8_t *dst, int64_t n) {
-    const __m256i bias = _mm256_set1_epi32(q->bias ? q->bias[m] : 0), zp = _mm256_set1_epi32(q->yzp);
-    const __m256 mul = _mm256_set1_ps(q->mult[m]);
-    const __m256 lo = _mm256_set1_ps((float)(q->qmin - q->yzp)), hi = _mm256_set1_ps((float)(q->qmax - q->yzp));
-    const __m256i acc[2] = {a0, a1};
-    __m256i v[2];
-    for (int h = 0; h < 2; h++) {
-        __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(acc[h], bias)), mul);
-        f = _mm256_min_ps(_mm256_max_ps(f, lo), hi);
-        v[h] = _mm256_add_epi32(_mm256_cvtps_epi32(f), zp);
-    }
-    __m256i t = _mm256_permute4x64_epi64(_mm256_packs_epi32(v[0], v[1]), 0xD8);
-    t = q->ys ? _mm256_packs_epi16(t, t) : _mm256_packus_epi16(t, t);
-    const __m128i bytes = _mm256_castsi256_si128(_mm256_permute4x64_epi64(t, 0x08));
-    if (n == TILE) {
-        _mm_storeu_si128((__m128i *)dst, bytes);
-    } else {
-        uint8_t tmp[TILE];
-        _mm_storeu_si128((__m128i *)tmp, bytes);
-        memcpy(dst, tmp, (size_t)n);
-    }
-}
-
 /* Rows [m0, m0 + rows) (rows <= MR) by one packed tile of n columns: the products, requantized. */
 __attribute__((target("avx2"))) static void tile_avx2(const qconv_t *q, int64_t m0, int rows, const int16_t *xp,
                                                       uint8_t *y, int64_t ystride, int64_t n) {
@@ -261,7 +265,15 @@ __attribute__((target("avx2"))) static void tile_avx2(const qconv_t *q, int64_t 
         a31 = _mm256_add_epi32(a31, _mm256_madd_epi16(s, b1));
     }
     const __m256i acc[MR][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
-    for (int r = 0; r < rows; r++) requant_store16(q, acc[r][0], acc[r][1], m0 + r, y + r * ystride, n);
+    const rq_t rq = rq_init(q);
+    for (int r = 0; r < rows; r += 2) {
+        const int64_t m = m0 + r;
+        const __m256i v0 = rq_16(&rq, acc[r][0], acc[r][1], q->bias ? q->bias[m] : 0, q->mult[m]);
+        const __m256i v1 = r + 1 < rows ? rq_16(&rq, acc[r + 1][0], acc[r + 1][1], q->bias ? q->bias[m + 1] : 0,
+                                                q->mult[m + 1])
+                                        : v0;
+        rq_store2(&rq, v0, v1, y + r * ystride, r + 1 < rows ? y + (r + 1) * ystride : NULL, n, 0);
+    }
 }
 #endif
 
@@ -293,10 +305,13 @@ static void gemm_item(void *ctx, int64_t it) {
         q->failed = 1;
         return;
     }
-    const int avx2 = g_avx2 == 1;
+    const int avx2 = opt_qconv_avx2 == 1;
     (void)avx2; /* (read only where the AVX2 path is built) */
     if (q->xpad) {
-        pack_padded(q, b, g, c0, nc, buf);
+#ifdef QG_X86
+        if (!avx2 || !pack_padded_avx2(q, b, g, c0, nc, buf))
+#endif
+            pack_padded(q, b, g, c0, nc, buf);
     } else {
 #ifdef QG_X86
         if (avx2)
@@ -324,153 +339,11 @@ static void gemm_item(void *ctx, int64_t it) {
     }
 }
 
-typedef int16_t v16h __attribute__((vector_size(32)));
-typedef int16_t v8h __attribute__((vector_size(16)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-typedef uint8_t v8b __attribute__((vector_size(8)));
-
-/* 8 requantized values (requant_row's arithmetic) as vectors, in 32-byte vectors that AVX2 keeps in
- * registers.  Rounding adds and subtracts 1.5 * 2**23: for |v| < 2**22 (v is clamped to within 510 of
- * zero) the sum lands where the float spacing is 1, so it rounds v to nearest even, exactly as rintf
- * does in the default rounding mode. */
-ALWAYS_INLINE v8b requant8(v8i acc, int32_t bias, float mult, v8f vlo, v8f vhi, int32_t zp) {
-    v8f v = __builtin_convertvector(acc + bias, v8f) * mult;
-    v8i m = v < vlo;
-    v = (v8f)((m & (v8i)vlo) | (~m & (v8i)v));
-    m = v > vhi;
-    v = (v8f)((m & (v8i)vhi) | (~m & (v8i)v));
-    v = (v + 12582912.0f) - 12582912.0f;
-    return __builtin_convertvector(__builtin_convertvector(v, v8i) + zp, v8b);
-}
-
-#ifdef QG_X86
-/* The depthwise sums with vpmaddwd: taps go two by two (the last one of an odd count with a zero
- * weight), their two runs interleaved so each int32 lane takes both products of one output; lanes
- * come out as outputs 0-3, 8-11 (unpacklo) and 4-7, 12-15 (unpackhi), put back in order at the end.
- * Pair sums reach 2 * 255 * 128: exact in int32.  Writes the channel's requantized rows. */
-__attribute__((target("avx2"))) static void dw_rows_avx2(const qconv_t *q, const int16_t *xp, int64_t WQ,
-                                                         const int64_t *toff, const int16_t *tw, int64_t taps,
-                                                         int64_t m, uint8_t *y) {
-    const int64_t OW = q->OW, pairs = (taps + 1) / 2;
-    int32_t wpair[32];
-    for (int64_t p = 0; p < pairs; p++) {
-        const int32_t w1 = 2 * p + 1 < taps ? tw[2 * p + 1] : 0;
-        wpair[p] = (int32_t)((uint32_t)(uint16_t)tw[2 * p] | ((uint32_t)(uint16_t)w1 << 16));
-    }
-    for (int64_t oh = 0; oh < q->OH; oh++) {
-        const int16_t *base = xp + oh * q->sh * WQ;
-        for (int64_t ow = 0; ow < OW; ow += 16) {
-            __m256i alo = _mm256_setzero_si256(), ahi = alo;
-            for (int64_t p = 0; p < pairs; p++) {
-                const __m256i a = _mm256_loadu_si256((const __m256i *)(base + toff[2 * p] + ow));
-                const __m256i b = 2 * p + 1 < taps ? _mm256_loadu_si256((const __m256i *)(base + toff[2 * p + 1] + ow))
-                                                   : a;
-                const __m256i w = _mm256_set1_epi32(wpair[p]);
-                alo = _mm256_add_epi32(alo, _mm256_madd_epi16(_mm256_unpacklo_epi16(a, b), w));
-                ahi = _mm256_add_epi32(ahi, _mm256_madd_epi16(_mm256_unpackhi_epi16(a, b), w));
-            }
-            const int64_t n = OW - ow < 16 ? OW - ow : 16;
-            requant_store16(q, _mm256_permute2x128_si256(alo, ahi, 0x20), _mm256_permute2x128_si256(alo, ahi, 0x31), m,
-                            y + oh * OW + ow, n);
-        }
-    }
-}
-#endif
-
-/* Depthwise (one input channel per group): output channel m of image b, direct.  The centred input
- * plane goes into zero-padded int16 copies, one per column phase of the stride (phase a holds the
- * padded columns a, a + sw, ...), so that every tap of an output row reads a contiguous run whatever
- * the stride.  16 outputs at a time sum all their taps in registers: each product fits int16
- * (255 * 128, one vpmullw for 16), the sums int32. */
-HOT_CLONES static void dw_item(void *ctx, int64_t it) {
-    qconv_t *q = ctx;
-    const int64_t b = it / q->M, m = it % q->M, c = m / q->mg, sw = q->sw;
-    const int64_t HP = (q->OH - 1) * q->sh + (q->KH - 1) * q->dh + 1;
-    const int64_t WQ = q->OW + ((q->KW - 1) * q->dw) / sw + 1; /* columns per phase that the taps read */
-    const size_t shorts = (size_t)(sw * HP * WQ + 16);        /* + the last run's overreach */
-    int16_t *xp = (int16_t *)opt_scratch(shorts * sizeof(int16_t) / sizeof(float) + 1);
-    if (!xp) {
-        q->failed = 1;
-        return;
-    }
-    memset(xp, 0, shorts * sizeof(int16_t));
-    const uint8_t *plane = q->x + (b * q->C + c) * q->H * q->W;
-    const int16_t zp = (int16_t)q->xzp;
-    for (int64_t ih = 0; ih < q->H; ih++) {
-        const int64_t r = ih + q->pt;
-        if (r >= HP) break;
-        const uint8_t *src = plane + ih * q->W;
-        for (int64_t a = 0; a < sw; a++) { /* phase a: padded columns a + j * sw, input columns that - pl */
-            int16_t *dst = xp + (a * HP + r) * WQ;
-            const int64_t first = a - q->pl;                               /* input column of j = 0 */
-            const int64_t j0 = first >= 0 ? 0 : (-first + sw - 1) / sw;     /* first j inside the input */
-            int64_t j1 = first >= q->W ? 0 : (q->W - 1 - first) / sw + 1;  /* past the last one */
-            if (j1 > WQ) j1 = WQ;
-            const uint8_t *s0 = src + first;
-            if (q->xs) {
-                for (int64_t j = j0; j < j1; j++) dst[j] = (int16_t)((int16_t)(int8_t)s0[j * sw] - zp);
-            } else if (sw == 1) {
-                for (int64_t j = j0; j < j1; j++) dst[j] = (int16_t)((int16_t)s0[j] - zp);
-            } else {
-                for (int64_t j = j0; j < j1; j++) dst[j] = (int16_t)((int16_t)s0[j * sw] - zp);
-            }
-        }
-    }
-    const int8_t *w = q->wd + m * q->KH * q->KW;
-    uint8_t *y = q->y + (b * q->M + m) * q->OH * q->OW;
-    const int64_t OW = q->OW, taps = q->KH * q->KW;
-    const int32_t bias = q->bias ? q->bias[m] : 0, yzp = q->yzp;
-    const float mult = q->mult[m];
-    const v8f vlo = vsplat((float)(q->qmin - yzp)), vhi = vsplat((float)(q->qmax - yzp));
-    int64_t toff[64]; /* each tap's offset from its output's first tap (small kernels: <= 64 taps) */
-    int16_t tw[64];
-    const int small = taps <= 64;
-    for (int64_t k = 0; small && k < taps; k++) {
-        const int64_t kh = k / q->KW, off = (k % q->KW) * q->dw;
-        toff[k] = ((off % sw) * HP + kh * q->dh) * WQ + off / sw;
-        tw[k] = w[k];
-    }
-#ifdef QG_X86
-    if (small && g_avx2 == 1) {
-        dw_rows_avx2(q, xp, WQ, toff, tw, taps, m, y);
-        return;
-    }
-#endif
-    for (int64_t oh = 0; oh < q->OH; oh++) {
-        const int16_t *base = xp + oh * q->sh * WQ;
-        for (int64_t ow = 0; ow < OW; ow += 16) {
-            v8i a0 = {0}, a1 = {0};
-            for (int64_t k = 0; k < taps; k++) {
-                int64_t o;
-                int16_t wk;
-                if (small) {
-                    o = toff[k];
-                    wk = tw[k];
-                } else {
-                    const int64_t kh = k / q->KW, off = (k % q->KW) * q->dw;
-                    o = ((off % sw) * HP + kh * q->dh) * WQ + off / sw;
-                    wk = w[k];
-                }
-                v16h s;
-                memcpy(&s, base + o + ow, sizeof s);
-                const v16h p = s * wk;
-                a0 += __builtin_convertvector(__builtin_shufflevector(p, p, 0, 1, 2, 3, 4, 5, 6, 7), v8i);
-                a1 += __builtin_convertvector(__builtin_shufflevector(p, p, 8, 9, 10, 11, 12, 13, 14, 15), v8i);
-            }
-            uint8_t out[16];
-            const v8b o0 = requant8(a0, bias, mult, vlo, vhi, yzp), o1 = requant8(a1, bias, mult, vlo, vhi, yzp);
-            memcpy(out, &o0, 8);
-            memcpy(out + 8, &o1, 8);
-            memcpy(y + oh * OW + ow, out, (size_t)(OW - ow < 16 ? OW - ow : 16));
-        }
-    }
-}
-
 static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 
 /* geom: N, C, H, W, M, KH, KW, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, OH, OW, group;
  * qp: x zero point, y zero point, qmin, qmax, x signed, y signed. */
-static int setup(qconv_t *q, const int64_t *geom, const int32_t *qp) {
+int opt_qconv_setup(qconv_t *q, const int64_t *geom, const int32_t *qp) {
     int64_t *f[16] = {&q->N, &q->C, &q->H, &q->W, &q->M, &q->KH, &q->KW, &q->sh, &q->sw, &q->dh, &q->dw,
                       &q->pt, &q->pl, &q->OH, &q->OW, &q->G};
     for (int i = 0; i < 16; i++) *f[i] = geom[i];
@@ -501,7 +374,7 @@ static int setup(qconv_t *q, const int64_t *geom, const int32_t *qp) {
 OPT_API int optcli_qconv2d_gemm(const void *x, const int32_t *wp, const int32_t *bias, const float *mult, void *y,
                                 const int64_t *geom, const int32_t *qp) {
     qconv_t q = {.x = x, .wp = wp, .bias = bias, .mult = mult, .y = y};
-    int rc = setup(&q, geom, qp);
+    int rc = opt_qconv_setup(&q, geom, qp);
     if (rc) return rc;
     if (q.N == 0 || q.P == 0) return 0;
     const int threads = optcli_get_num_threads();
@@ -524,23 +397,11 @@ OPT_API int optcli_qconv2d_gemm(const void *x, const int32_t *wp, const int32_t 
     if (!pointwise) {
         q.HP = (q.OH - 1) * q.sh + (q.KH - 1) * q.dh + 1;
         q.WP = (q.OW - 1) * q.sw + (q.KW - 1) * q.dw + 1;
-        q.xpad = malloc((size_t)(q.N * q.C * q.HP * q.WP) * sizeof(int16_t));
+        q.xpad = malloc((size_t)(q.N * q.C * q.HP * q.WP + 32) * sizeof(int16_t)); /* + pack_padded_avx2's overreach */
         if (!q.xpad) return OPT_ENOMEM;
         opt_parallel(pad_item, &q, q.N * q.C, cap);
     }
     opt_parallel(gemm_item, &q, items * q.nm, cap);
     free(q.xpad);
-    return q.failed ? OPT_ENOMEM : 0;
-}
-
-OPT_API int optcli_qconv2d_depthwise(const void *x, const int8_t *w, const int32_t *bias, const float *mult, void *y,
-                                     const int64_t *geom, const int32_t *qp) {
-    qconv_t q = {.x = x, .wd = w, .bias = bias, .mult = mult, .y = y};
-    int rc = setup(&q, geom, qp);
-    if (rc) return rc;
-    if (q.cg != 1) return OPT_EINVAL;
-    if (q.N == 0 || q.P == 0) return 0;
-    const int64_t macs = q.N * q.M * q.KH * q.KW * q.P;
-    opt_parallel(dw_item, &q, q.N * q.M, macs < (1 << 16) ? 1 : 0);
     return q.failed ? OPT_ENOMEM : 0;
 }

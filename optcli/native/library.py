@@ -34,7 +34,7 @@ from pathlib import Path
 
 LOG = logging.getLogger("optcli")
 
-ABI = 5  # OPTCLI_NATIVE_ABI in kernels/host/optcli_native.h
+ABI = 6  # OPTCLI_NATIVE_ABI in kernels/host/optcli_native.h
 LIB_PREFIX = "_optcli_native"  # the extension's file name starts with this (threadpoolctl matches it)
 LIBRARY_ENV = "OPTCLI_NATIVE_LIBRARY"  # a testing hook: load this file instead (sanitizer builds)
 
@@ -91,6 +91,7 @@ _SIGNATURES = {
     "optcli_qadd": ([_vp, _vp, _vp, ctypes.c_int64, _vp, _vp], ctypes.c_int),
     "optcli_quantize_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_float, ctypes.c_float, ctypes.c_float, ctypes.c_float],
                             ctypes.c_int),
+    "optcli_dequantize_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_float, ctypes.c_int32, ctypes.c_int32], ctypes.c_int),
 }
 
 

@@ -1,5 +1,5 @@
 """Quantized element-wise ops (kernels/host/qelementwise.c): per-tensor QuantizeLinear from float32 (the input of
-an integer plan), optcli.QAdd's fast path, and its prepared call
+an integer plan) and DequantizeLinear to float32 (its output), optcli.QAdd's fast path, and its prepared call
 (``prepared_qadd``: the parameters made C arrays once per step; a residual Add of a small plane takes
 10-40 us, of which the per-call conversions took half)."""
 
@@ -67,4 +67,17 @@ def quantize(x: np.ndarray, scale: np.float32, zero_point: int, dtype: np.dtype)
     x = np.require(x, requirements="C")
     _check(library._lib.optcli_quantize_f32(_ptr(x), _ptr(y), x.size, float(np.float32(scale)),
                                             float(zero_point), float(lo), float(hi)), "quantize")
+    return y
+
+
+def dequantize(x: np.ndarray, scale: np.float32, zero_point: int) -> np.ndarray:
+    """Per-tensor DequantizeLinear of uint8 / int8 ``x`` to float32: (x - zero_point) * scale, the bits of
+    optcli.ops.quant's numpy kernel (float64 product cast to float32) in one pass instead of four."""
+    require(library._lib is not None and x.dtype in _BYTES, "dequantize")
+    signed = x.dtype == np.int8
+    require((-128 if signed else 0) <= zero_point <= (127 if signed else 255), "dequantize")
+    y = np.empty(x.shape, np.float32)
+    x = np.require(x, requirements="C")
+    _check(library._lib.optcli_dequantize_f32(_ptr(x), _ptr(y), x.size, float(np.float32(scale)),
+                                              int(zero_point), int(signed)), "dequantize")
     return y

@@ -49,7 +49,8 @@ def prepared_qconv(xshape: tuple[int, int, int, int], x_dtype: np.dtype, w: np.n
     group = int(geom[15])
     require(group >= 1 and xshape[1] == w.shape[1] * group and m % group == 0 and tuple(geom[5:7]) == w.shape[2:],
             "prepared qconv")
-    depthwise = w.shape[1] == 1 and geom[15] == geom[1]
+    # the direct depthwise kernel keeps up to 64 taps in registers' reach; larger windows go to the GEMM
+    depthwise = w.shape[1] == 1 and geom[15] == geom[1] and w.shape[2] * w.shape[3] <= 64
     weights = np.ascontiguousarray(w.reshape(m, -1)) if depthwise else pack_pairs(w)
     fn = library._lib.optcli_qconv2d_depthwise if depthwise else library._lib.optcli_qconv2d_gemm
     bias = None if bias is None else np.ascontiguousarray(bias)

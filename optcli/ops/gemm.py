@@ -18,7 +18,7 @@ import numpy as np
 
 from optcli import native
 from optcli.ir import OPTCLI_DOMAIN
-from optcli.ops.activation import activate, apply_output_quant, epilogue, output_quant
+from optcli.ops.activation import activate, apply_output_quant, epilogue, fake_quantize, output_quant
 from optcli.ops.registry import StepAttrs, kernel
 from optcli.ops.shape_functions import (
     Shape,
@@ -139,16 +139,18 @@ def _prepare_fc(attrs: dict[str, Any], x: np.ndarray, w: np.ndarray, bias: np.nd
     """Remember a classifier head's product (one row: Y.T = W.T @ X.T in the narrow path) for this
     input shape: the derived W.T, the checks and conversions of every argument cost ~40 us a call
     around a product of microseconds (a face detector's four heads on [1, 576] and [1, 128])."""
-    if type(attrs) is not StepAttrs or x.dtype != np.float32 or output_quant(attrs) is not None:
+    if type(attrs) is not StepAttrs or x.dtype != np.float32:
         return
     if b is not None and not (b.dtype == np.float32 and b.flags.c_contiguous):
         return
     n, k = wt.shape
     call = native.prepared_gemm_conv(wt, b, *epilogue(attrs), None, 1, 1, (1, n, 1))
-    shape = x.shape[:-1] + (n,)
+    shape, quant = x.shape[:-1] + (n,), output_quant(attrs)
 
     def run(x: np.ndarray) -> np.ndarray:
-        return call(x.reshape(1, k, 1)).reshape(shape)
+        y = call(x.reshape(1, k, 1)).reshape(shape)
+        # the fused FakeQuant of a quantized model's head (its logits' QuantizeLinear -> DequantizeLinear)
+        return y if quant is None else fake_quantize(y, *quant)
 
     attrs.memo["prepared fc"] = (w, bias, x.shape, run)
 

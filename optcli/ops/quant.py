@@ -112,9 +112,19 @@ def dequantize_linear(inputs, attrs):
     x, scale = inputs[0], inputs[1]
     zp = inputs[2] if len(inputs) > 2 else None
     axis, block = int(attrs.get("axis", 1)), int(attrs.get("block_size", 0))
+    if _native_dequantize(x, scale, zp):  # per tensor, 8 bits to float32: one native pass, the same bits
+        z = int(np.asarray(zp).reshape(-1)[0]) if zp is not None else 0
+        return [qelementwise.dequantize(x, np.asarray(scale).reshape(-1)[0], z)]
     s = _per_axis(scale, x, axis, block)
     z = _per_axis(zp, x, axis, block).astype(np.float64) if zp is not None else 0.0
     return [((x.astype(np.float64) - z) * s).astype(np.asarray(scale).dtype)]
+
+
+def _native_dequantize(x, scale, zp) -> bool:
+    """Whether the native DequantizeLinear computes this one (the output of an integer plan, issue 26)."""
+    scale = np.asarray(scale)
+    return (type(x) is np.ndarray and x.dtype in _BYTES and scale.dtype == np.float32 and scale.size == 1
+            and (zp is None or (np.asarray(zp).size == 1 and np.asarray(zp).dtype == x.dtype)) and native.available())
 
 
 @kernel("DynamicQuantizeLinear")

@@ -107,3 +107,28 @@ def test_depthwise_tiles_read_their_inputs_from_the_scratch(code, name):
     3x3 item had 119 against act_rows' 49, its tiles 2x slower)."""
     activations = stack_operand_fmas(code["gk8_act_rows.arch_x86_64_v3"])
     assert stack_operand_fmas(code[name]) <= activations, f"{name}: inputs or accumulators on the stack"
+
+
+def stack_near_integer_products(instructions: list[str], reach: int = 6) -> int:
+    """Vector loads or stores through the stack within ``reach`` instructions of a vpmaddwd: an int32
+    accumulator or a widened input living in memory inside the integer convs' tap or K loop."""
+    near = 0
+    for i, ins in enumerate(instructions):
+        if ins.startswith("vpmaddwd"):
+            window = instructions[max(0, i - reach):i + reach + 1]
+            near += any("(%rsp)" in w and "%ymm" in w for w in window)
+    return near
+
+
+@pytest.mark.parametrize("name", ["tile_avx2", "dw_rows_avx2"])
+def test_integer_conv_loops_keep_their_sums_in_registers(code, name):
+    """The integer GEMM's 4x16 register tile (8 accumulators, 2 loads and a broadcast) and the depthwise
+    rows' tap loops (qgemm.c, qdepthwise.c; GCC inlines the two-row variant into dw_rows_avx2): their
+    epilogues keep a run waiting to be stored and a small buffer for short stores on the stack, nothing
+    near a product may."""
+    assert stack_near_integer_products(["vpmaddwd %ymm3,%ymm4,%ymm4", "vmovdqa %ymm4,0x40(%rsp)"]) == 1
+    if name not in code:
+        pytest.fail(f"{name} is not in the library: the integer conv's AVX2 functions were renamed; update this test")
+    products = sum(ins.startswith("vpmaddwd") for ins in code[name])
+    assert products >= 2, f"{name} has {products} vpmaddwd: not the AVX2 path this test reads"
+    assert stack_near_integer_products(code[name]) == 0, f"{name} keeps sums or inputs on the stack in its loop"

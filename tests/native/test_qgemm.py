@@ -22,6 +22,9 @@ CASES = {
     "pointwise, many columns": (1, 24, 56, 57, 40, (1, 1), 1, [0, 0, 0, 0], 1, 1),
     "pointwise, stride 2": (1, 16, 9, 9, 8, (1, 1), 2, [0, 0, 0, 0], 1, 1),
     "stem 3x3 stride 2 padded": (1, 3, 31, 29, 16, (3, 3), 2, [1, 1, 1, 1], 1, 1),
+    "stem 3x3 stride 2, rows of 32 (whole tiles)": (1, 3, 20, 64, 8, (3, 3), 2, [1, 1, 1, 1], 1, 1),
+    "dense 3x3, rows of 32 (whole tiles)": (1, 4, 6, 32, 5, (3, 3), 1, [1, 1, 1, 1], 1, 1),
+    "dense 3x3 dilation 2, rows of 16": (2, 3, 9, 20, 4, (3, 3), 1, [0, 0, 0, 0], 2, 1),
     "dense 3x3, primes": (1, 7, 13, 5, 11, (3, 3), 1, [1, 1, 1, 1], 1, 1),
     "dense 5x3, asymmetric pads, dilation": (2, 5, 12, 10, 6, (5, 3), 1, [2, 0, 1, 3], 2, 1),
     "grouped 3x3": (1, 12, 8, 8, 18, (3, 3), 1, [1, 1, 1, 1], 1, 3),
@@ -31,6 +34,10 @@ CASES = {
     "depthwise multiplier 2, dilation 2": (1, 5, 11, 11, 10, (3, 3), 1, [2, 2, 2, 2], 2, 5),
     "depthwise 1x1 spatial": (1, 3, 1, 1, 3, (3, 3), 1, [1, 1, 1, 1], 1, 3),
     "depthwise 3x3 stride 3": (1, 4, 10, 13, 4, (3, 3), 3, [0, 1, 0, 1], 1, 4),
+    "depthwise 9x9, 81 taps (the GEMM's)": (1, 3, 12, 11, 3, (9, 9), 1, [4, 4, 4, 4], 1, 3),
+    "depthwise 3x3, 7x7 plane (runs of 7)": (1, 5, 7, 7, 5, (3, 3), 1, [1, 1, 1, 1], 1, 5),
+    "depthwise 3x3 stride 2, 67 columns": (1, 3, 5, 67, 3, (3, 3), 2, [1, 1, 1, 1], 1, 3),
+    "depthwise 3x3 stride 2, 40 columns, pads right": (1, 2, 6, 40, 2, (3, 3), 2, [0, 0, 1, 1], 1, 2),
 }
 
 
@@ -101,6 +108,22 @@ def test_saturating_sums_and_extreme_zero_points(path, xzp):
     got, want = native_qconv(x, w, b, attrs), reference(x, w, b, attrs)
     np.testing.assert_array_equal(got, want)
     assert np.abs(np.int64(255) * 127 * 2) > 32767
+
+
+@pytest.mark.parametrize("name", ["pointwise, primes", "depthwise 3x3 stride 2", "dense 3x3, primes"])
+@pytest.mark.parametrize("signs", [(0, 0), (0, 1), (1, 1)])
+def test_requantization_past_int32(path, name, signs):
+    """Multipliers of 1e8 and 1e-9 with zero points at the ends of their range: float(acc) * multiplier
+    leaves int32 both ways (a conversion gives INT32_MIN there, which the vector epilogue must keep at
+    the bottom after adding the zero point) or rounds to 0 or -0."""
+    x, w, b, attrs = make(CASES[name], 13, *signs)
+    lo, hi = (-128, 127) if signs[1] else (0, 255)
+    for y_scale, zp in ((attrs["x_scale"] * 1e-8, lo), (attrs["x_scale"] * 1e-8, hi), (attrs["x_scale"] * 1e9, hi)):
+        attrs.update(w_scale=[1.0] * w.shape[0], y_scale=y_scale, y_zero_point=zp)
+        want = reference(x, w, b, attrs)
+        np.testing.assert_array_equal(native_qconv(x, w, b, attrs), want, err_msg=f"y_scale {y_scale}, zp {zp}")
+        if y_scale < 1:  # both ends reached
+            assert (want == lo).any() and (want == hi).any()
 
 
 def test_relu_and_clip_bounds(path):

@@ -211,3 +211,29 @@ def test_prepared_pool_matches_and_steps_aside(op):
     with mock.patch.object(native.library, "_lib", None):  # OPTCLI_NATIVE=0: numpy runs
         np.testing.assert_allclose(fn([x], attrs)[0], first, rtol=1e-6, atol=1e-6)
     assert calls == [x.shape]
+
+
+@pytest.mark.skipif(not native.available(), reason="the native library is not built here")
+def test_prepared_head_keeps_its_fake_quant():
+    """A quantized model's classifier head (FullyConnected with its logits' QuantizeLinear -> DequantizeLinear
+    fused, ``activation_quant``) takes the prepared call too, and the prepared call applies the FakeQuant:
+    its outputs sit on the grid, equal to the unprepared native result."""
+    from optcli.ops import gemm
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    w = rng.standard_normal((64, 10)).astype(np.float32)
+    b = rng.standard_normal(10).astype(np.float32)
+    w.flags.writeable = b.flags.writeable = False
+    scale, zp = 0.05, 128.0
+    attrs = kernel_attrs({"activation_quant": [scale, zp, 0.0, 255.0]}, 1, {})
+    first = gemm.fully_connected([x, w, b], attrs)[0]
+    first = gemm.fully_connected([x, w, b], attrs)[0]  # W.T is derived from the second sighting on
+    assert "prepared fc" in attrs.memo, "the head was not prepared"
+    got = gemm.fully_connected([x, w, b], attrs)[0]
+    np.testing.assert_array_equal(got, first)
+    steps = got / np.float32(scale) + zp
+    np.testing.assert_allclose(steps, np.rint(steps), atol=1e-3)  # on the grid: the FakeQuant ran
+    assert len(np.unique(got)) > 3
+    plain = gemm.fully_connected([x, w, b], dict(attrs))[0]  # numpy's BLAS: within one step
+    assert np.abs(got - plain).max() <= scale * 1.001

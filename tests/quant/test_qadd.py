@@ -148,3 +148,21 @@ def test_native_quantize_linear_equals_numpy(native_lib, dtype, zp):
     x[2000:2006] = [np.nan, np.inf, -np.inf, 3e38, -3e38, -0.0]
     got = native_quantize(x.reshape(8, 5000), scale, zp, np.dtype(dtype))
     np.testing.assert_array_equal(got.reshape(-1), quantize(x, scale, dtype(zp), np.dtype(dtype)))
+
+
+@pytest.mark.parametrize("dtype,zp", [(np.uint8, 0), (np.uint8, 255), (np.uint8, 131), (np.int8, -128), (np.int8, 127),
+                                      (np.int8, 3)])
+def test_native_dequantize_linear_equals_numpy(native_lib, dtype, zp):
+    """The output's DequantizeLinear of an integer plan (kernels/host/qelementwise.c) through the op's kernel:
+    the numpy kernel's bits (a float64 product cast to float32) for every byte, and scales whose products
+    round (an odd mantissa), are tiny or huge."""
+    from optcli.ops import quant
+
+    x = np.tile(np.arange(256, dtype=np.uint8).view(dtype), 40).reshape(4, 10, 256)
+    for scale in (np.float32(0.037), np.float32(1.0000001), np.float32(3e-39), np.float32(1e30)):
+        inputs = [x, np.asarray(scale), np.asarray(zp, dtype)]
+        assert quant._native_dequantize(*inputs), "the native path did not take the case"
+        got = quant.dequantize_linear(inputs, {})[0]
+        want = ((x.astype(np.float64) - zp) * scale).astype(np.float32)
+        assert got.dtype == np.float32 and got.shape == x.shape
+        np.testing.assert_array_equal(got, want)
