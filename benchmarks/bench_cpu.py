@@ -56,6 +56,11 @@ DEFAULT_CORPUS = [
     "mediapipe_face_detection_short_range_t2o",
     "mediapipe_hand_landmark_lite_t2o",
     "mediapipe_iris_landmark_t2o",
+    # small on-device nets, where the time per op decides (issue 25; corpus/recipes_small.py)
+    "ts_mtcnn_rnet_op11",
+    "ts_mtcnn_pnet_op11_dynhw",
+    "ts_mel_frontend_op17",
+    "ts_fpn_text_detector_op13",
 ]
 
 
@@ -462,7 +467,12 @@ DEPTHWISE_NOTE = (
     "activation, GELU, the other activations, LayerNormalization and the spatial means, all on one "
     "pthread pool sized by `threads=` whose workers spin 100 us between jobs (no OpenMP; BLAS stays "
     "out of conv nets). Bound conv steps call the library with their arguments worked out after the "
-    "first run. The column \"NCHW plan\" (`--plain-layout-too`) is the same model planned with the "
+    "first run. ConvTranspose's product runs in the native GEMM, its taps and the nearest Resize's "
+    "integer upscales are numpy copies (strided writes, no gather); still numpy throughout: "
+    "Softmax, Resize in the other modes, Concat/Split/Slice/Transpose copies, and Mul/Sub/Div and "
+    "the comparisons (Add and the activations are native): each ~1-2 us of numpy overhead on the "
+    "tensors of a small net. "
+    "The column \"NCHW plan\" (`--plain-layout-too`) is the same model planned with the "
     "layout pass disabled, timed in the same interleaved blocks."
 )
 

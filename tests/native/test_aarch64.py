@@ -345,7 +345,8 @@ def _int8_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
         geom = [*x.shape, w.shape[0], *w.shape[2:], *win.strides, *win.dilations, *win.pad_begin, *win.out,
                 attrs["group"]]
         qp = [attrs[k] for k in ("x_zero_point", "y_zero_point", "qmin", "qmax", "x_signed", "y_signed")]
-        depthwise = int(w.shape[1] == 1 and attrs["group"] == x.shape[1])
+        # the routing of optcli/native/qgemm.py: the direct depthwise kernel takes up to 64 taps
+        depthwise = int(w.shape[1] == 1 and attrs["group"] == x.shape[1] and w.shape[2] * w.shape[3] <= 64)
         weights = (np.ascontiguousarray(w.reshape(w.shape[0], -1)) if depthwise else pack_pairs(w)).tobytes()
         src, dst = tmp / f"qconv{i}.in", tmp / f"qconv{i}.out"
         with open(src, "wb") as f:
