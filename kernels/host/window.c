@@ -114,8 +114,9 @@ ALWAYS_INLINE void fill(const dw_t *a, const float *xin, float *s, int64_t r0, i
     }
 }
 
-/* R output rows x V vectors starting at column ow0; s points at the first row's scratch. */
-/* The loops over the tile's rows and vectors unrolled (the pragmas), so that the accumulators
+/* R output rows x V vectors starting at column ow0; s points at the first row's scratch.
+ *
+ * The loops over the tile's rows and vectors unrolled (the pragmas), so that the accumulators
  * are registers, and the loop over the taps kept rolled: GCC left the row and vector loops of
  * the 3x3 tiles rolled, with the accumulator array on the stack (a store and a reload per
  * multiply-add), and with the taps unrolled too it loaded all 72 inputs of a tile ahead and
