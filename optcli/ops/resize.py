@@ -239,8 +239,9 @@ def _repeats(shape: tuple[int, ...], roi: np.ndarray | None, scales: np.ndarray 
 
 
 def _resize(x: np.ndarray, roi: np.ndarray | None, scales: np.ndarray | None, sizes: np.ndarray | None,
-            attrs: dict[str, Any], legacy: bool = False) -> np.ndarray:
-    repeats = _repeats(x.shape, roi, scales, sizes, attrs, legacy)
+            attrs: dict[str, Any], legacy: bool, repeats: dict[int, int] | None) -> np.ndarray:
+    """The resized x; ``repeats`` is ``_repeats`` for these arguments (worked out by the caller,
+    which may have it remembered)."""
     if repeats:
         return _nearest_by_repeats(x, repeats)
     out, factors, rois, ctm, changed = _geometry(x.shape, roi, scales, sizes, attrs)
@@ -264,29 +265,22 @@ def _opt(inputs: list[np.ndarray | None], i: int) -> np.ndarray | None:
 def resize(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """Resize: inputs (X, roi, scales, sizes); opset 10's (X, scales) form is recognised too."""
     x = inputs[0]
-    repeats = _memo_repeats(attrs, inputs)
-    if repeats:
-        return [_nearest_by_repeats(x, repeats)]
-    if int(attrs.get("_opset", 11)) < 11 or len(inputs) == 2:
-        return [_resize(x, None, np.asarray(inputs[1]), None, attrs, legacy=True)]
-    return [_resize(x, _opt(inputs, 1), _opt(inputs, 2), _opt(inputs, 3), attrs)]
+    legacy = int(attrs.get("_opset", 11)) < 11 or len(inputs) == 2
+    args = (None, np.asarray(inputs[1]), None) if legacy else (_opt(inputs, 1), _opt(inputs, 2), _opt(inputs, 3))
+    return [_resize(x, *args, attrs, legacy, _memo_repeats(attrs, inputs, args, legacy))]
 
 
-def _memo_repeats(attrs: dict[str, Any], inputs: list[np.ndarray | None]) -> dict[int, int] | None:
-    """A plan step's integer-upscale repeats (``_repeats``), remembered for the input shape and the
-    scales / sizes / roi it last saw: working them out took ~25 us a call, half of the copy."""
+def _memo_repeats(attrs: dict[str, Any], inputs: list[np.ndarray | None], args: tuple, legacy: bool):
+    """``_repeats`` for these inputs; a plan step remembers it for the input shape and the scales /
+    sizes / roi it last saw (working it out took ~25 us a call, half of the copy)."""
     x = inputs[0]
     if type(attrs) is not StepAttrs or type(x) is not np.ndarray:
-        return None
+        return _repeats(x.shape, *args, attrs, legacy)
     key = (x.shape,) + tuple(None if a is None else (np.asarray(a).dtype.str, np.asarray(a).tobytes())
                              for a in inputs[1:])
     hit = attrs.memo.get("nearest repeats")
     if hit is None or hit[0] != key:
-        if int(attrs.get("_opset", 11)) < 11 or len(inputs) == 2:
-            found = _repeats(x.shape, None, np.asarray(inputs[1]), None, attrs, legacy=True)
-        else:
-            found = _repeats(x.shape, _opt(inputs, 1), _opt(inputs, 2), _opt(inputs, 3), attrs)
-        hit = attrs.memo["nearest repeats"] = (key, found)
+        hit = attrs.memo["nearest repeats"] = (key, _repeats(x.shape, *args, attrs, legacy))
     return hit[1]
 
 
@@ -296,7 +290,8 @@ def upsample(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.
     scales = _opt(inputs, 1)
     if scales is None:
         scales = np.asarray(attrs["scales"], dtype=np.float32)
-    return [_resize(inputs[0], None, np.asarray(scales), None, attrs, legacy=True)]
+    x, scales = inputs[0], np.asarray(scales)
+    return [_resize(x, None, scales, None, attrs, True, _repeats(x.shape, None, scales, None, attrs, legacy=True))]
 
 
 # ----------------------------------------------------------------------------- shape functions
