@@ -33,6 +33,8 @@ CASES = [
     ("strided 1x1", 1, 20, 33, 9, 9, 1, 2, 1, (0, 0, 0, 0)),
     ("wide 112", 1, 16, 24, 112, 112, 3, 2, 1, (1, 1, 1, 1)),
     ("many input blocks", 1, 300, 20, 5, 5, 3, 1, 1, (1, 1, 1, 1)),
+    # a pointwise input past 256 KB: bands of ~64 KB, every output group in turn within a band
+    ("pointwise past L2 n2", 2, 21, 40, 61, 67, 1, 1, 1, (0, 0, 0, 0)),
 ]
 
 
