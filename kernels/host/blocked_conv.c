@@ -155,13 +155,43 @@ typedef struct {
     int64_t c, hw, b, cb;
 } reorder_t;
 
-static void to_blocked_item(void *ctx, int64_t it) {
+/* Width 8, eight real lanes: eight positions of the eight planes at a time, one 8 x 8 transpose
+ * in registers (the scalar loops below took 257 us for MobileNetV2's 32 x 112 x 112 stem output,
+ * two loads, a store and the loop per float). Returns the positions done. */
+#ifdef HAVE_SHUFFLE
+ALWAYS_INLINE int64_t to_blocked8(const float *x, float *y, int64_t hw) {
+    int64_t p = 0;
+    for (; p + 8 <= hw; p += 8) {
+        v8f r[8];
+        for (int l = 0; l < 8; l++) r[l] = vload(x + l * hw + p);
+        transpose8(r);
+        for (int j = 0; j < 8; j++) vstore(y + (p + j) * 8, r[j]);
+    }
+    return p;
+}
+ALWAYS_INLINE int64_t from_blocked8(const float *x, float *y, int64_t hw) {
+    int64_t p = 0;
+    for (; p + 8 <= hw; p += 8) {
+        v8f r[8];
+        for (int j = 0; j < 8; j++) r[j] = vload(x + (p + j) * 8);
+        transpose8(r);
+        for (int l = 0; l < 8; l++) vstore(y + l * hw + p, r[l]);
+    }
+    return p;
+}
+#endif
+
+HOT_CLONES static void to_blocked_item(void *ctx, int64_t it) {
     const reorder_t *r = ctx;
     const int64_t n = it / r->cb, k = it % r->cb, b = r->b, hw = r->hw;
     const int64_t lanes = r->c - k * b < b ? r->c - k * b : b;
     const float *x = r->x + (n * r->c + k * b) * hw;
     float *y = r->y + it * hw * b;
-    for (int64_t p0 = 0; p0 < hw; p0 += 64) { /* 64 positions of each plane at a time: all in L1 */
+    int64_t start = 0;
+#ifdef HAVE_SHUFFLE
+    if (b == 8 && lanes == 8) start = to_blocked8(x, y, hw);
+#endif
+    for (int64_t p0 = start; p0 < hw; p0 += 64) { /* 64 positions of each plane at a time: all in L1 */
         int64_t p1 = p0 + 64 < hw ? p0 + 64 : hw;
         for (int64_t l = 0; l < b; l++) {
             const float *xl = x + l * hw;
@@ -173,13 +203,17 @@ static void to_blocked_item(void *ctx, int64_t it) {
     }
 }
 
-static void from_blocked_item(void *ctx, int64_t it) {
+HOT_CLONES static void from_blocked_item(void *ctx, int64_t it) {
     const reorder_t *r = ctx;
     const int64_t n = it / r->cb, k = it % r->cb, b = r->b, hw = r->hw;
     const int64_t lanes = r->c - k * b < b ? r->c - k * b : b;
     const float *x = r->x + it * hw * b;
     float *y = r->y + (n * r->c + k * b) * hw;
-    for (int64_t p0 = 0; p0 < hw; p0 += 64) {
+    int64_t start = 0;
+#ifdef HAVE_SHUFFLE
+    if (b == 8 && lanes == 8) start = from_blocked8(x, y, hw);
+#endif
+    for (int64_t p0 = start; p0 < hw; p0 += 64) {
         int64_t p1 = p0 + 64 < hw ? p0 + 64 : hw;
         for (int64_t l = 0; l < lanes; l++) {
             float *yl = y + l * hw;
