@@ -215,6 +215,11 @@ def run_recurrent(cell: Cell, inputs: list[np.ndarray | None], attrs: dict[str, 
 
     x, w, r, b, lens, h0 = (get(k) for k in range(6))
     c0, p = (get(6), get(7)) if cell.op == "LSTM" else (None, None)
+    if use_native and lens is None and type(x) is np.ndarray and x.dtype == np.float32 and x.ndim == 3:
+        x = np.ascontiguousarray(x)  # a transposed view (an exporter's Transpose before the layer): copied once
+        layer = _prepared_layer(cell, x, w, r, b, p, h0, c0, attrs)
+        if layer is not None:
+            return [v for v in layer(x, p, h0, c0) if v is not None]
     dtype = x.dtype
     work = np.float64 if dtype == np.float64 else np.float32
     batch_first = int(attrs.get("layout", 0)) == 1
@@ -257,6 +262,39 @@ def run_recurrent(cell: Cell, inputs: list[np.ndarray | None], attrs: dict[str, 
     if yc is not None:
         outs.append(np.ascontiguousarray(yc, dtype=dtype))
     return outs
+
+
+def _prepared_layer(cell: Cell, x: np.ndarray, w, r, b, p, h0, c0, attrs: dict[str, Any]):
+    """The step's whole layer as one prepared call (``native_recurrent.prepared_layer``), made once
+    per input shape and kept in the step's memo beside its weights, where it applies: a bound step
+    of float32 weights the native loop runs, sequence-first, no ``sequence_lens``, float32 inputs
+    (``x`` made C-contiguous by the caller, the states already so).  None elsewhere (the general
+    path)."""
+    memo = getattr(attrs, "memo", None)
+    if memo is None or not native.available() or int(attrs.get("layout", 0)) == 1:
+        return None
+    if any(v is not None and (type(v) is not np.ndarray or v.dtype != np.float32 or not v.flags.c_contiguous)
+           for v in (h0, c0, p)):
+        return None
+    key = ("recurrent layer", x.shape, p is None)
+    hit = memo.get(key)
+    if hit is not None and all(a is c for a, c in zip(hit[0], (w, r, b))):
+        return hit[1]
+    direction, dirs = _direction(cell, attrs)
+    seq, batch, size = x.shape
+    if seq * batch * size == 0 or w.dtype != np.float32:
+        return None
+    prepared = _weights(cell, w, r, b, attrs, dirs, np.float32)
+    hidden = prepared.rt.shape[1]
+    state = (dirs, batch, hidden)
+    if prepared.call is None or prepared.wt.shape[1] != size or any(
+            v is not None and v.shape != want for v, want in ((h0, state), (c0, state), (p, (dirs, 3 * hidden)))):
+        return None  # the general path (its checks say what is wrong)
+    layer = native_recurrent.prepared_layer(cell.op, prepared.wt, prepared.folded, prepared.rt, prepared.rbh,
+                                            direction, *prepared.native_acts, prepared.clip, prepared.flags,
+                                            seq, batch, p is not None)
+    memo[key] = ((w, r, b), layer)
+    return layer
 
 
 def _native_activations(cell: Cell, acts: list[tuple[str, float, float]], dirs: int):

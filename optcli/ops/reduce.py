@@ -47,12 +47,39 @@ def _acc_dtype(x: np.ndarray, integer_as_float: bool) -> np.dtype:
     return x.dtype
 
 
+_SMALL_MEAN = 4096
+"""Elements up to which a bound ReduceMean step of fixed axes remembers them with its input's shape
+and runs one numpy sum and one division: its general path (axes worked out, an error-state context,
+the output reshaped) cost 35-50 us on a voice detector's [1, 1, 16] mean in its If (onnxruntime: 4).
+It sums in float64 (no float32 overflow on the way; the general path's native mean sums in double
+too), quiet on inf - inf as the general path is."""
+
+
+def _small_mean(x: np.ndarray, plan: tuple) -> np.ndarray:
+    """The mean ``_SMALL_MEAN`` describes: ``plan`` is (shape, axes, keepdims, count)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        total = np.add.reduce(x, axis=plan[1], keepdims=plan[2], dtype=np.float64)
+    return np.divide(total, plan[3]).astype(np.float32)
+
+
 def _reduction(compute: Callable[[np.ndarray, tuple[int, ...]], np.ndarray], integer_as_float: bool = False):
     """Build a kernel from ``compute(x_in_acc_dtype, axes)`` (called with keepdims semantics)."""
 
     def run(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
-        x = np.asarray(inputs[0])
+        x = inputs[0]
+        memo = getattr(attrs, "memo", None)
+        fixed_axes = len(inputs) < 2 or inputs[1] is None
+        if memo is not None and type(x) is np.ndarray and fixed_axes:
+            hit = memo.get("small mean")
+            if hit is not None and hit[0] == x.shape and x.dtype == np.float32:
+                return [_small_mean(x, hit)]
+        x = np.asarray(x)
         axes = reduce_axes(x, inputs, attrs)
+        if compute is _mean and memo is not None and x.dtype == np.float32 and 0 < x.size <= _SMALL_MEAN \
+                and axes and fixed_axes:  # the first run too: every run of the step gives the same bits
+            hit = memo["small mean"] = (x.shape, axes, bool(attrs.get("keepdims", 1)),
+                                        float(np.prod([x.shape[a] for a in axes])))
+            return [_small_mean(x, hit)]
         xa = x.astype(_acc_dtype(x, integer_as_float), copy=False)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             y = np.asarray(compute(xa, axes))

@@ -250,3 +250,62 @@ def test_dynamic_quantize_lstm(tmp_path, per_channel):
         assert_close(got[name], float_ort[k], precision="int8", what=f"{name} against the float model")
         noise = np.sqrt(np.mean((got[name] - quantized_ort[k]) ** 2) / np.mean(quantized_ort[k] ** 2))
         assert noise <= VERIFY_NOISE["int8"], f"{name}: RMS difference {noise:.3f} of onnxruntime's quantized run"
+
+
+@pytest.mark.skipif(not native.available(), reason="the native library is not built here")
+@pytest.mark.parametrize("op,direction,peep", [("LSTM", "forward", False), ("LSTM", "bidirectional", True),
+                                               ("GRU", "reverse", False), ("RNN", "bidirectional", False)])
+def test_bound_step_runs_its_layer_as_one_prepared_call(op, direction, peep):
+    """A bound step (StepAttrs) of float32 weights runs its whole layer, projection and time loop, as
+    one call prepared per input shape (``_prepared_layer``): the numpy loop's values on every run;
+    sequence_lens, layout 1, another input shape or other weights go the general way."""
+    from unittest import mock
+
+    from optcli.ops.evaluate import kernel_attrs
+    from optcli.ops.recurrent import _prepared_layer
+
+    cell, dirs, hidden, size = CELLS[op], 2 if direction == "bidirectional" else 1, 8, 6
+    gh = cell.gates * hidden
+    w = (RNG.standard_normal((dirs, gh, size)) * 0.5).astype(np.float32)
+    r = (RNG.standard_normal((dirs, gh, hidden)) * 0.5).astype(np.float32)
+    b = RNG.standard_normal((dirs, 2 * gh)).astype(np.float32)
+    x = RNG.standard_normal((7, 2, size)).astype(np.float32)
+    h0 = RNG.standard_normal((dirs, 2, hidden)).astype(np.float32)
+    extra = [RNG.standard_normal((dirs, 2, hidden)).astype(np.float32),
+             RNG.standard_normal((dirs, 3 * hidden)).astype(np.float32) if peep else None] if op == "LSTM" else []
+    inputs = [x, w, r, b, None, h0, *extra]
+    attrs = kernel_attrs({"hidden_size": hidden, "direction": direction}, 3 if op == "LSTM" else 2, {"": 14})
+    want = run_recurrent(cell, inputs, dict(attrs), use_native=False)
+    first = run_recurrent(cell, inputs, attrs)
+    key = ("recurrent layer", x.shape, not peep)
+    assert key in attrs.memo, "the first run did not prepare the layer"
+    calls = []
+    layer = attrs.memo[key][1]
+    attrs.memo[key] = (attrs.memo[key][0], lambda *a: calls.append(1) or layer(*a))
+    for got in (first, run_recurrent(cell, inputs, attrs)):
+        for g, e in zip(got, want):
+            assert g.dtype == np.float32 and g.shape == e.shape
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+    assert calls == [1]
+    for a, e in zip(run_recurrent(cell, [np.asfortranarray(x), *inputs[1:]], attrs), first):
+        np.testing.assert_array_equal(a, e)  # same bits run after run, for a transposed view of x too
+    assert len(calls) == 2
+    with mock.patch.object(library, "_lib", None):  # the library set aside: the numpy loop
+        for g, e in zip(run_recurrent(cell, inputs, attrs), want):
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+    assert _prepared_layer(cell, x, w, r, b, extra[1] if peep else None, h0.astype(np.float64), None, attrs) is None
+    lens = np.array([7, 4], np.int32)
+    plain = dict(attrs)
+    for args in ([x, w, r, b, lens, h0, *extra], [x[:5], w, r, b, None, h0, *extra],
+                 [x, w, r, b, None, np.asfortranarray(h0), *extra], [x, w.copy(), r, b, None, h0, *extra]):
+        for g, e in zip(run_recurrent(cell, args, attrs), run_recurrent(cell, args, plain, use_native=False)):
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+    assert len(calls) == 2, "the prepared layer ran for inputs it was not made for"
+    from optcli.native import recurrent as native_recurrent
+
+    with mock.patch.object(native_recurrent, "_RESIDUAL_MAX", 0):  # a large layer: projection and outputs apart
+        big = kernel_attrs({"hidden_size": hidden, "direction": direction}, 3 if op == "LSTM" else 2, {"": 14})
+        for _ in range(2):
+            for g, e in zip(run_recurrent(cell, inputs, big), want):
+                np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+        assert key in big.memo

@@ -77,12 +77,13 @@ def test_address_is_the_data_address_of_every_kind_of_array(kind):
 
 
 @pytest.mark.skipif(not native.available(), reason="the native library is not built here")
-@pytest.mark.parametrize("kind", ["1x1", "depthwise", "1x1-small-plane", "im2col", "im2col-1d", "im2col-small", "fc"])
+@pytest.mark.parametrize("kind", ["1x1", "depthwise", "1x1-small-plane", "im2col", "im2col-1d", "im2col-1d-dilated",
+                                  "im2col-small", "fc"])
 def test_prepared_native_call_matches_and_steps_aside(kind):
     """A bound step's second run takes its prepared native call (in its attrs' memo), with the same
     result; a new input shape, a strided input or other weights go the full way again.  The
-    implicit-GEMM conv (im2col) keeps its own under "prepared im2col"; a Conv1d's sits in the memo
-    of the 2-D attributes it runs as."""
+    implicit-GEMM conv (im2col) keeps its own under "prepared im2col"; a Conv1d (one group) its
+    padding and implicit GEMM as one call under "prepared conv1d"."""
     from optcli.ops import conv, gemm
 
     rng = np.random.default_rng(3)
@@ -107,6 +108,11 @@ def test_prepared_native_call_matches_and_steps_aside(kind):
         w = rng.standard_normal((32, 1, 64)).astype(np.float32)
         attrs = kernel_attrs({"kernel_shape": [64], "pads": [16, 16], "strides": [32]}, 1, {})
         fn, other_x = conv.conv_im2col, rng.standard_normal((1, 1, 300)).astype(np.float32)
+    elif kind == "im2col-1d-dilated":  # uneven pads, a dilation, many channels; through conv_by_shape (bodies)
+        x = rng.standard_normal((2, 32, 19)).astype(np.float32)
+        w = rng.standard_normal((24, 32, 3)).astype(np.float32)
+        attrs = kernel_attrs({"kernel_shape": [3], "pads": [2, 1], "dilations": [2], "activation": "relu"}, 1, {})
+        fn, other_x = conv.conv_by_shape, rng.standard_normal((2, 32, 7)).astype(np.float32)
     elif kind == "fc":  # a classifier head: one row, W [K, N]
         x = rng.standard_normal((1, 64)).astype(np.float32)
         w = rng.standard_normal((64, 10)).astype(np.float32)
@@ -124,9 +130,9 @@ def test_prepared_native_call_matches_and_steps_aside(kind):
     first = fn([x, w, b], attrs)[0]
     if kind == "fc":  # W.T is derived from the second sighting of a weight on: the step prepares then
         first = fn([x, w, b], attrs)[0]
-    key = {"im2col": "prepared im2col", "im2col-1d": "prepared im2col", "im2col-small": "prepared im2col",
-           "fc": "prepared fc"}.get(kind, "prepared")
-    memo = attrs.memo["conv1d_as_2d"][2].memo if kind == "im2col-1d" else attrs.memo
+    key = {"im2col": "prepared im2col", "im2col-1d": "prepared conv1d", "im2col-1d-dilated": "prepared conv1d",
+           "im2col-small": "prepared im2col", "fc": "prepared fc"}.get(kind, "prepared")
+    memo = attrs.memo
     assert key in memo, "the first run did not prepare the step"
     calls = []
     prepared = memo[key][3]
