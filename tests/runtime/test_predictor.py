@@ -102,6 +102,27 @@ def test_threads_bound_blas_during_run(small_nb, small_cnn, monkeypatch):
     assert after == before, "the run's thread limit must be undone when it returns"
 
 
+def test_the_thread_limit_reads_each_library_as_threadpoolctl_does():
+    """The limiter calls each library's own get-threads function, looked up once (threadpoolctl
+    looks it up by name on every call): it must read what threadpoolctl reads, before and after a
+    change, for every library threadpoolctl finds (OpenBLAS, the native pool)."""
+    from threadpoolctl import ThreadpoolController
+
+    from optcli.runtime.predictor import _fast_getter
+
+    controllers = ThreadpoolController().lib_controllers
+    assert controllers
+    for c in controllers:
+        get = _fast_getter(c)
+        before = c.get_num_threads()
+        assert get() == before, c.internal_api
+        c.set_num_threads(1 if before != 1 else 2)
+        try:
+            assert get() == c.get_num_threads() != before, c.internal_api
+        finally:
+            c.set_num_threads(before)
+
+
 def test_replacing_the_bound_kernels_after_a_run_takes_effect(small_nb, small_cnn):
     """The executor works out its loop once; ``optcli bench`` swaps ``fns`` to time each step, which
     must re-derive it, also after runs have happened."""
