@@ -39,6 +39,9 @@ typedef struct {
 /* -1 unknown, 0 the portable path, 1 AVX2: picked once per process (qgemm.c), or set by optcli_qgemm_variant
  * for the tests. */
 extern int opt_qconv_avx2;
+/* 1 where the stride-1 depthwise convs sum in float32 with FMA (qdepthwise.c; AVX2 machines with FMA), 0
+ * where they take vpmaddwd or the plain path. */
+extern int opt_qdw_fma;
 
 /* Fills q from a call's geometry and quantization parameters; OPT_EINVAL where they make no conv. */
 int opt_qconv_setup(qconv_t *q, const int64_t *geom, const int32_t *qp);

@@ -36,14 +36,17 @@
 #define PANEL_BYTES (96 * 1024) /* a band's packed columns: within the L2 beside its rows of W */
 
 int opt_qconv_avx2 = -1;
+int opt_qdw_fma = 0;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void pick(void) {
 #ifdef QG_X86
     __builtin_cpu_init();
     opt_qconv_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+    opt_qdw_fma = opt_qconv_avx2 && __builtin_cpu_supports("fma");
 #else
     opt_qconv_avx2 = 0;
+    opt_qdw_fma = 0;
 #endif
 }
 
@@ -53,17 +56,19 @@ OPT_API int optcli_qgemm_variant(int which) {
         pick();
     } else if (which == 1) {
         opt_qconv_avx2 = 0;
-    } else if (which == 2) {
+        opt_qdw_fma = 0;
+    } else if (which == 2 || which == 3) {
 #ifdef QG_X86
-        if (!__builtin_cpu_supports("avx2")) return -1;
+        if (!__builtin_cpu_supports("avx2") || (which == 3 && !__builtin_cpu_supports("fma"))) return -1;
         opt_qconv_avx2 = 1;
+        opt_qdw_fma = which == 3;
 #else
         return -1;
 #endif
     } else if (which != -1) {
         return -1;
     }
-    return opt_qconv_avx2 ? 2 : 1;
+    return opt_qconv_avx2 ? (opt_qdw_fma ? 3 : 2) : 1;
 }
 
 static inline int32_t centred(const qconv_t *q, const uint8_t *p) {

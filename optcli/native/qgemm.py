@@ -26,8 +26,9 @@ def pack_pairs(w: np.ndarray) -> np.ndarray:
 
 
 def variant(which: int = -1) -> int:
-    """The dot-product path in use (1 plain C, 2 AVX2); ``which`` 1 or 2 forces one (tests), 0 picks by the
-    CPU again.  -1 where refused or without the library."""
+    """The dot-product path in use (1 plain C, 2 AVX2, 3 AVX2 with the stride-1 3x3 depthwise convs of
+    wide rows summed exactly in float32 by FMA); ``which`` 1, 2 or 3 forces one (tests, A/B timings), 0 picks
+    by the CPU again (3 where it has AVX2 and FMA).  -1 where refused or without the library."""
     return library._lib.optcli_qgemm_variant(int(which)) if library._lib is not None else -1
 
 

@@ -132,3 +132,14 @@ def test_integer_conv_loops_keep_their_sums_in_registers(code, name):
     products = sum(ins.startswith("vpmaddwd") for ins in code[name])
     assert products >= 2, f"{name} has {products} vpmaddwd: not the AVX2 path this test reads"
     assert stack_near_integer_products(code[name]) == 0, f"{name} keeps sums or inputs on the stack in its loop"
+
+
+def test_integer_depthwise_float_sums_stay_in_registers(code):
+    """The stride-1 3x3 integer depthwise's float path (qdepthwise.c, dwf_rows3: exact float32 sums with
+    FMA): its 32-wide blocks keep the 9 weights and 4 sums in registers and its runs of 8 their 8 sums, so
+    no multiply-add reads the stack; the taps are unrolled (a 3x3 block is 36 FMAs)."""
+    if "dwf_rows3" not in code:
+        pytest.fail("dwf_rows3 is not in the library: the float depthwise was renamed; update this test")
+    fmas = sum(ins.startswith("vfmadd") for ins in code["dwf_rows3"])
+    assert fmas >= 36, f"dwf_rows3 has {fmas} FMAs: its taps are not unrolled"
+    assert stack_operand_fmas(code["dwf_rows3"]) == 0, "dwf_rows3 reads weights or sums from the stack"

@@ -1,8 +1,12 @@
 """The integer convolutions (kernels/host/qgemm.c, optcli.QConv's fast path) against the exact numpy
-reference (equal, byte for byte) on odd shapes, on each dot-product path this CPU has (plain C, AVX2)
-and on 1 and 2 threads; and against onnxruntime's own QLinearConv (within one quantization step)."""
+reference (equal, byte for byte) on odd shapes, on each dot-product path this CPU has (plain C, AVX2,
+AVX2 with the float-sum depthwise where it has FMA) and on 1 and 2 threads; and against onnxruntime's own
+QLinearConv (within one quantization step)."""
 
 from __future__ import annotations
+
+import os
+import platform
 
 import numpy as np
 import onnx
@@ -38,6 +42,13 @@ CASES = {
     "depthwise 3x3, 7x7 plane (runs of 7)": (1, 5, 7, 7, 5, (3, 3), 1, [1, 1, 1, 1], 1, 5),
     "depthwise 3x3 stride 2, 67 columns": (1, 3, 5, 67, 3, (3, 3), 2, [1, 1, 1, 1], 1, 3),
     "depthwise 3x3 stride 2, 40 columns, pads right": (1, 2, 6, 40, 2, (3, 3), 2, [0, 0, 1, 1], 1, 2),
+    # stride 1, 3x3, rows of 32 or more: AVX2-FMA's float sums (32-wide blocks, then runs of 8 from
+    # several rows, the last of a row overlapping)
+    "depthwise 3x3, 67 columns": (1, 3, 5, 67, 3, (3, 3), 1, [1, 1, 1, 1], 1, 3),
+    "depthwise 3x3, 32 columns, no pads, 2 images": (2, 2, 4, 34, 2, (3, 3), 1, [0, 0, 0, 0], 1, 2),
+    "depthwise 3x3, 1 channel, 40 columns": (1, 1, 5, 40, 1, (3, 3), 1, [1, 1, 1, 1], 1, 1),
+    "depthwise 3x3, 39 columns, wide pads": (1, 2, 13, 30, 2, (3, 3), 1, [3, 9, 1, 2], 1, 2),
+    "depthwise 5x5, 37 columns, odd pads": (1, 2, 9, 37, 2, (5, 5), 1, [2, 1, 2, 2], 1, 2),
 }
 
 
@@ -64,10 +75,10 @@ def make(case: tuple, seed: int, x_signed: int = 0, y_signed: int = 0, xzp: int 
     return x, w, b, attrs
 
 
-@pytest.fixture(params=[1, 2], ids=["plain-C", "AVX2"])
+@pytest.fixture(params=[1, 2, 3], ids=["plain-C", "AVX2", "AVX2-FMA-depthwise"])
 def path(request, native_lib):
     if qgemm.variant(request.param) != request.param:
-        pytest.skip("this CPU has no AVX2")
+        pytest.skip("this CPU has no AVX2" if request.param == 2 else "this CPU has no AVX2 with FMA")
     yield request.param
     qgemm.variant(0)
 
@@ -164,3 +175,17 @@ def test_within_one_step_of_onnxruntime_qlinearconv(name, native_lib):
     got = native_qconv(x, w, b, attrs)
     theirs = qlinear_conv_ort(x, w, b, attrs)
     assert np.abs(got.astype(int) - theirs.astype(int)).max() <= 1
+
+
+def test_fma_depthwise_is_the_default_where_the_cpu_has_it(native_lib):
+    """On x86 with AVX2 and FMA the stride-1 3x3 depthwise convs of wide rows sum in float32 (exact): the
+    CPU's pick is path 3; elsewhere 2 (AVX2 only) or 1."""
+    flags = ""
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    words = set(flags.split())
+    want = 3 if {"avx2", "fma"} <= words else 2 if "avx2" in words else 1
+    if platform.machine() not in ("x86_64", "AMD64"):
+        want = 1
+    assert qgemm.variant(0) == want
