@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 6 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 7 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -41,6 +41,12 @@ OPT_API int optcli_dwconv2d_f32(const float *x, const float *w, const float *bia
  * Its time grows with C * M and it reads each input row once per band: meant for C <= 4 or so. */
 OPT_API int optcli_stem_conv2d_f32(const float *x, const float *w, const float *bias, float *y,
                                    const int64_t *geom, int act, float alpha, float beta);
+
+/* The same for a grouped conv (groups divides C and M; w is [M, C / groups, KH, KW]): each image's
+ * groups run as images of C / groups channels with their own weights.  Small groups (RegNet's 8
+ * channels) are what it is for: the GEMM packs each group's few rows and columns separately. */
+OPT_API int optcli_stem_conv2d_grouped_f32(const float *x, const float *w, const float *bias, float *y,
+                                           const int64_t *geom, int64_t groups, int act, float alpha, float beta);
 
 /* Max (op 1) or average (op 2) pooling, NCHW: geom as above with M = C; for average pooling,
  * rrow[OH] and rcol[OW] are 1 / (the window's count) along each axis, whose product divides. */

@@ -31,6 +31,8 @@ typedef struct {
     int64_t PW, RS, PS;      /* floats per phase row, per scratch row (sw phases), per scratch plane */
     int64_t taps;            /* C * KH * KW */
     int64_t band, nbands;    /* output rows per item, bands per image */
+    int64_t G, Mp;           /* conv groups (each image's groups run as images of C / G channels),
+                              * packed output channels per group (M / G rounded up to whole tiles) */
     int64_t mg, mgroups;     /* output channels per item (whole register tiles), channel groups */
     const int64_t *toff;     /* per tap (c, kh, kw): offset into the scratch of the output row's first row */
     const int64_t *span;     /* per phase p: [lo, hi), the j whose column j * sw + p - pl is in [0, W) */
@@ -40,7 +42,8 @@ typedef struct {
 } stem_t;
 
 typedef struct {
-    int64_t n, oh0, oh1, m0, m1; /* an item's image, output rows and channels */
+    int64_t n, oh0, oh1, m0, m1; /* an item's image (a group of one: see stem_t.G), output rows and channels */
+    int64_t wo;                  /* its group's first packed output channel (weights and bias) */
 } band_t;
 
 static inline int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
@@ -82,6 +85,7 @@ ALWAYS_INLINE void fill_plane(const stem_t *a, const float *xin, float *s, int64
 ALWAYS_INLINE float *stem_band(stem_t *a, int64_t it, band_t *bd) {
     int64_t g = it % a->mgroups, b = it / a->mgroups % a->nbands; /* an image's groups, then its bands */
     bd->n = it / a->mgroups / a->nbands;
+    bd->wo = bd->n % a->G * a->Mp;
     bd->m0 = g * a->mg;
     bd->m1 = bd->m0 + a->mg < a->M ? bd->m0 + a->mg : a->M;
     bd->oh0 = b * a->band;
@@ -133,15 +137,23 @@ typedef float v16f __attribute__((vector_size(64)));
 
 OPT_API int optcli_stem_conv2d_f32(const float *x, const float *w, const float *bias, float *y, const int64_t *g,
                                    int act, float alpha, float beta) {
-    stem_t a = {.x = x, .y = y, .act = act, .alpha = alpha, .beta = beta};
+    return optcli_stem_conv2d_grouped_f32(x, w, bias, y, g, 1, act, alpha, beta);
+}
+
+OPT_API int optcli_stem_conv2d_grouped_f32(const float *x, const float *w, const float *bias, float *y,
+                                           const int64_t *g, int64_t conv_groups, int act, float alpha, float beta) {
+    if (!g || conv_groups < 1 || conv_groups > ((int64_t)1 << 24)) return OPT_EINVAL;
+    stem_t a = {.x = x, .y = y, .act = act, .alpha = alpha, .beta = beta, .G = conv_groups};
     a.N = g[0], a.C = g[1], a.H = g[2], a.W = g[3], a.M = g[4], a.KH = g[5], a.KW = g[6];
     a.sh = g[7], a.sw = g[8], a.dh = g[9], a.dw = g[10], a.pt = g[11], a.pl = g[12], a.OH = g[13], a.OW = g[14];
     if (a.N < 0 || a.C < 1 || a.H < 0 || a.W < 0 || a.M < 1 || a.KH < 1 || a.KW < 1 || a.sh < 1 || a.sw < 1 ||
-        a.dh < 1 || a.dw < 1 || a.OH < 0 || a.OW < 0 || act < 0 || act >= ACT_COUNT ||
-        a.C * a.KH * a.KW > (1 << 16) || a.sw > 4096)
+        a.dh < 1 || a.dw < 1 || a.OH < 0 || a.OW < 0 || act < 0 || act >= ACT_COUNT || a.C % a.G || a.M % a.G ||
+        a.N > ((int64_t)1 << 40) / a.G || a.C / a.G * a.KH * a.KW > (1 << 16) || a.sw > 4096)
         return OPT_EINVAL;
     if (a.N == 0 || a.OH == 0 || a.OW == 0) return 0;
     a.xend = x + a.N * a.C * a.H * a.W;
+    /* An image's groups as images of their own: x and y are [N * G, C / G, ...] in memory */
+    a.N *= a.G, a.C /= a.G, a.M /= a.G;
 
     /* the register tiles of the vector width the GEMM uses */
     int lanes = optcli_gemm_variant(-1);
@@ -176,30 +188,35 @@ OPT_API int optcli_stem_conv2d_f32(const float *x, const float *w, const float *
     if (groups > tiles) groups = tiles;
     a.mg = (tiles + groups - 1) / groups * MB;
     a.mgroups = (a.M + a.mg - 1) / a.mg;
+    a.Mp = Mp;
 
     /* weights as [M / MB][taps][MB] (a tile's broadcasts, tap by tap, are consecutive), bias as [M]:
      * both zero past M, so the last channel block computes zeros it does not store */
     int64_t *toff = malloc((size_t)(a.taps + 2 * a.sw) * sizeof(int64_t));
-    float *wp = malloc((size_t)(Mp * a.taps + Mp) * sizeof(float));
+    float *wp = malloc((size_t)(a.G * (Mp * a.taps + Mp)) * sizeof(float));
     if (!toff || !wp) {
         free(toff), free(wp);
         return OPT_ENOMEM;
     }
-    for (int64_t m0 = 0; m0 < Mp; m0 += MB) { /* written in order, read from MB rows of W at once */
-        float *dst = wp + m0 * a.taps;
-        for (int64_t i = 0; i < MB; i++)
-            if (m0 + i >= a.M)
-                for (int64_t t = 0; t < a.taps; t++) dst[t * MB + i] = 0.0f;
-        if (m0 + MB <= a.M) {
-            for (int64_t t = 0; t < a.taps; t++)
-                for (int64_t i = 0; i < MB; i++) dst[t * MB + i] = w[(m0 + i) * a.taps + t];
-        } else {
-            for (int64_t t = 0; t < a.taps; t++)
-                for (int64_t i = 0; i < a.M - m0; i++) dst[t * MB + i] = w[(m0 + i) * a.taps + t];
+    for (int64_t gi = 0; gi < a.G; gi++) { /* each group's channels from its own rows of W */
+        const float *wg = w + gi * a.M * a.taps;
+        for (int64_t m0 = 0; m0 < Mp; m0 += MB) { /* written in order, read from MB rows of W at once */
+            float *dst = wp + (gi * Mp + m0) * a.taps;
+            for (int64_t i = 0; i < MB; i++)
+                if (m0 + i >= a.M)
+                    for (int64_t t = 0; t < a.taps; t++) dst[t * MB + i] = 0.0f;
+            if (m0 + MB <= a.M) {
+                for (int64_t t = 0; t < a.taps; t++)
+                    for (int64_t i = 0; i < MB; i++) dst[t * MB + i] = wg[(m0 + i) * a.taps + t];
+            } else {
+                for (int64_t t = 0; t < a.taps; t++)
+                    for (int64_t i = 0; i < a.M - m0; i++) dst[t * MB + i] = wg[(m0 + i) * a.taps + t];
+            }
         }
     }
-    float *bp = wp + Mp * a.taps;
-    for (int64_t m = 0; m < Mp; m++) bp[m] = bias && m < a.M ? bias[m] : 0.0f;
+    float *bp = wp + a.G * Mp * a.taps;
+    for (int64_t gi = 0; gi < a.G; gi++)
+        for (int64_t m = 0; m < Mp; m++) bp[gi * Mp + m] = bias && m < a.M ? bias[gi * a.M + m] : 0.0f;
     a.wp = wp, a.bp = bp;
     int64_t *span = toff + a.taps;
     for (int64_t p = 0; p < a.sw; p++) {

@@ -111,7 +111,7 @@ ALWAYS_INLINE void SK(short_tile)(const stem_t *a, const float *s, const float *
 ALWAYS_INLINE void SK(row)(const stem_t *a, const band_t *bd, const float *s, float *y) {
     const int64_t OWv = (a->OW + SK_L - 1) / SK_L * SK_L;
     for (int64_t m0 = bd->m0; m0 < bd->m1; m0 += SK_MB) {
-        const float *wk = a->wp + m0 * a->taps, *bias = a->bp + m0;
+        const float *wk = a->wp + (bd->wo + m0) * a->taps, *bias = a->bp + bd->wo + m0;
         float *ym = y + m0 * a->OH * a->OW;
         int64_t mcount = bd->m1 - m0;
         int64_t ow0 = 0;
@@ -125,7 +125,7 @@ ALWAYS_INLINE void SK(row)(const stem_t *a, const band_t *bd, const float *s, fl
 ALWAYS_INLINE void SK(narrow_rows)(const stem_t *a, const band_t *bd, const float *s, float *y) {
     const int64_t oh0 = bd->oh0, oh1 = bd->oh1;
     for (int64_t m0 = bd->m0; m0 < bd->m1; m0 += SK_MB) {
-        const float *wk = a->wp + m0 * a->taps, *bias = a->bp + m0;
+        const float *wk = a->wp + (bd->wo + m0) * a->taps, *bias = a->bp + bd->wo + m0;
         float *ym = y + m0 * a->OH * a->OW;
         int64_t mcount = bd->m1 - m0, oh = oh0;
         for (; oh + SK_NV <= oh1; oh += SK_NV)

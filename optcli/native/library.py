@@ -34,7 +34,7 @@ from pathlib import Path
 
 LOG = logging.getLogger("optcli")
 
-ABI = 6  # OPTCLI_NATIVE_ABI in kernels/host/optcli_native.h
+ABI = 7  # OPTCLI_NATIVE_ABI in kernels/host/optcli_native.h
 LIB_PREFIX = "_optcli_native"  # the extension's file name starts with this (threadpoolctl matches it)
 LIBRARY_ENV = "OPTCLI_NATIVE_LIBRARY"  # a testing hook: load this file instead (sanitizer builds)
 
@@ -50,6 +50,8 @@ _SIGNATURES = {
     "optcli_dwconv2d_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
     "optcli_stem_conv2d_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int, ctypes.c_float, ctypes.c_float],
                                ctypes.c_int),
+    "optcli_stem_conv2d_grouped_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int, ctypes.c_float,
+                                        ctypes.c_float], ctypes.c_int),
     "optcli_pool2d_f32": ([_vp, _vp, _vp, ctypes.c_int, _vp, _vp], ctypes.c_int),
     "optcli_gemm_conv_f32": ([_vp, _vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                               ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),

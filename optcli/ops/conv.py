@@ -208,12 +208,14 @@ def conv_im2col(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[
     n, c = x.shape[:2]
     m, cg = w.shape[:2]
     group = int(attrs.get("group", 1))
-    if x.ndim == 4 and group == 1 and ct == np.float32 and x.size and w.size:
+    if x.ndim == 4 and ct == np.float32 and x.size and w.size and (group == 1 or (cg > 1 and m % group == 0)):
         if native.available():
             win = _window_of(attrs, x.shape, w.shape)
-            if native.stem_fits(c, win.kernel, win.strides, win.out):  # no padded copy, no im2col
+            fits = (native.stem_fits(c, win.kernel, win.strides, win.out) if group == 1
+                    else native.stem_fits_grouped(cg, win.kernel, win.strides))
+            if fits:  # no padded copy, no im2col
                 y = native.stem_conv2d(x, w, _bias(inputs), win.strides, win.dilations, win.pad_begin, win.out,
-                                       *epilogue(attrs))
+                                       *epilogue(attrs), groups=group)
                 return [apply_output_quant(y.astype(x.dtype, copy=False), attrs)]
         else:
             native.note_unavailable()

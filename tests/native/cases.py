@@ -90,3 +90,16 @@ STEM_CASES = [
     ("c16-3x3", (1, 16, 20, 30), (24, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
     ("c64-3x3-s2", (2, 64, 29, 29), (40, 64, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
 ]
+
+
+# Grouped convs the grouped stem conv takes (optcli_stem_conv2d_grouped_f32: few channels a group):
+# (name, x shape, w shape [M, C / groups, KH, KW], attrs with "group").
+GROUPED_STEM_CASES = [
+    ("g3-c8-s2-regnet", (1, 24, 29, 31), (24, 8, 3, 3), {"group": 3, "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("g7-c8-7x7", (2, 56, 7, 7), (56, 8, 3, 3), {"group": 7, "pads": [1, 1, 1, 1]}),
+    ("g2-mult5", (1, 6, 13, 17), (10, 3, 3, 3), {"group": 2, "pads": [0, 1, 2, 1]}),  # M / G != C / G
+    ("g5-c2-dil2", (1, 10, 11, 19), (15, 2, 3, 3), {"group": 5, "dilations": [2, 2], "pads": [2, 2, 2, 2]}),
+    ("g4-c3-5x5-s3", (1, 12, 23, 22), (8, 3, 5, 5), {"group": 4, "strides": [3, 3], "pads": [2, 1, 2, 1]}),
+    ("g19-c8-1x1row", (1, 152, 1, 9), (152, 8, 1, 3), {"group": 19, "pads": [0, 1, 0, 1]}),
+]
+

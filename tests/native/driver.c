@@ -16,6 +16,7 @@
  * Kind 7 (implicit GEMM conv): geometry = the 13 values of optcli_conv2d_gemm_f32 and has residual;
  * arrays w, the padded input, residual (if any), bias.
  * Kind 8 (stem conv): geometry = the 15 values of optcli_stem_conv2d_f32; arrays x, w [M, C, KH, KW], bias.
+ * Kind 17 (grouped stem conv): as kind 8, then after the header int64 groups; w is [M, C / groups, KH, KW].
  * Kinds 12-14, the channel-blocked layout (blocked_window.c): geometry = the 15 values of
  * optcli_dwconv2d_blocked_f32 (N, Cb, H, W, KH, KW, strides, dilations, pad_top, pad_left, OH, OW, B).
  * 12 (depthwise): arrays x [N, Cb, H, W, B], packed w [Cb, KH, KW, B], bias [Cb * B];
@@ -120,6 +121,16 @@ static int run_case(const char *in, const char *out) {
         ny = g[0] * g[4] * g[13] * g[14];
         y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
         rc = (h[0] == 8 ? optcli_stem_conv2d_f32 : optcli_dwconv2d_f32)(x, w, b, y, g, act, alpha, beta);
+        free(x), free(w), free(b);
+    } else if (h[0] == 17) { /* grouped stem: int64 groups after the header; w [M, C / groups, KH, KW] */
+        int64_t groups;
+        if (fread(&groups, sizeof(int64_t), 1, f) != 1 || groups < 1) { fprintf(stderr, "%s: short header\n", in); return 3; }
+        int64_t nx = g[0] * g[1] * g[2] * g[3], nw = g[4] * (g[1] / groups) * g[5] * g[6];
+        float *x = read_floats(f, nx), *w = read_floats(f, nw);
+        float *b = has_bias ? read_floats(f, g[4]) : NULL;
+        ny = g[0] * g[4] * g[13] * g[14];
+        y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
+        rc = optcli_stem_conv2d_grouped_f32(x, w, b, y, g, groups, act, alpha, beta);
         free(x), free(w), free(b);
     } else if (h[0] == 12 || h[0] == 13) { /* blocked depthwise / pooling */
         int64_t B = g[14], nx = g[0] * g[1] * g[2] * g[3] * B;

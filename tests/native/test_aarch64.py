@@ -33,7 +33,7 @@ from tests.native.blocked_cases import (
     to_blocked,
 )
 from tests.native.blocked_cases import geometry as blocked_geometry
-from tests.native.cases import ACT_PARAMS, DEPTHWISE_CASES, STEM_CASES, make_case, numpy_depthwise
+from tests.native.cases import ACT_PARAMS, DEPTHWISE_CASES, GROUPED_STEM_CASES, STEM_CASES, make_case, numpy_depthwise
 
 SRC = Path(kernels.__file__).parent / "host"  # the C sources setup.py builds
 DRIVER = Path(__file__).parent / "driver.c"
@@ -248,6 +248,31 @@ def _stem_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
     return cases
 
 
+def _grouped_stem_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
+    """The grouped stem conv (each image's groups as images of their own, with their own weights)."""
+    cases = []
+    for i, (name, xs, ws, attrs) in enumerate(GROUPED_STEM_CASES):
+        act = [None, *ACTS][(i + 1) % (len(ACTS) + 1)]
+        x, w, b, full = make_case(xs, ws, attrs, seed=40 + i, activation=act, bias=i % 3 != 1)
+        win = window(full, xs[2:], ws[2:])
+        geom = [*xs, ws[0], *ws[2:], *win.strides, *win.dilations, *win.pad_begin, *win.out]
+        with mock.patch.object(native.library, "_lib", None):
+            want = conv_im2col([x, w, b], dict(full))[0]
+        src, dst = tmp / f"gstem{i}.in", tmp / f"gstem{i}.out"
+        _write_case(src, 17, act, geom, [None])  # the header; groups and the arrays follow
+        with open(src, "ab") as f:
+            f.write(np.array([attrs["group"]], np.int64).tobytes())
+            for arr in (x, w, b):
+                if arr is not None:
+                    f.write(np.ascontiguousarray(arr, np.float32).tobytes())
+        if b is not None:
+            with open(src, "r+b") as f:  # has bias
+                f.seek(16)
+                f.write(np.array([1], np.int64).tobytes())
+        cases.append((src, dst, want, f"grouped stem {name} {act}"))
+    return cases
+
+
 def _blocked_cases(tmp: Path, block: int = 4) -> list[tuple[Path, Path, np.ndarray, str]]:
     """The blocked (NCHWc) window kernels with B = 4 (NEON's width): depthwise with every activation,
     max and average pooling, global average; garbage in the input's pad lanes."""
@@ -370,6 +395,7 @@ def test_kernels_on_aarch64_match_numpy(aarch64_driver, tmp_path, threads):
     qemu, driver = aarch64_driver
     cases = (_depthwise_cases(tmp_path) + _epilogue_cases(tmp_path) + _pool_cases(tmp_path) + _gemm_cases(tmp_path)
              + _elementwise_cases(tmp_path) + _conv_gemm_cases(tmp_path) + _stem_cases(tmp_path)
+             + _grouped_stem_cases(tmp_path)
              + _blocked_cases(tmp_path) + _blocked_conv_cases(tmp_path) + _int8_cases(tmp_path))
     assert len(cases) >= 80
     args = [str(p) for src, dst, _, _ in cases for p in (src, dst)]

@@ -12,7 +12,7 @@ import pytest
 from optcli import native
 from optcli.ops.conv import conv_im2col
 from optcli.ops.spatial import pad_input, window
-from tests.native.cases import ACT_PARAMS, STEM_CASES
+from tests.native.cases import ACT_PARAMS, GROUPED_STEM_CASES, STEM_CASES, make_case
 from tests.native.test_depthwise import ort_conv
 from tests.native.test_gemm import assert_epilogue_close
 
@@ -106,8 +106,8 @@ def test_fp16_storage_and_a_view_run_natively_in_fp32(native_calls):
     ((1, 65, 16, 16), (8, 65, 3, 3), {"pads": [1, 1, 1, 1]}),  # over 576 taps
     ((1, 24, 16, 16), (8, 24, 5, 5), {"pads": [2, 2, 2, 2]}),  # 600 taps
     ((1, 32, 16, 16), (8, 32, 1, 1), {"strides": [2, 2]}),  # a strided 1x1: the GEMM of the subsampled input
-    ((1, 4, 12, 12), (8, 2, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),  # grouped
-], ids=["c5-narrow", "c65", "c24-5x5", "1x1-s2", "grouped"])
+    ((1, 256, 12, 12), (8, 128, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),  # 1152 taps a group
+], ids=["c5-narrow", "c65", "c24-5x5", "1x1-s2", "grouped-wide"])
 def test_other_convs_stay_with_the_gemm(xs, ws, attrs, native_calls):
     rng = np.random.default_rng(3)
     x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
@@ -143,3 +143,43 @@ def test_refuses_bad_arguments(native_lib):
     geom[7] = 0  # stride 0
     assert lib.optcli_stem_conv2d_f32(x.ctypes.data, w.ctypes.data, None, y.ctypes.data, geom.ctypes.data, 0, 0.0,
                                       0.0) == -1
+
+
+def grouped_reference(x, w, b, attrs) -> np.ndarray:
+    """The float64 reference conv one group at a time."""
+    g = int(attrs["group"])
+    cg, mg = x.shape[1] // g, w.shape[0] // g
+    dense = {k: v for k, v in attrs.items() if k != "group"}
+    return np.concatenate([reference(x[:, i * cg:(i + 1) * cg], w[i * mg:(i + 1) * mg],
+                                     None if b is None else b[i * mg:(i + 1) * mg], dense) for i in range(g)], axis=1)
+
+
+@pytest.mark.parametrize("case", GROUPED_STEM_CASES, ids=[c[0] for c in GROUPED_STEM_CASES])
+def test_grouped_convs_of_small_groups(case, native_calls):
+    """Grouped convs of few channels a group (RegNet's 8) run in the grouped stem conv, each image's
+    groups as images of their own with their own weights: against the float64 reference, the numpy
+    kernel and onnxruntime, with an activation, uneven pads, dilation, M / G != C / G, 2 images."""
+    i = GROUPED_STEM_CASES.index(case)
+    name, xs, ws, attrs = case
+    act = [None, *ACT_PARAMS][i % (1 + len(ACT_PARAMS))]
+    x, w, b, full = make_case(xs, ws, attrs, seed=i, activation=act, bias=i % 3 != 1)
+    w /= np.sqrt(np.prod(ws[1:]))
+    got = conv_im2col([x, w, b], dict(full))[0]
+    assert native_calls["stem"] == 1 and native_calls["conv_gemm"] == 0
+    plain = {k: v for k, v in full.items() if not k.startswith("activation")}
+    assert_epilogue_close(got, grouped_reference(x, w, b, plain), act, f"{name} vs float64")
+    with mock.patch.object(native.library, "_lib", None):
+        assert_epilogue_close(got, conv_im2col([x, w, b], dict(full))[0], None, f"{name} vs numpy")
+    assert_epilogue_close(got, ort_conv(x, w, b, plain), act, f"{name} vs onnxruntime")
+
+
+def test_grouped_refuses_groups_that_do_not_divide(native_lib):
+    x, w = np.zeros((1, 6, 5, 5), np.float32), np.zeros((4, 3, 3, 3), np.float32)
+    y = np.empty((1, 4, 3, 3), np.float32)
+    geom = np.array([1, 6, 5, 5, 4, 3, 3, 1, 1, 1, 1, 0, 0, 3, 3], np.int64)
+    fn = native_lib._lib.optcli_stem_conv2d_grouped_f32
+    args = (x.ctypes.data, w.ctypes.data, None, y.ctypes.data, geom.ctypes.data)
+    assert fn(*args, 2, 0, 0.0, 0.0) == 0
+    for groups in (0, -1, 4, 5):  # 4 does not divide C = 6, 5 divides neither
+        assert fn(*args, groups, 0, 0.0, 0.0) != 0, groups
+
