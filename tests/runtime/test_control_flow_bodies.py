@@ -317,3 +317,36 @@ def test_loop_body_outputs_read_from_everywhere():
     for name, expected in zip(outs, run_ort(model, feeds)):
         assert got[name].shape == expected.shape, name
         assert_close(got[name], expected, what=name)
+
+
+def test_straight_line_program_stores_what_each_step_gives():
+    """A body's steps run as one generated function (control_flow._straight_line): arguments read
+    from their slots (None for an absent input), a nested op's environment built when it runs, an
+    unnamed output skipped, and a step giving fewer results than its outputs leaves the rest
+    unset, as the loop over the steps did."""
+    from optcli.ops import control_flow as cf
+
+    seen = []
+
+    def split3(args, attrs):
+        seen.append(("split", args, attrs))
+        return [args[0] + 1, args[0] + 2, args[0] + 3]
+
+    def short(args, attrs):
+        return [args[0] * 10]  # two outputs declared, one given
+
+    def nested(args, env):
+        seen.append(("env", dict(env)))
+        return [env["outer_value"] + args[0]]
+
+    attrs = {"k": 1}
+    program = ((split3, attrs, (0, None), (1, None, 2)),
+               (short, attrs, (2,), (3, 4)),
+               (nested, cf._ENV, (3,), (5,)))
+    run = cf._straight_line(program)
+    vals = [1, None, None, None, "untouched", None]
+    assert run(vals, {"outer_value": 100}, lambda vals, outer: {**outer, "v3": vals[3]}) is None
+    assert vals == [1, 2, 4, 40, "untouched", 140]
+    assert seen[0] == ("split", [1, None], attrs)
+    assert seen[1] == ("env", {"outer_value": 100, "v3": 40})
+    assert cf._straight_line(())([], {}, None) is None  # a body of constants only
