@@ -27,6 +27,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return out
 
 
+_F32 = np.dtype(np.float32)
 _SMALL_ACTIVATION = 1024  # elements: below this numpy's few in-place passes cost less than a native call (~6 us)
 
 
@@ -76,7 +77,7 @@ def activate(y: np.ndarray, name: str | None, alpha: float = 0.0, beta: float = 
     one threaded pass in place, where numpy's erf or masked sigmoid make several)."""
     if name and name not in ("relu", "clip") and y.size:  # numpy's relu and clip are one in-place pass
         if y.size <= _SMALL_ACTIVATION and name in ("tanh", "sigmoid") and type(y) is np.ndarray \
-                and y.dtype == np.float32 and y.flags.writeable:
+                and y.dtype is _F32 and y.flags.writeable:
             return np.tanh(y, out=y) if name == "tanh" else _sigmoid_in_place(y)
         done = native_activation(y, name, alpha, beta, in_place=True)
         if done is not None:

@@ -130,3 +130,21 @@ def test_one_row_fully_connected(xshape, bias, activation):
     got = fully_connected([x, w, b], attrs)[0]
     assert got.shape == xshape[:-1] + (5,) and got.dtype == np.float32
     np.testing.assert_allclose(got.reshape(-1), want.reshape(-1), rtol=1e-5, atol=1e-6)
+
+
+def test_small_fully_connected_memo_follows_weights_bias_and_rows():
+    """A bound step keeps its small-layer function while the same weight and bias arrays come back;
+    other arrays (of another width), other row counts and a float64 X are each computed afresh."""
+    rng = np.random.default_rng(2)
+    attrs = _bound({"activation": "tanh"})
+    for w_cols, rows in ((5, (1,)), (5, (3, 2)), (9, (1,)), (9, ())):
+        w = rng.standard_normal((4, w_cols)).astype(np.float32)
+        b = rng.standard_normal(w_cols).astype(np.float32)
+        x = rng.standard_normal((*rows, 4)).astype(np.float32)
+        for _ in range(2):
+            got = fully_connected([x, w, b], attrs)[0]
+            np.testing.assert_allclose(got, np.tanh(x.astype(np.float64) @ w + b), rtol=1e-5, atol=1e-6)
+            assert got.shape == (*rows, w_cols) and got.dtype == np.float32
+    x64 = rng.standard_normal((1, 4))
+    assert fully_connected([x64, w, b], attrs)[0].dtype == np.float64
+    assert fully_connected([x, w, None], attrs)[0].shape == (w_cols,)
