@@ -12,7 +12,7 @@ from optcli.ops.activation import activate, apply_activation
 from optcli.ops.evaluate import kernel_attrs
 from optcli.ops.gemm import fully_connected
 from optcli.ops.normalization import softmax
-from optcli.ops.tensor import one_hot, reshape, scatter_nd, split, squeeze, unsqueeze
+from optcli.ops.tensor import argmax, argmin, one_hot, reshape, scatter_nd, split, squeeze, unsqueeze
 
 
 def _bound(attrs: dict, n_outputs: int = 1):
@@ -148,3 +148,18 @@ def test_small_fully_connected_memo_follows_weights_bias_and_rows():
     x64 = rng.standard_normal((1, 4))
     assert fully_connected([x64, w, b], attrs)[0].dtype == np.float64
     assert fully_connected([x, w, None], attrs)[0].shape == (w_cols,)
+
+
+@pytest.mark.parametrize("kernel,fn", [(argmax, np.argmax), (argmin, np.argmin)])
+def test_arg_kernels_give_int64_arrays(kernel, fn):
+    """ArgMax/ArgMin through the array's own method: a 1-D input's answer is still a 0-d int64 array
+    (the method gives a numpy scalar there); keepdims and select_last_index as before."""
+    x = np.array([3.0, 1.0, 3.0, 1.0], np.float32)
+    for keep, last, want_shape in ((0, 0, ()), (1, 0, (1,)), (0, 1, ())):
+        got = kernel([x], {"axis": 0, "keepdims": keep, "select_last_index": last})[0]
+        assert type(got) is np.ndarray and got.dtype == np.int64 and got.shape == want_shape
+        assert int(got.reshape(-1)[0]) == (len(x) - 1 - fn(x[::-1]) if last else fn(x))
+    m = np.random.default_rng(4).standard_normal((2, 3, 5)).astype(np.float32)
+    for axis in (-1, 0, 1):
+        got = kernel([m], _bound({"axis": axis, "keepdims": 1}))[0]
+        np.testing.assert_array_equal(got, np.expand_dims(fn(m, axis=axis), axis))
