@@ -42,19 +42,34 @@ def _axis(a: int, rank: int) -> int:
 
 def _per_shape(attrs: Attrs, tag: str, x: np.ndarray, arg: Any, make):
     """``make()``, remembered in a bound step's memo (``StepAttrs``) while the step sees the same
-    input shape and the same ``arg`` object (its axes or shape input: a plan's or a body's constant
-    comes back as the same array every run; the memo holds it, so its id cannot be reused).  A
-    decoder's Loop pays each Unsqueeze/Squeeze/Reshape/Split once per iteration, where reading the
-    axes out of an array and resolving them cost 4-7 us around a view of ~0.3 us."""
+    input shape and the same ``arg`` (its axes or shape input, ``_arg_key``).  A decoder's Loop pays
+    each Unsqueeze/Squeeze/Reshape/Split once per iteration, where reading the axes out of an
+    array and resolving them cost 4-7 us around a view of ~0.3 us."""
     memo = attrs.memo if type(attrs) is StepAttrs else None
     if memo is None:
         return make()
+    key = _arg_key(arg)
     hit = memo.get(tag)
-    if hit is not None and hit[0] is arg and hit[1] == x.shape:
+    if hit is not None and hit[1] == x.shape and _same_key(hit[0], key):
         return hit[2]
     made = make()
-    memo[tag] = (arg, x.shape, made)
+    memo[tag] = (key, x.shape, made)
     return made
+
+
+def _arg_key(arg: Any) -> Any:
+    """What a memo compares an argument array by: a read-only one (a plan's constant, mapped from
+    the file) by identity (the memo holds it, so its id cannot be reused); any other by its
+    contents (a body's constant, a value computed each run, a caller's array refilled between
+    runs: the same object may come back holding other values)."""
+    if arg is None or (type(arg) is np.ndarray and not arg.flags.writeable):
+        return arg
+    a = np.asarray(arg)
+    return (a.dtype.str, a.shape, a.tobytes())
+
+
+def _same_key(kept: Any, key: Any) -> bool:
+    return kept is key or (type(kept) is tuple and type(key) is tuple and kept == key)
 
 
 def _from_attr_or_input(inputs: Inputs, i: int, attrs: Attrs, name: str) -> list[int] | None:
@@ -588,16 +603,16 @@ def _norm_index(idx: np.ndarray, dim: int) -> np.ndarray:
 @kernel("OneHot")
 def one_hot(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     indices, depth_in, values = (np.asarray(v) for v in inputs[:3])
-    # depth and the (off, on) pair: constants in every model seen, read once per bound step (the
-    # memo holds both arrays: their ids cannot be reused while it does)
+    # depth and the (off, on) pair: constants in every model seen, read once per bound step
     memo = attrs.memo if type(attrs) is StepAttrs else None
     hit = memo.get("one hot") if memo is not None else None
-    if hit is not None and hit[0] is depth_in and hit[1] is values:
+    keys = (_arg_key(depth_in), _arg_key(values)) if memo is not None else None
+    if hit is not None and _same_key(hit[0], keys[0]) and _same_key(hit[1], keys[1]):
         depth, off, on = hit[2]
     else:
         depth, off, on = int(depth_in.reshape(-1)[0]), values.reshape(-1)[0], values.reshape(-1)[1]
         if memo is not None:
-            memo["one hot"] = (depth_in, values, (depth, off, on))
+            memo["one hot"] = (*keys, (depth, off, on))
     if indices.dtype.kind == "f":
         indices = indices.astype(np.int64)
     axis = _axis(int(attrs.get("axis", -1)), indices.ndim + 1)

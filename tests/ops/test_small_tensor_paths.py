@@ -163,3 +163,26 @@ def test_arg_kernels_give_int64_arrays(kernel, fn):
     for axis in (-1, 0, 1):
         got = kernel([m], _bound({"axis": axis, "keepdims": 1}))[0]
         np.testing.assert_array_equal(got, np.expand_dims(fn(m, axis=axis), axis))
+
+
+def test_memos_read_a_refilled_array_again():
+    """A writable argument array may come back holding other values (a caller refilling its input
+    between runs): the memos compare its contents; a read-only one (a plan's constant) is trusted
+    by identity."""
+    x = np.zeros((2, 3), np.float32)
+    shape = np.array([3, 2], np.int64)
+    rs, un, oh = _bound({}), _bound({}), _bound({"axis": -1})
+    assert reshape([x, shape], rs)[0].shape == (3, 2)
+    shape[:] = [6, 1]
+    assert reshape([x, shape], rs)[0].shape == (6, 1)
+    axes = np.array([0], np.int64)
+    assert unsqueeze([x, axes], un)[0].shape == (1, 2, 3)
+    axes[0] = 2
+    assert unsqueeze([x, axes], un)[0].shape == (2, 3, 1)
+    depth, values = np.array([3], np.int64), np.array([0.0, 1.0], np.float32)
+    assert one_hot([np.array([1]), depth, values], oh)[0].shape == (1, 3)
+    depth[0], values[1] = 5, 7.0
+    np.testing.assert_array_equal(one_hot([np.array([1]), depth, values], oh)[0], [[0, 7, 0, 0, 0]])
+    frozen = np.array([2, 3], np.int64)
+    frozen.flags.writeable = False
+    assert reshape([x, frozen], rs)[0].shape == (2, 3) == reshape([x, frozen], rs)[0].shape
