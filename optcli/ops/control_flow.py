@@ -169,6 +169,10 @@ class Body:
         self._run_program = _straight_line(self._program)
         template = [None] * len(slot)
         for name, value in self.consts.items():
+            if isinstance(value, np.ndarray):
+                # read-only as a plan's weights are: kernels keep what they read from a read-only
+                # argument by its identity (ops/tensor.py _arg_key), and none writes its inputs
+                value.setflags(write=False)
             template[slot[name]] = value
         self._template = template
         self._input_slots = tuple(slot.get(n) if n else None for n in self.input_names)
