@@ -166,8 +166,13 @@ class Body:
             steps.append((fn, attrs, ins, outs))
         self._results = tuple(read(n) for n in self.output_names)
         self._slots, self._outer, self._program = slot, tuple(outer.items()), tuple(steps)
+        self._run_program = _straight_line(self._program)
         template = [None] * len(slot)
         for name, value in self.consts.items():
+            if isinstance(value, np.ndarray):
+                # read-only as a plan's weights are: kernels keep what they read from a read-only
+                # argument by its identity (ops/tensor.py _arg_key), and none writes its inputs
+                value.setflags(write=False)
             template[slot[name]] = value
         self._template = template
         self._input_slots = tuple(slot.get(n) if n else None for n in self.input_names)
@@ -185,12 +190,7 @@ class Body:
         for i, name, v in zip(self._input_slots, self.input_names, values):
             if i is not None:
                 vals[i] = outer.get(name) if v is _ABSENT else v
-        for fn, attrs, ins, outs in self._program:
-            args = [None if i is None else vals[i] for i in ins]
-            got = fn(args, self._env(vals, outer)) if attrs is _ENV else fn(args, attrs)
-            for i, value in zip(outs, got):
-                if i is not None:
-                    vals[i] = value
+        self._run_program(vals, outer, self._env)
         return [vals[i] for i in self._results]
 
     def _env(self, vals: list, outer: dict[str, Any]) -> dict[str, Any]:
@@ -201,6 +201,36 @@ class Body:
 
 
 _ABSENT = object()
+
+
+def _straight_line(program: tuple) -> Any:
+    """``program`` (a body's steps) as one Python function ``run(vals, outer, env_of)`` with every
+    slot number written in: step k becomes ``o = f_k([vals[3], vals[7]], a_k)`` and one store per
+    named output.  A decoder's Loop runs its ~30 steps hundreds of times, and the generic loop
+    over the steps (an argument list built by a comprehension, the outputs stored through zip)
+    cost ~1 us a step, as much as a small kernel.  Only slot numbers and names of this module's
+    making go into the source; the functions and attrs are the generated function's globals.  A
+    step that gives fewer results than its outputs leaves the rest unset, as the loop did."""
+    lines, names = ["def run(vals, outer, env_of):"], {}
+    for k, (fn, attrs, ins, outs) in enumerate(program):
+        names[f"f{k}"] = fn
+        if attrs is _ENV:
+            second = "env_of(vals, outer)"
+        else:
+            names[f"a{k}"] = attrs
+            second = f"a{k}"
+        args = ", ".join("None" if i is None else f"vals[{i}]" for i in ins)
+        lines.append(f"    o = f{k}([{args}], {second})")
+        named = [(j, i) for j, i in enumerate(outs) if i is not None]
+        if len(outs) == 1 and named:
+            lines.append(f"    if o: vals[{outs[0]}] = o[0]")
+        elif named:
+            lines.append("    n = len(o)")
+            lines.extend(f"    if n > {j}: vals[{i}] = o[{j}]" for j, i in named)
+    lines.append("    return None")
+    space: dict[str, Any] = {}
+    exec(compile("\n".join(lines), "<optcli body program>", "exec"), names, space)  # noqa: S102 - our own source
+    return space["run"]
 
 
 def _empty_like_declared(value_info) -> np.ndarray:

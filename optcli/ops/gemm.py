@@ -82,10 +82,22 @@ def gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndar
     return [apply_output_quant(y.astype(inputs[0].dtype, copy=False), attrs)]
 
 
+# A product runs in numpy's matmul where OpenBLAS (numpy's BLAS) keeps it on one thread: a gemv of
+# fewer than 2304 x 4 weights (interface/gemv.c), a gemm of at most 65536 x 4 multiply-adds
+# (interface/gemm.c).  Above, at 2 threads, its worker spins on the other core for the rest of
+# the run (a decoder's Loop took twice the CPU time), so larger layers keep the native call.
+_SMALL_FC = 2304 * 4  # W's elements: fewer than this
+_SMALL_FC_MACS = 65536 * 4  # rows x K x N: at most this
+
+
 @kernel("FullyConnected", domain=OPTCLI_DOMAIN)
 def fully_connected(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """``X @ W + B`` over the last axis of X (W is [K, N]), then the fused activation epilogue."""
     x, w, bias = inputs[0], inputs[1], _opt(inputs, 2)
+    small = _small_fc(attrs, w, bias)
+    if small is not None and type(x) is np.ndarray and x.dtype is _F32 and 0 < x.size and x.ndim \
+            and x.shape[-1] == w.shape[0] and x.size * w.shape[1] <= _SMALL_FC_MACS:
+        return [small(x)]
     fast = _prepared_fc(attrs, x, w, bias)
     if fast is not None:
         return [fast(x)]
@@ -120,6 +132,43 @@ def fully_connected(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
             y = y + b
     y = activate(y, *epilogue(attrs))
     return [apply_output_quant(np.asarray(y).astype(x.dtype, copy=False), attrs)]
+
+
+_F32 = np.dtype(np.float32)
+
+
+def _small_fc(attrs: dict[str, Any], w: Any, bias: Any) -> Any:
+    """The product of a small float32 layer (W below ``_SMALL_FC`` elements) as a function of X, or
+    None: numpy's matmul, the bias added in place, the epilogue.  A recurrent cell's gates or an
+    attention score in a decoder's Loop run it every step on one row or a few: there numpy takes
+    ~3 us where the native call cost ~8 us of argument passing around a product of 1 us, and
+    checking the weights, bias and epilogue again each call ~4 us more (a bound step keeps the
+    function in its memo while the same weight and bias arrays come back)."""
+    memo = attrs.memo if type(attrs) is StepAttrs else None
+    if memo is not None:
+        hit = memo.get("small fc")
+        if hit is not None and hit[0] is w and hit[1] is bias:
+            return hit[2]
+    run = None
+    if type(w) is np.ndarray and w.ndim == 2 and w.size < _SMALL_FC and w.dtype is _F32 \
+            and (bias is None or (type(bias) is np.ndarray and bias.dtype is _F32
+                                  and bias.shape in ((w.shape[1],), (1, w.shape[1])))):
+        b = None if bias is None else bias.reshape(-1)
+        act, quant, n = epilogue(attrs), output_quant(attrs), w.shape[1]
+
+        def run(x: np.ndarray) -> np.ndarray:
+            y = np.matmul(x if x.ndim == 2 else x.reshape(-1, x.shape[-1]), w)
+            if b is not None:
+                np.add(y, b, out=y)
+            if act[0] is not None:
+                y = activate(y, *act)
+            if x.ndim != 2:
+                y = y.reshape(x.shape[:-1] + (n,))
+            return y if quant is None else fake_quantize(y, *quant)
+
+    if memo is not None:
+        memo["small fc"] = (w, bias, run)
+    return run
 
 
 def _prepared_fc(attrs: dict[str, Any], x: Any, w: Any, bias: Any) -> Any:

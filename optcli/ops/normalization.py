@@ -162,6 +162,9 @@ def instance_normalization(inputs: list[np.ndarray | None], attrs: dict[str, Any
     return [d.reshape(x.shape).astype(x.dtype, copy=False)]
 
 
+_F32 = np.dtype(np.float32)
+
+
 def _softmax_view(x: np.ndarray, attrs: dict[str, Any]) -> tuple[np.ndarray, int]:
     """The array to normalise and the axis, per the node's opset semantics."""
     if int(attrs.get("_opset", 13)) >= 13:
@@ -178,6 +181,13 @@ def softmax(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.n
     x = inputs[0]
     if x.size == 0:  # nothing to normalise (and max() has no identity over an empty axis)
         return [x.copy()]
+    if type(x) is np.ndarray and x.dtype is _F32 and attrs.get("_opset", 13) >= 13:
+        # float32 along one axis (a decoder's attention weights and its output distribution every
+        # step): three passes in place, where the general path's casts and views cost as much again
+        axis = int(attrs.get("axis", -1))
+        e = np.subtract(x, np.maximum.reduce(x, axis=axis, keepdims=True))
+        np.exp(e, out=e)
+        return [np.divide(e, np.add.reduce(e, axis=axis, keepdims=True), out=e)]
     v, axis = _softmax_view(x.astype(compute_dtype(x.dtype), copy=False), attrs)
     e = v - v.max(axis=axis, keepdims=True)
     np.exp(e, out=e)

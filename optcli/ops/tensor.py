@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from optcli.errors import InputError
-from optcli.ops.registry import kernel
+from optcli.ops.registry import StepAttrs, kernel
 
 RANGE_LIMIT = 2**36  # elements: the largest value opt accepts (a count from data cannot ask for more)
 
@@ -38,6 +38,38 @@ def _ints(v: Any) -> list[int]:
 
 def _axis(a: int, rank: int) -> int:
     return a + rank if a < 0 else a
+
+
+def _per_shape(attrs: Attrs, tag: str, x: np.ndarray, arg: Any, make):
+    """``make()``, remembered in a bound step's memo (``StepAttrs``) while the step sees the same
+    input shape and the same ``arg`` (its axes or shape input, ``_arg_key``).  A decoder's Loop pays
+    each Unsqueeze/Squeeze/Reshape/Split once per iteration, where reading the axes out of an
+    array and resolving them cost 4-7 us around a view of ~0.3 us."""
+    memo = attrs.memo if type(attrs) is StepAttrs else None
+    if memo is None:
+        return make()
+    key = _arg_key(arg)
+    hit = memo.get(tag)
+    if hit is not None and hit[1] == x.shape and _same_key(hit[0], key):
+        return hit[2]
+    made = make()
+    memo[tag] = (key, x.shape, made)
+    return made
+
+
+def _arg_key(arg: Any) -> Any:
+    """What a memo compares an argument array by: a read-only one (a plan's constant, mapped from
+    the file) by identity (the memo holds it, so its id cannot be reused); any other by its
+    contents (a body's constant, a value computed each run, a caller's array refilled between
+    runs: the same object may come back holding other values)."""
+    if arg is None or (type(arg) is np.ndarray and not arg.flags.writeable):
+        return arg
+    a = np.asarray(arg)
+    return (a.dtype.str, a.shape, a.tobytes())
+
+
+def _same_key(kept: Any, key: Any) -> bool:
+    return kept is key or (type(kept) is tuple and type(key) is tuple and kept == key)
 
 
 def _from_attr_or_input(inputs: Inputs, i: int, attrs: Attrs, name: str) -> list[int] | None:
@@ -77,9 +109,14 @@ def _data_shape(op: str, dims) -> tuple[int, ...]:
 def reshape(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     """0 copies the input dim unless ``allowzero``; -1 is inferred.  A view when possible."""
     x = np.asarray(inputs[0])
-    shape = _from_attr_or_input(inputs, 1, attrs, "shape") or []
-    if not attrs.get("allowzero", 0):
-        shape = [x.shape[i] if d == 0 and i < x.ndim else d for i, d in enumerate(shape)]
+
+    def target() -> list[int]:
+        shape = _from_attr_or_input(inputs, 1, attrs, "shape") or []
+        if not attrs.get("allowzero", 0):
+            shape = [x.shape[i] if d == 0 and i < x.ndim else d for i, d in enumerate(shape)]
+        return shape
+
+    shape = _per_shape(attrs, "reshape", x, _opt(inputs, 1), target)
     try:
         return [x.reshape(shape)]
     except ValueError as exc:  # the target shape is data: it does not hold the input's elements
@@ -104,21 +141,29 @@ def transpose(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
 @kernel("Squeeze")
 def squeeze(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     x = np.asarray(inputs[0])
-    axes = _from_attr_or_input(inputs, 1, attrs, "axes")
-    if axes is None:
-        return [np.squeeze(x)]
-    return [np.squeeze(x, axis=tuple(_axis(a, x.ndim) for a in axes))]
+
+    def squeezed() -> tuple[int, ...]:  # np.squeeze checks the axes once; later calls reshape to its shape
+        axes = _from_attr_or_input(inputs, 1, attrs, "axes")
+        if axes is None:
+            return np.squeeze(x).shape
+        return np.squeeze(x, axis=tuple(_axis(a, x.ndim) for a in axes)).shape
+
+    return [x.reshape(_per_shape(attrs, "squeeze", x, _opt(inputs, 1), squeezed))]
 
 
 @kernel("Unsqueeze")
 def unsqueeze(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     x = np.asarray(inputs[0])
-    axes = _from_attr_or_input(inputs, 1, attrs, "axes") or []
-    rank = x.ndim + len(axes)
-    shape = list(x.shape)
-    for a in sorted(_axis(a, rank) for a in axes):
-        shape.insert(a, 1)
-    return [x.reshape(shape)]
+
+    def unsqueezed() -> list[int]:
+        axes = _from_attr_or_input(inputs, 1, attrs, "axes") or []
+        rank = x.ndim + len(axes)
+        shape = list(x.shape)
+        for a in sorted(_axis(a, rank) for a in axes):
+            shape.insert(a, 1)
+        return shape
+
+    return [x.reshape(_per_shape(attrs, "unsqueeze", x, _opt(inputs, 1), unsqueezed))]
 
 
 @kernel("Slice")
@@ -151,6 +196,13 @@ def slice_(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
 @kernel("Split")
 def split(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     x = np.asarray(inputs[0])
+    indices = _per_shape(attrs, "split", x, _opt(inputs, 1), lambda: _split_indices(x, inputs, attrs))
+    return [x[index] for index in indices]
+
+
+def _split_indices(x: np.ndarray, inputs: Inputs, attrs: Attrs) -> list[tuple]:
+    """Split's outputs as index tuples into ``x`` (views by plain slicing: np.split's generic path
+    cost ~20 us for a GRU cell's three gates)."""
     axis = _axis(int(attrs.get("axis", 0)), x.ndim)
     dim = x.shape[axis]
     sizes = _from_attr_or_input(inputs, 1, attrs, "split")
@@ -163,11 +215,10 @@ def split(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
         sizes = [chunk] * (n - 1) + [dim - chunk * (n - 1)]
         if attrs.get("num_outputs") is None and dim % n:
             raise ValueError(f"Split: dim {dim} not divisible into {n} equal outputs")
-    # Views by plain slicing: np.split's generic path cost ~20 us for a GRU cell's three gates.
     outs, start, index = [], 0, [slice(None)] * x.ndim
     for size in sizes:
         index[axis] = slice(start, start + int(size))
-        outs.append(x[tuple(index)])
+        outs.append(tuple(index))
         start += int(size)
     if start != dim:
         raise ValueError(f"Split: sizes {list(sizes)} add up to {start}, not the dim {dim}")
@@ -382,6 +433,9 @@ def trilu(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
 
 # ----------------------------------------------------------------------------- indexing
 
+_INDEX_TYPES = (np.dtype(np.int32), np.dtype(np.int64))
+
+
 def _indices(op: str, idx, dims) -> np.ndarray:
     """``idx`` as int64 with negative indices counted from the end, after checking what ONNX allows:
     an int32 or int64 tensor (a float or uint64 index cast to int64 would read another element:
@@ -466,17 +520,23 @@ def scatter_elements(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
 def scatter_nd(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     data, raw, updates = np.asarray(inputs[0]), np.asarray(inputs[1]), np.asarray(inputs[2])
     k = raw.shape[-1]
-    idx = _indices("ScatterND", raw, data.shape[:k])
     reduction = attrs.get("reduction", "none")
-    if k and idx.size <= 32 and reduction in ("", "none") and updates.shape == idx.shape[:-1] + data.shape[k:]:
-        # A few index rows (a decoder's Loop writes one row of its outputs per iteration): each an
-        # assignment through a tuple of ints, where numpy's fancy indexing costs ~10 us a call.
+    if 0 < k <= data.ndim and raw.size <= 32 and raw.dtype in _INDEX_TYPES and reduction in ("", "none") \
+            and updates.shape == raw.shape[:-1] + data.shape[k:]:
+        # A few index rows (a decoder's Loop writes one row of its outputs per iteration): checked
+        # and each assigned through a tuple of ints, where numpy's fancy indexing costs ~10 us a call.
+        dims = data.shape[:k]
+        rows = raw.reshape(-1, k).tolist()
+        for row in rows:
+            for v, d in zip(row, dims):
+                if not -d <= v < d:  # in range, a negative index counts from the end as numpy's does
+                    raise IndexError(f"ScatterND: index {v} is out of range for a dim of {dims}")
         out = data.copy()
-        rows = idx.reshape(-1, k).tolist()
         flat = updates.reshape((len(rows),) + data.shape[k:])
         for r, row in enumerate(rows):
             out[tuple(row)] = flat[r]
         return [out]
+    idx = _indices("ScatterND", raw, data.shape[:k])
     index = tuple(idx[..., j] for j in range(idx.shape[-1]))
     return [_scatter(data.copy(), index, updates, reduction)]
 
@@ -500,24 +560,30 @@ def topk(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     return [np.take_along_axis(x, idx, axis=axis), idx.astype(np.int64)]
 
 
-def _arg(x: np.ndarray, attrs: Attrs, fn) -> np.ndarray:
+_I64 = np.dtype(np.int64)
+
+
+def _arg(x: np.ndarray, attrs: Attrs, method) -> np.ndarray:
+    """ArgMax/ArgMin through the array's own method (``np.argmax`` adds ~1 us of dispatch, a
+    decoder's Loop picks its next token with one every step); the result an int64 array."""
     axis = _axis(int(attrs.get("axis", 0)), x.ndim)
     if attrs.get("select_last_index", 0):
-        out = (x.shape[axis] - 1) - fn(np.flip(x, axis=axis), axis=axis)
+        out = (x.shape[axis] - 1) - method(np.flip(x, axis=axis), axis)
     else:
-        out = fn(x, axis=axis)
-    out = np.asarray(out, dtype=np.int64)
+        out = method(x, axis)
+    if type(out) is not np.ndarray or out.dtype is not _I64:  # a 1-D input gives a numpy scalar
+        out = np.asarray(out, dtype=np.int64)
     return np.expand_dims(out, axis) if attrs.get("keepdims", 1) else out
 
 
 @kernel("ArgMax")
 def argmax(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
-    return [_arg(np.asarray(inputs[0]), attrs, np.argmax)]
+    return [_arg(np.asarray(inputs[0]), attrs, np.ndarray.argmax)]
 
 
 @kernel("ArgMin")
 def argmin(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
-    return [_arg(np.asarray(inputs[0]), attrs, np.argmin)]
+    return [_arg(np.asarray(inputs[0]), attrs, np.ndarray.argmin)]
 
 
 @kernel("NonZero")
@@ -536,23 +602,35 @@ def _norm_index(idx: np.ndarray, dim: int) -> np.ndarray:
 
 @kernel("OneHot")
 def one_hot(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
-    indices, depth, values = (np.asarray(v) for v in inputs[:3])
-    depth = int(depth.reshape(-1)[0])
-    idx = _norm_index(indices.astype(np.int64) if indices.dtype.kind == "f" else indices, depth)
-    axis = _axis(int(attrs.get("axis", -1)), idx.ndim + 1)
-    off, on = values.reshape(-1)[0], values.reshape(-1)[1]
+    indices, depth_in, values = (np.asarray(v) for v in inputs[:3])
+    # depth and the (off, on) pair: constants in every model seen, read once per bound step
+    memo = attrs.memo if type(attrs) is StepAttrs else None
+    hit = memo.get("one hot") if memo is not None else None
+    keys = (_arg_key(depth_in), _arg_key(values)) if memo is not None else None
+    if hit is not None and _same_key(hit[0], keys[0]) and _same_key(hit[1], keys[1]):
+        depth, off, on = hit[2]
+    else:
+        depth, off, on = int(depth_in.reshape(-1)[0]), values.reshape(-1)[0], values.reshape(-1)[1]
+        if memo is not None:
+            memo["one hot"] = (*keys, (depth, off, on))
+    if indices.dtype.kind == "f":
+        indices = indices.astype(np.int64)
+    axis = _axis(int(attrs.get("axis", -1)), indices.ndim + 1)
     # Filled with the off value, the on value written at each in-range index: one pass over the
     # output (a decoder's Loop runs this once per step on a row or two; the comparison against
     # arange and np.where cost ~30 us there).
-    out = np.full((*idx.shape, depth), off, dtype=values.dtype)
-    flat, rows = out.reshape(-1, depth), idx.reshape(-1)
-    if rows.size <= 32:  # a few rows: plain Python beats numpy's per-call cost
-        for i, r in enumerate(rows.tolist()):
+    out = np.full((*indices.shape, depth), off, dtype=values.dtype)
+    if indices.size <= 32:  # a few rows: plain Python beats numpy's per-call cost
+        flat = out.reshape(-1, depth)
+        for i, r in enumerate(indices.reshape(-1).tolist()):
+            r = r + depth if r < 0 else r  # ONNX counts negative indices from the end
             if 0 <= r < depth:
                 flat[i, r] = on
-    else:
-        live = (rows >= 0) & (rows < depth)
-        flat[np.nonzero(live)[0], rows[live]] = on
+        return [out if axis == indices.ndim else np.moveaxis(out, -1, axis)]
+    idx = _norm_index(indices, depth)
+    flat, rows = out.reshape(-1, depth), idx.reshape(-1)
+    live = (rows >= 0) & (rows < depth)
+    flat[np.nonzero(live)[0], rows[live]] = on
     return [out if axis == idx.ndim else np.moveaxis(out, -1, axis)]
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from optcli import native
 from optcli.native import caches
+from optcli.ops import gemm
 from optcli.ops.activation import apply_activation
 from optcli.ops.conv import conv_1x1, conv_im2col
 from optcli.ops.gemm import fully_connected
@@ -286,7 +287,9 @@ def test_narrow_convs_run_natively(xs, ws, act, native_calls):
 @pytest.mark.parametrize("act", ["relu", "hard_swish", None])
 def test_fully_connected_heads_run_natively(xs, n, bias_shape, act, native_calls):
     """A classifier's head (up to 15 rows): the native GEMM, bias and activation fused; the thin
-    path on a weight's first call, then the narrow path on the weight transposed once and kept."""
+    path on a weight's first call, then the narrow path on the weight transposed once and kept.
+    A layer small enough for numpy's one-thread matmul (gemm._SMALL_FC) runs there; with that
+    path turned off every case here takes the native one, odd shapes included."""
     rng = np.random.default_rng(n)
     x = rng.standard_normal(xs).astype(np.float32)
     w = (rng.standard_normal((xs[-1], n)) / np.sqrt(xs[-1])).astype(np.float32)
@@ -294,11 +297,16 @@ def test_fully_connected_heads_run_natively(xs, n, bias_shape, act, native_calls
     attrs = {} if act is None else {"activation": act, **dict(zip(("activation_alpha", "activation_beta"),
                                                                   ACT_PARAMS[act]))}
     pre = (x.astype(np.float64) @ w.astype(np.float64) + (0 if b is None else b)).astype(np.float32)
-    for call in ("first", "transposed"):
-        got = fully_connected([x, w, b], dict(attrs))[0]
-        assert got.shape == xs[:-1] + (n,)
-        assert_epilogue_close(got, pre, act, f"FC {xs} x {n} {act} ({call} call)")
-    assert native_calls["gemm"] == 2
+    small = w.size < gemm._SMALL_FC and x.size * n <= gemm._SMALL_FC_MACS
+    got = fully_connected([x, w, b], dict(attrs))[0]
+    assert_epilogue_close(got, pre, act, f"FC {xs} x {n} {act} (numpy's matmul)" if small else f"FC {xs} x {n} {act}")
+    assert native_calls["gemm"] == (0 if small else 1)
+    with mock.patch.object(gemm, "_SMALL_FC", 0):
+        for call in ("first", "transposed"):
+            got = fully_connected([x, w, b], dict(attrs))[0]
+            assert got.shape == xs[:-1] + (n,)
+            assert_epilogue_close(got, pre, act, f"FC {xs} x {n} {act} ({call} call)")
+    assert native_calls["gemm"] == (2 if small else 3)
     assert caches._DERIVED[(id(w), "fc.T")][1] is not None
 
 
@@ -306,7 +314,7 @@ def test_fully_connected_transposes_a_weight_only_while_it_lives(native_lib):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((1, 32)).astype(np.float32)
     for _ in range(3):  # a weight made afresh per call (dequantized per run) is never transposed
-        w = rng.standard_normal((32, 20)).astype(np.float32)
+        w = rng.standard_normal((32, 300)).astype(np.float32)  # above gemm._SMALL_FC: the native path
         assert_close(fully_connected([x, w, None], {})[0], x @ w)
         key = (id(w), "fc.T")
         assert caches._DERIVED[key][1] is caches._UNMADE

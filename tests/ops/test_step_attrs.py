@@ -113,11 +113,12 @@ def test_prepared_native_call_matches_and_steps_aside(kind):
         w = rng.standard_normal((24, 32, 3)).astype(np.float32)
         attrs = kernel_attrs({"kernel_shape": [3], "pads": [2, 1], "dilations": [2], "activation": "relu"}, 1, {})
         fn, other_x = conv.conv_by_shape, rng.standard_normal((2, 32, 7)).astype(np.float32)
-    elif kind == "fc":  # a classifier head: one row, W [K, N]
-        x = rng.standard_normal((1, 64)).astype(np.float32)
-        w = rng.standard_normal((64, 10)).astype(np.float32)
+    elif kind == "fc":  # a classifier head: one row, W [K, N] (above gemm._SMALL_FC: smaller ones run in numpy)
+        x = rng.standard_normal((1, 1024)).astype(np.float32)
+        w = rng.standard_normal((1024, 80)).astype(np.float32)
+        assert w.size > gemm._SMALL_FC
         attrs = kernel_attrs({"activation": "relu"}, 1, {})
-        fn, other_x = gemm.fully_connected, rng.standard_normal((1, 1, 64)).astype(np.float32)
+        fn, other_x = gemm.fully_connected, rng.standard_normal((1, 1, 1024)).astype(np.float32)
     else:
         side = 7 if kind == "1x1-small-plane" else 20
         x = rng.standard_normal((1, 32, side, side)).astype(np.float32)
@@ -227,9 +228,9 @@ def test_prepared_head_keeps_its_fake_quant():
     from optcli.ops import gemm
 
     rng = np.random.default_rng(3)
-    x = rng.standard_normal((1, 64)).astype(np.float32)
-    w = rng.standard_normal((64, 10)).astype(np.float32)
-    b = rng.standard_normal(10).astype(np.float32)
+    x = rng.standard_normal((1, 1024)).astype(np.float32)  # W above gemm._SMALL_FC: the native head
+    w = (rng.standard_normal((1024, 80)) / 8).astype(np.float32)
+    b = rng.standard_normal(80).astype(np.float32)
     w.flags.writeable = b.flags.writeable = False
     scale, zp = 0.05, 128.0
     attrs = kernel_attrs({"activation_quant": [scale, zp, 0.0, 255.0]}, 1, {})

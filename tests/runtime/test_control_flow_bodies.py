@@ -317,3 +317,68 @@ def test_loop_body_outputs_read_from_everywhere():
     for name, expected in zip(outs, run_ort(model, feeds)):
         assert got[name].shape == expected.shape, name
         assert_close(got[name], expected, what=name)
+
+
+def test_straight_line_program_stores_what_each_step_gives():
+    """A body's steps run as one generated function (control_flow._straight_line): arguments read
+    from their slots (None for an absent input), a nested op's environment built when it runs, an
+    unnamed output skipped, and a step giving fewer results than its outputs leaves the rest
+    unset, as the loop over the steps did."""
+    from optcli.ops import control_flow as cf
+
+    seen = []
+
+    def split3(args, attrs):
+        seen.append(("split", args, attrs))
+        return [args[0] + 1, args[0] + 2, args[0] + 3]
+
+    def short(args, attrs):
+        return [args[0] * 10]  # two outputs declared, one given
+
+    def nested(args, env):
+        seen.append(("env", dict(env)))
+        return [env["outer_value"] + args[0]]
+
+    attrs = {"k": 1}
+    program = ((split3, attrs, (0, None), (1, None, 2)),
+               (short, attrs, (2,), (3, 4)),
+               (nested, cf._ENV, (3,), (5,)))
+    run = cf._straight_line(program)
+    vals = [1, None, None, None, "untouched", None]
+    assert run(vals, {"outer_value": 100}, lambda vals, outer: {**outer, "v3": vals[3]}) is None
+    assert vals == [1, 2, 4, 40, "untouched", 140]
+    assert seen[0] == ("split", [1, None], attrs)
+    assert seen[1] == ("env", {"outer_value": 100, "v3": 40})
+    assert cf._straight_line(())([], {}, None) is None  # a body of constants only
+
+
+def test_body_constants_are_read_only_and_outputs_still_the_callers():
+    """A body's constants are read-only, as a plan's weights are (the kernels' memos recognise a
+    read-only argument by identity); a constant carried out of the Loop still reaches the caller as
+    an array of its own."""
+    from optcli.ops import control_flow as cf
+
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Unsqueeze", ["s_in", "axes"], ["u"]),
+         helper.make_node("Squeeze", ["u", "axes"], ["scan"])],
+        "body", _loop_body_inputs(2),
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("k", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("scan", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.array([0], np.int64), "axes"),
+         numpy_helper.from_array(np.array([4.0, 5.0], np.float32), "k")])
+    compiled = cf.Body(body, {"": 17})
+    assert all(not v.flags.writeable for v in compiled.consts.values())
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "", "s0"], ["s_final", "all"], body=body)], "consts",
+        [helper.make_tensor_value_info("trips", TensorProto.INT64, []),
+         helper.make_tensor_value_info("s0", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("s_final", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("all", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"trips": np.array(3, np.int64), "s0": np.array([1.0, 2.0], np.float32)}
+    got = optcli.load(optcli.optimize(model=model, valid_targets="arm").data).run(feeds)
+    for name, expected in zip(["s_final", "all"], run_ort(model, feeds)):
+        assert_close(got[name], expected, what=name)
+    got["s_final"][0] = 0.0  # the caller's own array
