@@ -320,7 +320,7 @@ def test_lstm_default_gates_over_the_whole_float_range(hidden, loop):
     10, where tanh is 1, and 90, where exp underflows), infinities and a NaN, for hidden sizes
     with and without a partial vector, on the sequential loop and the split one."""
     from optcli.native import recurrent as native_recurrent
-    from optcli.ops.recurrent import _numpy_loop, _native_activations
+    from optcli.ops.recurrent import _native_activations, _numpy_loop
 
     seq, batch, dirs = 6, 3, 2
     cell = CELLS["LSTM"]
