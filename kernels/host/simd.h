@@ -173,6 +173,28 @@ ALWAYS_INLINE v8f sigmoid8(v8f v) {
 
 ALWAYS_INLINE v8f swish8(v8f v) { return v * sigmoid8(v); } /* a NaN v makes it NaN */
 
+/* tanh, 8 lanes, the same way (no comparisons: one body for every host): Cephes tanhf as tanh4, an
+ * odd polynomial below 0.625 and 1 - 2 / (exp(2|v|) + 1) above, on |v| clamped at 10 (tanh is 1
+ * in float32 there), the sign put back from v's bit and a NaN from its bits. */
+ALWAYS_INLINE v8f tanh8(v8f v) {
+    v8i bits = (v8i)v, mag = bits & 0x7fffffff;
+    v8i nan = (0x7f800000 - mag) >> 31;
+    v8i small = (mag - 0x3f200000) >> 31; /* -1 where |v| < 0.625 */
+    v8f ax = (v8f)mag;
+    CLAMP_POS_BODY(v8f, v8i, ax, 0x41200000)
+    v8f z = ax * ax;
+    v8f p = z * -5.70498872745e-3f + 2.06390887954e-2f;
+    p = p * z - 5.37397155531e-2f;
+    p = p * z + 1.33314422036e-1f;
+    p = p * z - 3.33332819422e-1f;
+    v8f lo = p * z * ax + ax;
+    v8f a = ax * -2.0f;
+    EXP_SMALL_BODY(v8f, v8i, a)
+    v8f hi = (1.0f - y) / (1.0f + y);
+    v8i t = (small & (v8i)lo) | (~small & (v8i)hi);
+    return (v8f)(((t | (bits & (int32_t)0x80000000)) & ~nan) | (nan & 0x7fc00000));
+}
+
 ALWAYS_INLINE v4f clamp01_4(v4f v) {
     v = sel4(v < splat4(0.0f), splat4(0.0f), v);
     return sel4(v > splat4(1.0f), splat4(1.0f), v);

@@ -32,9 +32,9 @@ import numpy as np
 from optcli import native
 from optcli.errors import InputError
 from optcli.ir import OPTCLI_DOMAIN
+from optcli.native.stem import STEM_MAX_CHANNELS
 from optcli.ops import activation as act_ops
 from optcli.ops import elementwise, pool
-from optcli.native.stem import STEM_MAX_CHANNELS
 from optcli.ops.activation import QUANT_ATTR, output_quant
 from optcli.ops.conv import _bias, _window_of, conv_1x1, conv_depthwise, conv_im2col
 from optcli.ops.registry import StepAttrs, kernel

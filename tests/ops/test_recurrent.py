@@ -309,3 +309,38 @@ def test_bound_step_runs_its_layer_as_one_prepared_call(op, direction, peep):
             for g, e in zip(run_recurrent(cell, inputs, big), want):
                 np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
         assert key in big.memo
+
+
+@pytest.mark.skipif(not native.available(), reason="the native library is not built here")
+@pytest.mark.parametrize("hidden", [1, 5, 8, 13, 64])
+@pytest.mark.parametrize("loop", ["native", "native split"])
+def test_lstm_default_gates_over_the_whole_float_range(hidden, loop):
+    """An LSTM with the default activations runs its gates in one 8-lane pass (sigmoid8, tanh8 of
+    simd.h): against the numpy loop on pre-activations from tiny to saturated (|v| from 1e-8 past
+    10, where tanh is 1, and 90, where exp underflows), infinities and a NaN, for hidden sizes
+    with and without a partial vector, on the sequential loop and the split one."""
+    from optcli.native import recurrent as native_recurrent
+    from optcli.ops.recurrent import _native_activations, _numpy_loop
+
+    seq, batch, dirs = 6, 3, 2
+    cell = CELLS["LSTM"]
+    mags = np.array([1e-8, 1e-3, 0.3, 0.6, 0.7, 2.0, 9.0, 11.0, 30.0, 90.0, 1e7], np.float32)
+    xp = (RNG.choice(mags, (dirs, seq, batch, 4 * hidden)) * RNG.choice([-1, 1], (dirs, seq, batch, 4 * hidden)))
+    xp = xp.astype(np.float32)
+    xp[0, 1, 0, :2] = [np.inf, -np.inf]
+    xp[1, 2, 2, -1] = np.nan  # the last unit of a row: a partial vector's lane where hidden % 8
+    rt = (RNG.standard_normal((dirs, hidden, 4 * hidden)) * 0.8 / np.sqrt(hidden)).astype(np.float32)
+    h0 = RNG.standard_normal((dirs, batch, hidden)).astype(np.float32)
+    c0 = RNG.standard_normal((dirs, batch, hidden)).astype(np.float32)
+    acts = resolve_activations(cell, {}, dirs)
+    want = _numpy_loop(cell, xp, rt, None, None, h0, c0, None, "bidirectional", acts, None, 0)
+    old = library._lib.optcli_recurrent_split_from(0 if loop == "native split" else -1)
+    try:
+        got = native_recurrent.recurrent("LSTM", xp, rt, None, None, h0, c0, None, "bidirectional",
+                                         *_native_activations(cell, acts, dirs), None, 0)
+    finally:
+        library._lib.optcli_recurrent_split_from(old)
+    with np.errstate(invalid="ignore"):
+        for g, e in zip(got, want):
+            np.testing.assert_array_equal(np.isnan(g), np.isnan(e))
+            np.testing.assert_allclose(g, e, rtol=2e-6, atol=2e-6)
