@@ -125,7 +125,8 @@ OPT_API int optcli_conv2d_blocked_f32(const float *x, const float *packed, const
     /* A pointwise input bigger than L2 (MobileNetV2's 16 -> 96 expansion at 112 x 112: 800 KB) was
      * read once per output group, from L3 each time (the groups outer): bands of about 64 KB of
      * input, each taken by every output group in turn while it stays in L2 (weights are re-read per
-     * band instead, where that costs less), took that conv from 1230 to 790-830 us at 1 thread (onnxruntime in the model: 665). */
+     * band instead, where that costs less), took that conv from 1230 to 790-830 us at 1 thread
+     * (onnxruntime in the model: 665). */
     const int64_t x_bytes = a.Cbi * a.ib * a.H * a.W * (int64_t)sizeof(float);
     const int64_t w_bytes = a.Mb * a.B * a.C * (int64_t)sizeof(float);
     if (a.pointwise && x_bytes > ((int64_t)256 << 10) && a.ngroups > 1) {

@@ -214,9 +214,11 @@ CONVS = [  # (kernel, x shape, w shape, attrs)
 @pytest.mark.parametrize("route", ["as-picked", "gemm"])
 def test_convs_match_onnxruntime(kernel, xs, ws, attrs, act, route, native_calls, monkeypatch):
     """Each conv as conv_1x1 / conv_im2col pick its kernel, and (``gemm``) with the stem conv
-    turned off, so the implicit GEMM is also tested on the shapes the stem conv now takes."""
+    turned off, so the implicit GEMM is also tested on the shapes the stem conv now takes (small
+    grouped convs included)."""
     if route == "gemm":
         monkeypatch.setattr(native, "stem_fits", lambda *a: False)
+        monkeypatch.setattr(native, "stem_fits_grouped", lambda *a: False)
     rng = np.random.default_rng(len(xs) + ws[0])
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal(ws).astype(np.float32)
@@ -234,7 +236,9 @@ def test_convs_match_onnxruntime(kernel, xs, ws, attrs, act, route, native_calls
         attrs = {**attrs, "strides": full["strides"], "pads": full["pads"]}
     implicit = kernel is conv_im2col and len(xs) == 4  # 2-D: the implicit GEMM, no column matrix
     win = window(full, xs[2:], ws[2:])
-    stem = implicit and attrs.get("group", 1) == 1 and native.stem_fits(xs[1], win.kernel, win.strides, win.out)
+    group = attrs.get("group", 1)
+    stem = implicit and (native.stem_fits(xs[1], win.kernel, win.strides, win.out) if group == 1 else
+                         ws[1] > 1 and native.stem_fits_grouped(ws[1], win.kernel, win.strides))
     # a strided 1x1 conv is the plain GEMM of the subsampled input (conv._strided_pointwise)
     strided_1x1 = implicit and tuple(ws[2:]) == (1, 1) and attrs.get("group", 1) == 1 and not any(attrs.get("pads", ()))
     assert native_calls["stem"] == int(stem)
