@@ -66,11 +66,17 @@ def _native_blocked() -> tuple[Any, Any] | None:
     return _MODULES[0]
 
 
-# Vector widths whose blocked kernels run a plan faster than the plain ones on the same views.  Not
-# 8 (x86-64 with AVX2 and no AVX-512): there the blocked regions ran 1.3-2.6x slower than the plain
-# NCHW kernels on every model measured (docs/design.md), so B = 1 (each blocked step runs its plain
-# kernel on a view, the conversions are views) is the default on such machines.
-FAST_BLOCKED_WIDTHS = (4, 16)
+# Vector widths whose blocked kernels run a plan faster than the plain ones on the same views: all
+# three.  With 8 (x86-64 with AVX2, no AVX-512) the dense convs with a spatial window are the
+# exception (``DENSE_THROUGH_NCHW``); the blocked depthwise and pointwise convs beat the plain ones
+# there (MobileNetV2 1.13x onnxruntime's time against 1.39x at 1 thread; docs/design.md).
+FAST_BLOCKED_WIDTHS = (4, 8, 16)
+
+# Widths at which a blocked region's dense convs with a spatial window (3x3, 7x7: ResNet's) run as
+# the NCHW kernels between two conversions: at 8 the blocked dense tile (2 output vectors x 6
+# pixels, one broadcast per input channel and tap) took ResNet-18 to 75 ms where the implicit GEMM
+# took 53 (1 thread, AVX2); the conversions are in-register transposes, ~2% of such a conv.
+DENSE_THROUGH_NCHW = (8,)
 
 
 def block_width() -> int:
@@ -285,6 +291,8 @@ def conv_blocked(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list
         if plain and group == 1 and channels <= STEM_MAX_CHANNELS \
                 and native.stem_fits(channels, win.kernel, win.strides, win.out):
             call = _stem_then_blocked(w, b, geometry, block)
+        elif group == 1 and block in DENSE_THROUGH_NCHW and tuple(w.shape[2:]) != (1, 1):
+            pass  # the NCHW kernels between conversions, below
         elif group == 1:
             packed = _packed(attrs, "nchwc conv", w, block, mods[0].pack_conv_weights)
             call = mods[0].prepared_conv2d_blocked(x.shape, packed, b, w.shape[0], *geometry)
