@@ -276,10 +276,12 @@ def _prepared_layer(cell: Cell, x: np.ndarray, w, r, b, p, h0, c0, attrs: dict[s
     if any(v is not None and (type(v) is not np.ndarray or v.dtype != np.float32 or not v.flags.c_contiguous)
            for v in (h0, c0, p)):
         return None
-    key = ("recurrent layer", x.shape, p is None)
-    hit = memo.get(key)
-    if hit is not None and all(a is c for a, c in zip(hit[0], (w, r, b))):
-        return hit[1]
+    # One slot, the last input shape's: a model of dynamic sequence length (a streaming recogniser)
+    # would otherwise keep a prepared layer, buffers and all, for every length it ever saw.
+    key = (x.shape, p is None)
+    hit = memo.get("recurrent layer")
+    if hit is not None and hit[0] == key and all(a is c for a, c in zip(hit[1], (w, r, b))):
+        return hit[2]
     direction, dirs = _direction(cell, attrs)
     seq, batch, size = x.shape
     if seq * batch * size == 0 or w.dtype != np.float32:
@@ -293,7 +295,7 @@ def _prepared_layer(cell: Cell, x: np.ndarray, w, r, b, p, h0, c0, attrs: dict[s
     layer = native_recurrent.prepared_layer(cell.op, prepared.wt, prepared.folded, prepared.rt, prepared.rbh,
                                             direction, *prepared.native_acts, prepared.clip, prepared.flags,
                                             seq, batch, p is not None)
-    memo[key] = ((w, r, b), layer)
+    memo["recurrent layer"] = (key, (w, r, b), layer)
     return layer
 
 
