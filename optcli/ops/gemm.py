@@ -45,10 +45,38 @@ def _opt(inputs: list[np.ndarray | None], i: int) -> np.ndarray | None:
     return inputs[i] if len(inputs) > i and inputs[i] is not None else None
 
 
+# OpenBLAS (numpy's BLAS) runs a product on one thread up to this many multiply-adds
+# (interface/gemm.c: SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD); above it, at 2 threads or
+# more, its workers wake for the product and spin after it, fighting the native pool's for the
+# cores, and a worker that another process keeps off its core stalls the whole product: on a
+# 2-core machine shared with two compilers a mel front end's [98, 201] @ [201, 40] took 14.7 ms
+# through BLAS at 2 threads against 29 us at 1 and 47 us in the native GEMM on the pool.  So
+# larger products run in the native GEMM when the pool has threads to give (docs/design.md).
+BLAS_ONE_THREAD_MACS = 65536 * 4
+
+
+def on_the_pool(rows: int, k: int, n: int, dtype: np.dtype) -> bool:
+    """Whether ``[rows, K] @ [K, N]`` in ``dtype`` runs in the native GEMM on the pool
+    (``pool_matmul``) rather than in BLAS: float32, above BLAS's one-thread size, with a pool of
+    2 threads or more (at 1 thread BLAS's kernels are the faster on these shapes)."""
+    return (dtype == np.float32 and rows * k * n > BLAS_ONE_THREAD_MACS and native.available()
+            and native.get_num_threads() > 1)
+
+
+def pool_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` for float32 ``a`` [rows, K] and ``b`` [K, N] in the native GEMM (its thin path:
+    the rows of ``a`` against ``b`` streamed once), split over the native pool."""
+    return native.gemm_conv(a, b[None])[0]
+
+
 @kernel("MatMul")
 def matmul(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """numpy matmul semantics, including 1-D operands and batch broadcasting."""
     a, b = inputs[0], inputs[1]
+    if a.ndim >= 2 and b.ndim == 2 and a.dtype == b.dtype and a.shape[-1] == b.shape[0] \
+            and on_the_pool(prod(a.shape[:-1]), b.shape[0], b.shape[1], a.dtype):
+        y = pool_matmul(a.reshape(-1, a.shape[-1]), b)
+        return [y.reshape(a.shape[:-1] + (b.shape[1],))]
     ct = compute_dtype(a.dtype)
     y = _matmul(a.astype(ct, copy=False), b.astype(ct, copy=False))
     return [np.asarray(y).astype(a.dtype, copy=False)]
@@ -83,11 +111,11 @@ def gemm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndar
 
 
 # A product runs in numpy's matmul where OpenBLAS (numpy's BLAS) keeps it on one thread: a gemv of
-# fewer than 2304 x 4 weights (interface/gemv.c), a gemm of at most 65536 x 4 multiply-adds
-# (interface/gemm.c).  Above, at 2 threads, its worker spins on the other core for the rest of
-# the run (a decoder's Loop took twice the CPU time), so larger layers keep the native call.
+# fewer than 2304 x 4 weights (interface/gemv.c), a gemm of at most BLAS_ONE_THREAD_MACS.  Above,
+# at 2 threads, its worker spins on the other core for the rest of the run (a decoder's Loop took
+# twice the CPU time), so larger layers keep the native call.
 _SMALL_FC = 2304 * 4  # W's elements: fewer than this
-_SMALL_FC_MACS = 65536 * 4  # rows x K x N: at most this
+_SMALL_FC_MACS = BLAS_ONE_THREAD_MACS  # rows x K x N: at most this
 
 
 @kernel("FullyConnected", domain=OPTCLI_DOMAIN)
@@ -122,8 +150,11 @@ def fully_connected(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
             res = None if b is None else np.broadcast_to(b, (1, rows, w.shape[1]))
             y = native.gemm_conv(xr, w.astype(ct, copy=False)[None], None, *epilogue(attrs), residual=res)
         return [apply_output_quant(y.reshape(x.shape[:-1] + (w.shape[1],)).astype(x.dtype, copy=False), attrs)]
-    y = _matmul(x.astype(ct, copy=False), w.astype(ct, copy=False))
-    y = np.asarray(y)
+    if w.ndim == 2 and x.ndim >= 1 and x.shape[-1] == w.shape[0] and w.dtype == x.dtype \
+            and on_the_pool(rows, w.shape[0], w.shape[1], ct):
+        y = pool_matmul(x.reshape(rows, w.shape[0]), w).reshape(x.shape[:-1] + (w.shape[1],))
+    else:
+        y = np.asarray(_matmul(x.astype(ct, copy=False), w.astype(ct, copy=False)))
     if bias is not None:
         b = bias.astype(ct, copy=False)
         if np.broadcast_shapes(y.shape, b.shape) == y.shape:

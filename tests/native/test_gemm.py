@@ -352,3 +352,34 @@ def test_implicit_gemm_refuses_windows_outside_the_input(native_lib):
     w = np.zeros((3, 2, 3, 3), np.float32)
     with pytest.raises(native.NativeError, match="conv GEMM failed with code -1"):
         native.conv2d_gemm(xp, w, None, (1, 1), (1, 1), (4, 3))  # 4 rows of 3 taps need 6 input rows
+
+
+@pytest.mark.parametrize("xs, n", [((3, 37, 129), 61), ((300, 40), 160), ((1, 98, 201), 40)])
+@pytest.mark.parametrize("act", ["relu", None])
+def test_products_past_blas_one_thread_size_run_on_the_pool(xs, n, act, native_calls):
+    """With 2 threads or more, a FullyConnected or 2-D MatMul larger than OpenBLAS runs on one
+    thread (gemm.BLAS_ONE_THREAD_MACS) goes to the native GEMM on the pool, where BLAS's own
+    threads would fight the pool for the cores; at 1 thread, and below that size, BLAS keeps it."""
+    rng = np.random.default_rng(xs[-1])
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal((xs[-1], n)) / np.sqrt(xs[-1])).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    attrs = {} if act is None else {"activation": act}
+    pre = x.astype(np.float64) @ w.astype(np.float64)
+    assert int(np.prod(xs)) * n > gemm.BLAS_ONE_THREAD_MACS
+    before = native.set_num_threads(2)
+    try:
+        got_fc = fully_connected([x, w, b], dict(attrs))[0]
+        got_mm = gemm.matmul([x, w], {})[0]
+        assert native_calls["gemm"] == 2
+        small = gemm.matmul([x[..., :1, :], w], {})[0]  # one row: below the size, BLAS
+        assert native_calls["gemm"] == 2
+        native.set_num_threads(1)
+        assert_close(fully_connected([x, w, b], dict(attrs))[0], got_fc)
+        assert native_calls["gemm"] == 2
+    finally:
+        native.set_num_threads(before)
+    assert got_fc.shape == got_mm.shape == xs[:-1] + (n,)
+    assert_epilogue_close(got_fc, (pre + b).astype(np.float32), act, f"FC {xs} x {n} on the pool")
+    assert_close(got_mm, pre.astype(np.float32))
+    assert_close(small, (x[..., :1, :].astype(np.float64) @ w).astype(np.float32))
