@@ -30,14 +30,14 @@ from optcli.native.library import (
     status,
     vector_width,
 )
-from optcli.native.stem import stem_conv2d, stem_fits, stem_fits_grouped
+from optcli.native.stem import prepared_stem_conv2d, stem_conv2d, stem_fits, stem_fits_grouped
 from optcli.native.window import depthwise_conv2d, depthwise_fits, pool2d, prepared_depthwise_conv2d
 
 __all__ = [
     "ACTIVATION_CODES", "LIB_PREFIX", "NativeError", "activation", "add", "available", "bias_activation_",
     "channel_affine", "conv2d_gemm", "depthwise_conv2d", "depthwise_fits", "derived", "from_half", "gemm_conv",
     "get_num_threads", "layer_norm", "library", "library_path", "note_unavailable", "pack_panels", "pool2d",
-    "prepared_conv2d_gemm", "prepared_depthwise_conv2d",
+    "prepared_conv2d_gemm", "prepared_depthwise_conv2d", "prepared_stem_conv2d",
     "prepared_gemm_conv", "row_mean", "set_num_threads", "status", "stem_conv2d",
     "stem_fits", "stem_fits_grouped", "to_half", "vector_width",
 ]

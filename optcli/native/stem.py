@@ -9,7 +9,7 @@ import numpy as np
 
 from optcli.native import library
 from optcli.native.library import require
-from optcli.native.window import _window_conv
+from optcli.native.window import _prepared_window_conv, _window_conv
 
 STEM_MAX_CHANNELS = 4  # input channels up to which a one-group conv always runs in stem_conv2d
 STEM_MAX_TAPS = 576  # beyond the stems: C * KH * KW up to this (64 channels of 3x3) ...
@@ -53,3 +53,15 @@ def stem_conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: 
         return grouped(xa, wa, ba, ya, geom, groups, code, al, be)
 
     return _window_conv(fn, "stem conv", x, w, bias, strides, dilations, pad_begin, out, activation, alpha, beta)
+
+
+def prepared_stem_conv2d(xshape: tuple[int, int, int, int], w: np.ndarray, bias: np.ndarray | None,
+                         strides: tuple[int, int], dilations: tuple[int, int], pad_begin: tuple[int, int],
+                         out: tuple[int, int], activation: str | None, alpha: float, beta: float, groups: int = 1):
+    """``stem_conv2d`` for one plan step and input shape, worked out once: a function of a
+    C-contiguous float32 ``x`` of ``xshape``.  A face detector's 3 -> 28 stem over 24x24 spent ~8
+    of its ~29 us in the window, checks and conversions that this makes once."""
+    require(library._lib is not None and len(xshape) == 4 and w.ndim == 4 and groups >= 1
+            and w.shape[1] * groups == xshape[1] and w.shape[0] % groups == 0, 'prepared stem conv2d')
+    return _prepared_window_conv(library._lib.optcli_stem_conv2d_grouped_f32, "stem conv", xshape, w, bias, strides,
+                                 dilations, pad_begin, out, activation, alpha, beta, groups)

@@ -50,23 +50,33 @@ def prepared_depthwise_conv2d(xshape: tuple[int, int, int, int], w: np.ndarray, 
                               out: tuple[int, int], activation: str | None, alpha: float, beta: float):
     """``depthwise_conv2d`` for one plan step and input shape, worked out once (see
     ``prepared_gemm_conv``): a function of a C-contiguous float32 ``x`` of ``xshape``."""
-    require(library._lib is not None and w.ndim == 4 and w.dtype == np.float32 and w.flags.c_contiguous,
-            'prepared depthwise conv2d')
+    fn = library._lib.optcli_dwconv2d_f32 if library._lib is not None else None
+    return _prepared_window_conv(fn, "depthwise conv", xshape, w, bias, strides, dilations, pad_begin, out,
+                                 activation, alpha, beta)
+
+
+def _prepared_window_conv(fn, what: str, xshape: tuple[int, int, int, int], w: np.ndarray, bias: np.ndarray | None,
+                          strides: tuple[int, int], dilations: tuple[int, int], pad_begin: tuple[int, int],
+                          out: tuple[int, int], activation: str | None, alpha: float, beta: float, *extra: int):
+    """``_window_conv`` of one step and input shape worked out once: the geometry array, weight and
+    bias addresses made here, ``extra`` ints passed after the geometry (the stem's groups); per
+    call one C call on a C-contiguous float32 ``x`` of ``xshape``."""
+    require(fn is not None and w.ndim == 4 and w.dtype == np.float32 and w.flags.c_contiguous, f'prepared {what}')
     require(bias is None or (bias.dtype == np.float32 and bias.shape == (w.shape[0],) and bias.flags.c_contiguous),
-            'prepared depthwise conv2d')
+            f'prepared {what}')
     n, c, h, wd = xshape
     m, _, kh, kw = w.shape
     geom_values = np.array((n, c, h, wd, m, kh, kw, *strides, *dilations, *pad_begin, *out), dtype=np.int64)
     geom = _ptr(geom_values)  # the call's own array: the shared cache may drop its copy
-    fn, code = library._lib.optcli_dwconv2d_f32, ACTIVATION_CODES[activation]
+    code = ACTIVATION_CODES[activation]
     w_addr, b_addr = _ptr(w), _ptr(bias)
     shape, empty, f32 = (n, m, out[0], out[1]), np.empty, np.float32
 
     def call(x: np.ndarray) -> np.ndarray:
         y = empty(shape, f32)
-        rc = fn(_ptr(x), w_addr, b_addr, _ptr(y), geom, code, alpha, beta)
+        rc = fn(_ptr(x), w_addr, b_addr, _ptr(y), geom, *extra, code, alpha, beta)
         if rc:
-            _check(rc, "depthwise conv")
+            _check(rc, what)
         return y
 
     call.keep = (w, bias, geom_values)

@@ -216,6 +216,8 @@ def conv_im2col(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[
             if fits:  # no padded copy, no im2col
                 y = native.stem_conv2d(x, w, _bias(inputs), win.strides, win.dilations, win.pad_begin, win.out,
                                        *epilogue(attrs), groups=group)
+                if _preparable(attrs, x, w, _bias(inputs)):
+                    _prepare_stem(attrs, x, w, _bias(inputs), win, group)
                 return [apply_output_quant(y.astype(x.dtype, copy=False), attrs)]
         else:
             native.note_unavailable()
@@ -309,6 +311,19 @@ def _prepare_im2col(attrs: StepAttrs, x: np.ndarray, w: np.ndarray, bias: np.nda
 
     def call(x: np.ndarray) -> np.ndarray:
         return gemm(np.ascontiguousarray(pad_input(x, win)))
+
+    attrs.memo["prepared im2col"] = (w, bias, x.shape, call)
+
+
+def _prepare_stem(attrs: StepAttrs, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, win: Any,
+                  group: int) -> None:
+    """Remember the stem conv's call of this step for this input shape (under the implicit GEMM's
+    memo key: both read x as it is, and the step takes one or the other)."""
+    stem = native.prepared_stem_conv2d(x.shape, w, bias, win.strides, win.dilations, win.pad_begin, win.out,
+                                       *epilogue(attrs), groups=group)
+
+    def call(x: np.ndarray) -> np.ndarray:
+        return stem(np.ascontiguousarray(x))
 
     attrs.memo["prepared im2col"] = (w, bias, x.shape, call)
 

@@ -181,10 +181,12 @@ def softmax(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.n
     x = inputs[0]
     if x.size == 0:  # nothing to normalise (and max() has no identity over an empty axis)
         return [x.copy()]
-    if type(x) is np.ndarray and x.dtype is _F32 and attrs.get("_opset", 13) >= 13:
+    opset = attrs.get("_opset", 13)
+    axis = int(attrs.get("axis", -1 if opset >= 13 else 1))
+    if type(x) is np.ndarray and x.dtype is _F32 and (opset >= 13 or axis in (-1, x.ndim - 1)):
         # float32 along one axis (a decoder's attention weights and its output distribution every
-        # step): three passes in place, where the general path's casts and views cost as much again
-        axis = int(attrs.get("axis", -1))
+        # step; before opset 13, an axis that is the last, as a classifier's [N, classes] has):
+        # three passes in place, where the general path's casts and views cost as much again
         e = np.subtract(x, np.maximum.reduce(x, axis=axis, keepdims=True))
         np.exp(e, out=e)
         return [np.divide(e, np.add.reduce(e, axis=axis, keepdims=True), out=e)]

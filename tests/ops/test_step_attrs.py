@@ -78,7 +78,7 @@ def test_address_is_the_data_address_of_every_kind_of_array(kind):
 
 @pytest.mark.skipif(not native.available(), reason="the native library is not built here")
 @pytest.mark.parametrize("kind", ["1x1", "depthwise", "1x1-small-plane", "im2col", "im2col-1d", "im2col-1d-dilated",
-                                  "im2col-small", "fc"])
+                                  "im2col-small", "fc", "stem", "stem-grouped"])
 def test_prepared_native_call_matches_and_steps_aside(kind):
     """A bound step's second run takes its prepared native call (in its attrs' memo), with the same
     result; a new input shape, a strided input or other weights go the full way again.  The
@@ -98,6 +98,13 @@ def test_prepared_native_call_matches_and_steps_aside(kind):
         attrs = kernel_attrs({"kernel_shape": [3, 3], "pads": [1, 2, 0, 1], "strides": [2, 1],
                               "activation": "relu"}, 1, {})
         fn, other_x = conv.conv_im2col, rng.standard_normal((1, 16, 9, 17)).astype(np.float32)
+    elif kind in ("stem", "stem-grouped"):  # few channels (a group): the stem conv, prepared like the GEMM's
+        groups = 4 if kind == "stem-grouped" else 1
+        x = rng.standard_normal((1, 3 * groups, 13, 11)).astype(np.float32)
+        w = rng.standard_normal((5 * groups, 3, 3, 3)).astype(np.float32)
+        attrs = kernel_attrs({"kernel_shape": [3, 3], "pads": [1, 0, 2, 1], "strides": [2, 1], "group": groups,
+                              "activation": "relu"}, 1, {})
+        fn, other_x = conv.conv_im2col, rng.standard_normal((1, 3 * groups, 7, 9)).astype(np.float32)
     elif kind == "im2col-small":  # below 16 output positions: numpy's BLAS for one call, prepared for a step
         x = rng.standard_normal((1, 48, 4, 4)).astype(np.float32)
         w = rng.standard_normal((64, 48, 2, 2)).astype(np.float32)
@@ -132,7 +139,8 @@ def test_prepared_native_call_matches_and_steps_aside(kind):
     if kind == "fc":  # W.T is derived from the second sighting of a weight on: the step prepares then
         first = fn([x, w, b], attrs)[0]
     key = {"im2col": "prepared im2col", "im2col-1d": "prepared conv1d", "im2col-1d-dilated": "prepared conv1d",
-           "im2col-small": "prepared im2col", "fc": "prepared fc"}.get(kind, "prepared")
+           "im2col-small": "prepared im2col", "fc": "prepared fc", "stem": "prepared im2col",
+           "stem-grouped": "prepared im2col"}.get(kind, "prepared")
     memo = attrs.memo
     assert key in memo, "the first run did not prepare the step"
     calls = []
