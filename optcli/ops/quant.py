@@ -14,6 +14,7 @@ float32 arithmetic of its MLAS kernels (a float64 division or product lands diff
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ from optcli.ir import OPTCLI_DOMAIN
 from optcli.native import qelementwise
 from optcli.ops.activation import fake_quantize
 from optcli.ops.conv import _is_depthwise, _is_pointwise, conv_1x1, conv_depthwise, conv_im2col
-from optcli.ops.registry import kernel
+from optcli.ops.registry import StepAttrs, kernel
 from optcli.ops.shape_functions import Shape, ShapeArgs, check_length, first_input, shape_fn
 
 _BYTES = (np.dtype(np.uint8), np.dtype(np.int8))
@@ -137,11 +138,19 @@ def dynamic_quantize_linear(inputs, attrs):
 def dynamic_quant_params(x: np.ndarray) -> tuple[np.float32, np.uint8]:
     """Scale and uint8 zero point of DynamicQuantizeLinear, in float32 as onnxruntime computes
     them (its GetQuantizationParameter): the range always includes 0."""
-    lo = np.minimum(np.float32(0), x.min(initial=np.float32(0)))
-    hi = np.maximum(np.float32(0), x.max(initial=np.float32(0)))
+    return _params_of_range(x.min(initial=np.float32(0)), x.max(initial=np.float32(0)))
+
+
+def _params_of_range(lo: Any, hi: Any) -> tuple[np.float32, np.uint8]:
+    """``dynamic_quant_params`` from the tensor's min and max (float32), widened to include 0.  The
+    zero point's clip and round run on one Python float (round() rounds half to even, as rint):
+    numpy's scalar clip cost more than the whole product of a small layer."""
+    zero = np.float32(0)
+    lo, hi = np.minimum(zero, np.float32(lo)), np.maximum(zero, np.float32(hi))
     if hi > lo:
         scale = (hi - lo) / np.float32(255)
-        zp = np.uint8(np.rint(np.clip(np.float32(0) - lo / scale, np.float32(0), np.float32(255))))
+        v = float(zero - lo / scale)  # NaN where the range is infinite: zero point 0, as numpy casts NaN
+        zp = np.uint8(round(min(max(v, 0.0), 255.0)) if v == v else 0)
     else:  # all zeros, or no elements: scale 1 as onnxruntime (a later division by it stays finite)
         scale, zp = np.float32(1.0), np.uint8(0)
     return np.float32(scale), zp
@@ -250,12 +259,61 @@ def dynamic_quantize_matmul(inputs, attrs):
     b_zp = inputs[3] if len(inputs) > 3 else None
     bias = inputs[4] if len(inputs) > 4 else None
     a = a.astype(np.float32, copy=False)
+    fast = _dynamic_quantize_matmul_f32(a, b, b_scale, b_zp, bias, attrs)
+    if fast is not None:
+        return [fast]
     a_scale, a_zp = dynamic_quant_params(a)
     acc = int_matmul(quantize(a, a_scale, a_zp, np.dtype(np.uint8)), a_zp, b, b_zp)  # exact integers
     y = acc.astype(np.float32) * (a_scale * b_scale)  # the Mul of the two scales, then the Mul by it
     if bias is not None:
         y = y + np.asarray(bias, np.float32)
     return [np.asarray(y, np.float32)]
+
+
+def _dynamic_quantize_matmul_f32(a: np.ndarray, b: np.ndarray, b_scale: np.ndarray, b_zp: Any, bias: Any,
+                                 attrs: dict[str, Any]) -> np.ndarray | None:
+    """``dynamic_quantize_matmul`` with the same float32 operations in the same order, without its
+    detours: A's centred values straight from ``clip(rint(A / scale), -zp, 255 - zp)`` (the uint8
+    tensor minus its zero point, never made), the leading dims folded into one 2-D product, B
+    centred once per step (the step's memo), the scales and bias applied in place.  A speech
+    model's [1, 100, 64] x [64, 29] layer: ~90 -> ~25 us.  None where it does not apply (a
+    non-finite A, whose quantization the general path defines; an empty one; B not a 2-D 8-bit
+    matrix), and the caller takes the general path."""
+    if not (a.ndim >= 1 and a.size and b.ndim == 2 and b.dtype in (np.int8, np.uint8) and a.shape[-1] == b.shape[0]
+            and b_scale.size in (1, b.shape[1]) and (bias is None or np.shape(bias) in ((b.shape[1],), (1, b.shape[1])))):
+        return None
+    lo, hi = a.min(), a.max()
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return None
+    a_scale, a_zp = _params_of_range(lo, hi)
+    bc, b_span = _centred_weight(attrs, b, b_zp)
+    q = np.divide(a.reshape(-1, a.shape[-1]), a_scale)  # float32, as quantize divides
+    np.rint(q, out=q)
+    zp = np.float32(a_zp)
+    np.maximum(q, -zp, out=q)  # == clip(rint + zp, 0, 255) - zp, exactly (np.clip: 4 us more)
+    np.minimum(q, np.float32(255) - zp, out=q)
+    if b.shape[0] * 255.0 * b_span < _FLOAT32_EXACT:
+        acc = np.matmul(q, bc)
+    else:
+        acc = np.matmul(q.astype(np.float64), bc.astype(np.float64)).astype(np.float32)
+    np.multiply(acc, a_scale * b_scale.reshape(-1) if b_scale.size > 1 else a_scale * b_scale.reshape(()), out=acc)
+    if bias is not None:
+        np.add(acc, np.asarray(bias, np.float32).reshape(-1), out=acc)
+    return acc.reshape(a.shape[:-1] + (b.shape[1],))
+
+
+def _centred_weight(attrs: dict[str, Any], b: np.ndarray, b_zp: Any) -> tuple[np.ndarray, float]:
+    """B minus its zero point in float32 and its span, kept in a bound step's memo while the same
+    B and zero point arrays come back (a plan's constants)."""
+    memo = attrs.memo if type(attrs) is StepAttrs else None
+    hit = memo.get("centred weight") if memo is not None else None
+    if hit is not None and hit[0] is b and hit[1] is b_zp:
+        return hit[2], hit[3]
+    bc = _centered(b, b_zp, -1, np.float32)
+    span = _span(bc)
+    if memo is not None:
+        memo["centred weight"] = (b, b_zp, bc, span)
+    return bc, span
 
 
 # ----------------------------------------------------------------------------- shape functions

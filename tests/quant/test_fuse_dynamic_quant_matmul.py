@@ -76,3 +76,53 @@ def test_a_chain_with_another_reader_is_left_alone(dynamic):
     graph.nodes.append(optcli.ir.Node("Identity", [mm.outputs[0]], ["extra"], {}, "extra"))
     graph.outputs.append(optcli.ir.Value("extra", "int32", None))
     assert fuse_dynamic_quant_matmul.run(graph, PassContext()) == {"fused": 2}
+
+
+def _unfused(a, b, b_scale, b_zp, bias):
+    """The chain op by op, as the general path of the kernel runs it: the uint8 tensor made, the
+    integer product, the scales, the bias."""
+    from optcli.ops import quant
+
+    a_scale, a_zp = quant.dynamic_quant_params(a)
+    acc = quant.int_matmul(quant.quantize(a, a_scale, a_zp, np.dtype(np.uint8)), a_zp, b, b_zp)
+    y = acc.astype(np.float32) * (a_scale * np.asarray(b_scale, np.float32))
+    return (y if bias is None else y + bias).astype(np.float32)
+
+
+@pytest.mark.parametrize("case", range(40))
+def test_the_float32_kernel_is_the_chain_to_the_bit(case):
+    """The step's float32 path (A's centred values without the uint8 tensor, leading dims folded, B
+    centred once in the step's memo) gives the chain's results bit for bit: odd shapes, all-positive
+    and all-negative A (zero point 0 and 255), tiny and huge ranges, int8 and uint8 B with and without
+    zero points, per-tensor and per-column scales, a bias or none; run twice (the memo's B)."""
+    from optcli.ops import quant
+    from optcli.ops.registry import StepAttrs
+
+    rng = np.random.default_rng(case)
+    shape = [(1, 100, 64), (3, 7), (5,), (2, 3, 4, 9), (1, 1), (2, 1, 257)][case % 6]
+    n = int(rng.integers(1, 40))
+    a = (rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 6)).astype(np.float32)
+    a = np.abs(a) if case % 7 == 1 else -np.abs(a) if case % 7 == 2 else a
+    dt = np.int8 if case % 2 else np.uint8
+    b = rng.integers(np.iinfo(dt).min, np.iinfo(dt).max + 1, (shape[-1], n)).astype(dt)
+    b_scale = (rng.random(n if case % 4 < 2 else 1) * 0.1 + 1e-4).astype(np.float32).reshape(-1 if case % 4 < 2 else ())
+    b_zp = None if case % 3 == 0 else rng.integers(np.iinfo(dt).min, np.iinfo(dt).max + 1, b_scale.shape).astype(dt)
+    bias = None if case % 5 == 0 else rng.standard_normal(n).astype(np.float32)
+    attrs = StepAttrs({})
+    want = _unfused(a, b, b_scale, b_zp, bias)
+    for run in ("first", "memo"):
+        got = quant.dynamic_quantize_matmul([a, b, b_scale, b_zp, bias], attrs)[0]
+        assert got.dtype == np.float32 and got.shape == shape[:-1] + (n,), run
+        np.testing.assert_array_equal(got, want, err_msg=run)
+    assert attrs.memo["centred weight"][0] is b
+
+
+def test_a_non_finite_input_takes_the_general_path():
+    from optcli.ops import quant
+
+    a = np.array([[1.0, np.inf, -2.0]], np.float32)
+    b = np.arange(6, dtype=np.int8).reshape(3, 2)
+    assert quant._dynamic_quantize_matmul_f32(a, b, np.float32(0.5), None, None, {}) is None
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(quant.dynamic_quantize_matmul([a, b, np.float32(0.5)], {})[0],
+                                      _unfused(a, b, np.float32(0.5), None, None))
