@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 7 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 8 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -116,6 +116,12 @@ OPT_API int optcli_f32_to_f16(const float *x, void *y, int64_t n);
 OPT_API int optcli_f16_to_f32(const void *x, float *y, int64_t n);
 /* y[r] = the mean of x[r, 0:n] for r < rows, x row-major. */
 OPT_API int optcli_row_mean_f32(const float *x, float *y, int64_t rows, int64_t n);
+/* Upsampling by whole factors (upsample.c): y [planes, H * KH, W * KW], pixel (i * KH + a, j * KW + b)
+ * of plane p = act(src[p * ps + (a * KW + b) * ts + i * W + j] + bias[p % channels]); geom = planes,
+ * channels, H, W, KH, KW, ps, ts.  ts = 0: a nearest Resize; ts = H * W: a ConvTranspose's columns
+ * whose taps never overlap.  bias may be NULL. */
+OPT_API int optcli_upsample_taps_f32(const float *src, const float *bias, float *y, const int64_t *geom, int act,
+                                     float alpha, float beta);
 
 /* Channel-blocked layout NCHWc (blocked_window.c): a logical [N, C, H, W] stored as [N, Cb, H, W, B],
  * Cb = ceil(C / B), channel c at block c / B, lane c % B; B is 4, 8 or 16 (16 only on x86-64 with

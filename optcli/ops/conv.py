@@ -555,9 +555,17 @@ def conv_transpose(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
         cols = native.gemm_conv(wg[0], xg.reshape(n, cg, isize))
     else:
         cols = np.matmul(wg[None], xg)
-    cols = cols.reshape((n, group * mg) + kshape + tuple(spatial))
     # Full (unpadded, unclipped) output: tap k of input i lands at i*s + k*d.
     full = [s * (i - 1) + (k - 1) * d + 1 for s, i, k, d in zip(strides, spatial, kshape, dil)]
+    if nsp == 2 and group == 1 and ct == np.float32 and cols.dtype == np.float32 and native.available() and x.size \
+            and tuple(strides) == kshape and all(d == 1 for d in dil) and all(b == 0 for b in begin) \
+            and tuple(out) == tuple(full) and output_quant(attrs) is None:
+        # taps side by side (a 2x2 / 2 upsampling head): each output row written once, bias and
+        # activation with it (upsample.c), where the strided writes below cost 2x onnxruntime's time
+        y = native.transpose_conv_taps(cols.reshape(n, mg * ksize, isize), _bias(inputs), n, mg, *spatial, *kshape,
+                                       *epilogue(attrs))
+        return [y.astype(x.dtype, copy=False)]
+    cols = cols.reshape((n, group * mg) + kshape + tuple(spatial))
     if taps_never_overlap(kshape, strides, dil):
         # Taps that never overlap (a 2x2 stride-2 upsampling head): each lands on its own
         # positions, written once through a strided view, where zeroing a buffer and adding each

@@ -17,6 +17,8 @@
  * arrays w, the padded input, residual (if any), bias.
  * Kind 8 (stem conv): geometry = the 15 values of optcli_stem_conv2d_f32; arrays x, w [M, C, KH, KW], bias.
  * Kind 17 (grouped stem conv): as kind 8, then after the header int64 groups; w is [M, C / groups, KH, KW].
+ * Kind 18 (upsample.c): geometry = the 8 values of optcli_upsample_taps_f32 (planes, channels, H, W, KH,
+ * KW, plane stride, tap stride); arrays src [planes * plane stride], bias [channels].
  * Kinds 12-14, the channel-blocked layout (blocked_window.c): geometry = the 15 values of
  * optcli_dwconv2d_blocked_f32 (N, Cb, H, W, KH, KW, strides, dilations, pad_top, pad_left, OH, OW, B).
  * 12 (depthwise): arrays x [N, Cb, H, W, B], packed w [Cb, KH, KW, B], bias [Cb * B];
@@ -167,6 +169,13 @@ static int run_case(const char *in, const char *out) {
         y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
         rc = optcli_conv2d_blocked_f32(x, w, b, r, y, geom, act, alpha, beta);
         free(x), free(w), free(r), free(b);
+    } else if (h[0] == 18) { /* upsampling by whole factors: geom = optcli_upsample_taps_f32's 8 values */
+        float *x = read_floats(f, g[0] * g[6]);
+        float *b = has_bias ? read_floats(f, g[1]) : NULL;
+        ny = g[0] * g[2] * g[4] * g[3] * g[5];
+        y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
+        rc = optcli_upsample_taps_f32(x, b, y, g, act, alpha, beta);
+        free(x), free(b);
     } else if (h[0] == 14) { /* blocked global average */
         float *x = read_floats(f, g[0] * g[1] * g[2] * g[3]);
         ny = g[0] * g[1] * g[3];

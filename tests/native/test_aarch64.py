@@ -273,6 +273,31 @@ def _grouped_stem_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
     return cases
 
 
+def _upsample_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
+    """Upsampling by whole factors: nearest (tap stride 0) and a ConvTranspose's columns, KW = 2
+    (the interleaving shuffles) and others, rows that are not whole vectors, with activations."""
+    rng, cases = np.random.default_rng(18), []
+    for i, (planes, h, w, kh, kw, taps) in enumerate([(3, 5, 7, 2, 2, False), (2, 4, 17, 1, 2, True),
+                                                        (5, 3, 9, 3, 2, True), (1, 1, 1, 2, 3, False),
+                                                        (4, 6, 16, 2, 1, True), (2, 2, 33, 2, 2, True)]):
+        act = [None, *ACTS][i % (len(ACTS) + 1)]
+        channels = planes if taps else 1
+        ts = h * w if taps else 0
+        src = rng.standard_normal((planes, kh * kw if taps else 1, h, w)).astype(np.float32)
+        b = rng.standard_normal(channels).astype(np.float32) if taps else None
+        if taps:  # y[p, i*kh + a, j*kw + c] = src[p, a*kw + c, i, j]
+            want = src.reshape(planes, kh, kw, h, w).transpose(0, 3, 1, 4, 2).reshape(planes, h * kh, w * kw)
+            want = want + b[:, None, None]
+        else:
+            want = np.repeat(np.repeat(src[:, 0], kh, axis=1), kw, axis=2)
+        if act is not None:
+            want = apply_activation(want.copy(), act, *ACT_PARAMS[act])
+        path, dst = tmp / f"up{i}.in", tmp / f"up{i}.out"
+        _write_case(path, 18, act, [planes, channels, h, w, kh, kw, src[0].size, ts], [src, b])
+        cases.append((path, dst, want, f"upsample {planes}x{h}x{w} by {kh}x{kw} {'taps' if taps else 'nearest'} {act}"))
+    return cases
+
+
 def _blocked_cases(tmp: Path, block: int = 4) -> list[tuple[Path, Path, np.ndarray, str]]:
     """The blocked (NCHWc) window kernels with B = 4 (NEON's width): depthwise with every activation,
     max and average pooling, global average; garbage in the input's pad lanes."""
@@ -395,7 +420,7 @@ def test_kernels_on_aarch64_match_numpy(aarch64_driver, tmp_path, threads):
     qemu, driver = aarch64_driver
     cases = (_depthwise_cases(tmp_path) + _epilogue_cases(tmp_path) + _pool_cases(tmp_path) + _gemm_cases(tmp_path)
              + _elementwise_cases(tmp_path) + _conv_gemm_cases(tmp_path) + _stem_cases(tmp_path)
-             + _grouped_stem_cases(tmp_path)
+             + _grouped_stem_cases(tmp_path) + _upsample_cases(tmp_path)
              + _blocked_cases(tmp_path) + _blocked_conv_cases(tmp_path) + _int8_cases(tmp_path))
     assert len(cases) >= 80
     args = [str(p) for src, dst, _, _ in cases for p in (src, dst)]
