@@ -61,22 +61,16 @@ typedef struct {
 static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-ALWAYS_INLINE void fill_value(float *p, int64_t n, float v) {
-    if (v == 0.0f) {
-        memset(p, 0, (size_t)n * sizeof(float));
-    } else {
-        for (int64_t i = 0; i < n; i++) p[i] = v;
-    }
-}
-
-/* Work item it: its plane and output rows, and the calling thread's scratch: the padded input rows
- * they read (narrow rows), or room for a row's padded tap rows and the band's edge strips (direct).
+/* Work item it: its plane and output rows, and the calling thread's scratch: room for the padded
+ * input rows they read (narrow rows: the item copies them, vector by vector, where a memset and a
+ * memcpy a row, libc calls for a few hundred bytes, cost a 7x7 depthwise conv more than its
+ * multiply-adds), or for a row's padded tap rows and the band's edge strips (direct).
  * NULL (and a->failed set) when no memory could be had. */
 static float *bw_band(bw_t *a, int64_t it, band_t *bd) {
     bd->plane = it / a->nbands;
     bd->oh0 = it % a->nbands * a->band;
     bd->oh1 = min64(bd->oh0 + a->band, a->OH);
-    int64_t r0 = bd->oh0 * a->sh - a->pt, rows = (bd->oh1 - 1 - bd->oh0) * a->sh + (a->KH - 1) * a->dh + 1;
+    int64_t rows = (bd->oh1 - 1 - bd->oh0) * a->sh + (a->KH - 1) * a->dh + 1;
     bd->rows = rows;
     float *s = opt_scratch((size_t)(a->direct ? a->KH * a->RS + rows * a->strips * a->B : rows * a->RS) + 16);
     if (!s) {
@@ -84,21 +78,6 @@ static float *bw_band(bw_t *a, int64_t it, band_t *bd) {
         return NULL;
     }
     s += (64 - (uintptr_t)s % 64) % 64 / sizeof(float); /* vectors on cache lines: a split load costs two */
-    if (a->direct) return s;
-    const float pad = a->op == OP_MAX ? -INFINITY : 0.0f;
-    const int64_t B = a->B, iw0 = max64(0, -a->pl), iw1 = min64(a->W, a->SW - a->pl);
-    const float *xp = a->x + bd->plane * a->H * a->W * B;
-    for (int64_t i = 0; i < rows; i++) {
-        float *d = s + i * a->RS;
-        int64_t ih = r0 + i;
-        if (ih < 0 || ih >= a->H || iw1 <= iw0) {
-            fill_value(d, a->RS, pad);
-            continue;
-        }
-        fill_value(d, (iw0 + a->pl) * B, pad);
-        memcpy(d + (iw0 + a->pl) * B, xp + (ih * a->W + iw0) * B, (size_t)((iw1 - iw0) * B) * sizeof(float));
-        fill_value(d + (iw1 + a->pl) * B, a->RS - (iw1 + a->pl) * B, pad);
-    }
     return s;
 }
 

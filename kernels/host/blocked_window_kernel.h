@@ -100,6 +100,70 @@ BW_INLINE void BW(span)(const bw_t *a, BW(src_t) src, const float *wk, BW_V init
     }
 }
 
+/* Narrow rows (not direct): X output pixels of the band taken row-major from band pixel p (row oh,
+ * column ow of the band, oh relative to its first row oh0), running on into the next rows; their
+ * outputs are consecutive in y (the band's output).  Per-row tiles left most of a 7-wide row to a
+ * second tile overlapping the first (12 pixels computed for 7; 18 for 14 at 6 a tile). */
+BW_INLINE void BW(ftile)(const bw_t *a, const float *s, const float *wk, BW_V init, float *y, int64_t oh0,
+                         int64_t p, int64_t oh, int64_t ow, const int X, const int K, const int S, const int op) {
+    const int64_t KH = K ? K : a->KH, KW = K ? K : a->KW, sw = S ? S : a->sw, dw = K ? 1 : a->dw;
+    const int64_t OW = a->OW, hstep = a->dh * a->RS, rowstep = a->sh * a->RS;
+    const float *base[BW_XT];
+    float scale[BW_XT];
+    BW_UNROLL
+    for (int x = 0; x < X; x++) {
+        base[x] = s + oh * rowstep + ow * sw * BW_L;
+        if (op == OP_AVG) scale[x] = a->rrow[oh0 + oh] * a->rcol[ow];
+        if (++ow == OW) ow = 0, oh++;
+    }
+    BW_V acc[BW_XT];
+    BW_UNROLL
+    for (int x = 0; x < X; x++) acc[x] = init;
+    for (int64_t kh = 0; kh < KH; kh++) {
+        BW_UNROLL
+        for (int64_t kw = 0; kw < KW; kw++) {
+            const int64_t off = kh * hstep + kw * dw * BW_L;
+            if (op == OP_CONV) {
+                BW_V w = BW(ld)(wk + (kh * KW + kw) * BW_L);
+                BW_UNROLL
+                for (int x = 0; x < X; x++) acc[x] += w * BW(ld)(base[x] + off);
+            } else if (op == OP_MAX) {
+                BW_UNROLL
+                for (int x = 0; x < X; x++) acc[x] = BW_VMAX(BW(ld)(base[x] + off), acc[x]);
+            } else {
+                BW_UNROLL
+                for (int x = 0; x < X; x++) acc[x] += BW(ld)(base[x] + off);
+            }
+        }
+    }
+    if (op == OP_AVG) {
+        BW_UNROLL
+        for (int x = 0; x < X; x++) acc[x] *= BW(splat)(scale[x]);
+    }
+    if (op == OP_CONV && a->act == ACT_RELU) {
+        BW_UNROLL
+        for (int x = 0; x < X; x++) acc[x] = BW_VMAX(acc[x], BW(splat)(0.0f));
+    }
+    BW_UNROLL
+    for (int x = 0; x < X; x++) BW(st)(y + (p + x) * BW_L, acc[x]);
+}
+
+/* The band's npx output pixels (narrow rows) in flat tiles of BW_XT, the last overlapping the one
+ * before (it writes the same values again); below BW_XT pixels, tiles of 4 the same way, or one. */
+BW_INLINE void BW(flat)(const bw_t *a, const float *s, const float *wk, BW_V init, float *y, int64_t oh0,
+                        int64_t npx, const int K, const int S, const int op) {
+    const int64_t OW = a->OW;
+    int64_t p = 0, oh = 0, ow = 0;
+    const int X = npx >= BW_XT ? BW_XT : npx >= 4 ? 4 : (int)npx;
+#define BW_FLAT(W)                                                                                      {                                                                                                       for (; p + (W) <= npx; p += (W)) {                                                                      BW(ftile)(a, s, wk, init, y, oh0, p, oh, ow, (W), K, S, op);                                        ow += (W);                                                                                          while (ow >= OW) ow -= OW, oh++;                                                                }                                                                                                   if (p < npx) {                                                                                          p = npx - (W);                                                                                      BW(ftile)(a, s, wk, init, y, oh0, p, p / OW, p % OW, (W), K, S, op);                            }                                                                                               }
+    if (X == BW_XT) BW_FLAT(BW_XT)
+    else if (X == 4) BW_FLAT(4)
+    else if (X == 3) BW_FLAT(3)
+    else if (X == 2) BW_FLAT(2)
+    else if (X == 1) BW_FLAT(1)
+#undef BW_FLAT
+}
+
 /* Padded copies of the columns [c0, c0 + n) of the input rows ih0 + r * step, r < rows (row r at
  * s + r * n * B): the input's values and the padding (0, -inf for max pooling) around them.  Vector
  * by vector: these runs are short, and a memcpy of a variable size is a libc call. */
@@ -120,7 +184,7 @@ BW_INLINE void BW(pad_copy)(const bw_t *a, const float *xp, float *s, int64_t ih
 }
 
 /* Work item it: one plane (image, channel block) and a band of its output rows.
- * Wide rows (direct) read the input in place, but for the first and last few pixels (a whole tile
+ * Narrow rows read the band's padded rows, in flat tiles (BW(flat)).  Wide rows (direct) read the input in place, but for the first and last few pixels (a whole tile
  * each, the edge columns among them), which read strips of padded copies of the columns they need,
  * made once for the band's input rows; a row whose window leaves the input at the top or bottom
  * reads a padded copy of its tap rows.  Narrow rows read the band's padded rows. */
@@ -143,6 +207,15 @@ BW_INLINE void BW(item)(bw_t *a, int64_t it, const int K, const int S, const int
         if (nl) BW(pad_copy)(a, xp, strip_l, r0, 1, bd.rows, 0, nl, op);
         if (nr) BW(pad_copy)(a, xp, strip_r, r0, 1, bd.rows, c0, nr, op);
     }
+    if (!a->direct) { /* narrow rows: the band's pixels row-major, tiles running on across rows */
+        BW(pad_copy)(a, xp, s, bd.oh0 * sh - a->pt, 1, bd.rows, 0, a->SW, op); /* the band's padded rows */
+        float *y = yp + bd.oh0 * OW * BW_L;
+        const int64_t npx = (bd.oh1 - bd.oh0) * OW;
+        BW(flat)(a, s, wk, init, y, bd.oh0, npx, K, S, op);
+        if (op == OP_CONV && a->act != ACT_NONE && a->act != ACT_RELU) /* the band's output, still in L1 */
+            act_span(y, npx * BW_L, a->act, a->alpha, a->beta);
+        return;
+    }
     for (int64_t oh = bd.oh0; oh < bd.oh1; oh++) {
         float *y = yp + oh * OW * BW_L;
         const int64_t ih0 = oh * sh - a->pt, i = (oh - bd.oh0) * sh;
@@ -151,9 +224,7 @@ BW_INLINE void BW(item)(bw_t *a, int64_t it, const int K, const int S, const int
          * them per item (not one per call site) keeps the build minutes shorter at no cost here. */
         BW(src_t) src[3];
         int64_t first[3], last[3], n = 0;
-        if (!a->direct) {
-            src[n] = (BW(src_t)){s + i * a->RS, 0, a->dh * a->RS}, first[n] = 0, last[n++] = OW;
-        } else if (ih0 < 0 || ih0 + (a->KH - 1) * a->dh >= a->H || left >= right) {
+        if (ih0 < 0 || ih0 + (a->KH - 1) * a->dh >= a->H || left >= right) {
             BW(pad_copy)(a, xp, s, ih0, a->dh, a->KH, 0, a->SW, op);
             src[n] = (BW(src_t)){s, 0, a->SW * BW_L}, first[n] = 0, last[n++] = OW;
         } else {
