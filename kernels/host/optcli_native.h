@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 8 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 9 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -171,6 +171,15 @@ OPT_API int optcli_qconv2d_gemm(const void *x, const int32_t *wp, const int32_t 
                                 const int64_t *geom, const int32_t *qp);
 OPT_API int optcli_qconv2d_depthwise(const void *x, const int8_t *w, const int32_t *bias, const float *mult, void *y,
                                      const int64_t *geom, const int32_t *qp);
+/* Integer 1x1 convs with unit strides and no padding (qpointwise.c, vpmaddubsw where AVX2 is): the same
+ * integers as optcli_qconv2d_gemm from weights split so that no u8 x s8 pair sum can clip (see there),
+ * built by optcli/native/qgemm.py's pack_quads.  wq: [M, Q] int32 (Q = ceil(K / 4); each the bytes of
+ * w[m, 4q .. 4q + 3], zero past K), then int32 rptr[M + 1] (rptr[0] = 0, non-decreasing), then rptr[M]
+ * pairs (quad index < Q, 4 residual weight bytes) in row order.  bias [M] (required): the model's bias
+ * less x_zp' * sum(w[m]), modulo 2^32, where x_zp' is the zero point (u8 inputs) or the zero point + 128
+ * (s8 inputs, read as u8 by flipping their top bit).  The rest as optcli_qconv2d_gemm. */
+OPT_API int optcli_qconv2d_pointwise(const void *x, const int32_t *wq, const int32_t *bias, const float *mult,
+                                     void *y, const int64_t *geom, const int32_t *qp);
 /* For the tests: the dot-product path, 1 plain C, 2 AVX2 (x86-64 with AVX2 only); 0 picks by the CPU
  * again, -1 changes nothing.  Returns the path now in use, or -1 if refused. */
 OPT_API int optcli_qgemm_variant(int which);

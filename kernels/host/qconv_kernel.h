@@ -4,6 +4,7 @@
 #ifndef OPTCLI_QCONV_KERNEL_H
 #define OPTCLI_QCONV_KERNEL_H
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
@@ -45,6 +46,23 @@ extern int opt_qdw_fma;
 
 /* Fills q from a call's geometry and quantization parameters; OPT_EINVAL where they make no conv. */
 int opt_qconv_setup(qconv_t *q, const int64_t *geom, const int32_t *qp);
+
+/* n requantized values of output channel m into dst, as onnxruntime's MlasRequantizeOutput computes
+ * them: float(acc + bias) * multiplier, clamped in float, rounded to nearest even (rintf in the default
+ * rounding mode: one instruction where SSE4.1 or NEON has it; nearbyintf saves and restores the
+ * floating-point environment, a libm call per value), plus the zero point.  The clamp sits between
+ * the product and the rounding, so no FMA can fuse them. */
+static inline void opt_requant_row(const qconv_t *q, const int32_t *acc, int64_t n, int64_t m, uint8_t *dst) {
+    const uint32_t b = q->bias ? (uint32_t)q->bias[m] : 0u;
+    const float mult = q->mult[m], lo = (float)(q->qmin - q->yzp), hi = (float)(q->qmax - q->yzp);
+    const int32_t zp = q->yzp;
+    for (int64_t j = 0; j < n; j++) {
+        float v = (float)(int32_t)((uint32_t)acc[j] + b) * mult;
+        v = v < lo ? lo : (v > hi ? hi : v);
+        const int32_t r = (int32_t)rintf(v) + zp;
+        dst[j] = (uint8_t)r; /* r is within the output dtype: its two's complement byte */
+    }
+}
 
 /* n bytes from s to d in fixed-size moves that overlap at the end, inlined where a depthwise plane's short
  * rows made a libc call each; reads and writes stay within [0, n). */

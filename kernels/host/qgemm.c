@@ -75,23 +75,6 @@ static inline int32_t centred(const qconv_t *q, const uint8_t *p) {
     return (q->xs ? (int32_t)(int8_t)*p : (int32_t)*p) - q->xzp;
 }
 
-/* n requantized values of output channel m into dst, as onnxruntime's MlasRequantizeOutput computes
- * them: float(acc + bias) * multiplier, clamped in float, rounded to nearest even (rintf in the default
- * rounding mode: one instruction where SSE4.1 or NEON has it; nearbyintf saves and restores the
- * floating-point environment, a libm call per value), plus the zero point.  The clamp sits between
- * the product and the rounding, so no FMA can fuse them. */
-static inline void requant_row(const qconv_t *q, const int32_t *acc, int64_t n, int64_t m, uint8_t *dst) {
-    const uint32_t b = q->bias ? (uint32_t)q->bias[m] : 0u;
-    const float mult = q->mult[m], lo = (float)(q->qmin - q->yzp), hi = (float)(q->qmax - q->yzp);
-    const int32_t zp = q->yzp;
-    for (int64_t j = 0; j < n; j++) {
-        float v = (float)(int32_t)((uint32_t)acc[j] + b) * mult;
-        v = v < lo ? lo : (v > hi ? hi : v);
-        const int32_t r = (int32_t)rintf(v) + zp;
-        dst[j] = (uint8_t)r; /* r is within the output dtype: its two's complement byte */
-    }
-}
-
 /* Packing: columns [c0, c0 + nc) of image b, group g's X into tiles [tile][kp2][TILE][2] of int16, zero
  * past nc and past K (an odd K's last pair), tile by tile so the writes run through one tile's memory.
  * A 1x1 conv with unit strides and no padding reads the input as it lies; the others read the
@@ -293,7 +276,7 @@ static void tile_plain(const qconv_t *q, int64_t m0, int rows, const int16_t *xp
             const int32_t w0 = (int16_t)(uint16_t)((uint32_t)w[kp] & 0xffffu), w1 = (int16_t)(uint16_t)((uint32_t)w[kp] >> 16);
             for (int j = 0; j < TILE; j++) acc[j] += w0 * p[2 * j] + w1 * p[2 * j + 1];
         }
-        requant_row(q, acc, n, m0 + r, y + r * ystride);
+        opt_requant_row(q, acc, n, m0 + r, y + r * ystride);
     }
 }
 

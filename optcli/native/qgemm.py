@@ -12,6 +12,10 @@ from optcli.native.caches import _ptr
 from optcli.native.library import _check, require
 
 MAX_K = 65536  # the int32 accumulator's bound in qgemm.c: K * 255 * 128 < 2**31
+# The pointwise kernel's residual costs a row about what a row's share of a main step costs: past this
+# fraction of (row, quad) entries with a residual it was no faster than the GEMM (MobileNetV2's 1x1
+# convs of K 8-48, 15-40% residual quads, took 0.95-1.2x the GEMM's time; K 96 and up, 5-13%, 0.7-0.9x)
+MAX_RESIDUAL = 0.14
 
 
 def pack_pairs(w: np.ndarray) -> np.ndarray:
@@ -25,6 +29,68 @@ def pack_pairs(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(high * 65536 + low, dtype=np.int32)  # in int32 range: |high| <= 128
 
 
+def pack_quads(w: np.ndarray, bias: np.ndarray | None, x_zero_point: int, x_signed: bool,
+               group: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """The weights and bias optcli_qconv2d_pointwise reads (kernels/host/qpointwise.c): int8 ``w`` [M, K, 1, 1]
+    split into a main part whose byte pairs (k even, k + 1) cannot make vpmaddubsw's saturating int16 sum
+    clip (positive parts summing to at most 128, negative parts to at least -128: 255 * 128 < 2**15) and
+    a residual holding the rest of each pair that could (its halves, |w| - 64 at most, meet the same
+    bound), so that the kernel's two sums add up to the exact integer sum; and the bias less
+    ``zp * sum(w[m])`` (zp the zero point, plus 128 for s8 inputs, which the kernel reads as u8 by
+    flipping their top bit), wrapped to int32 as the kernel's int32 sums wrap.  Returns (the int32 blob:
+    main quads [M, Q], row starts [M + 1], (quad, residual quad) pairs; the bias)."""
+    m = w.shape[0]
+    k = int(np.prod(w.shape[1:]))
+    q = -(-k // 4)
+    flat = np.zeros((m, 4 * q), np.int32)
+    flat[:, :k] = w.reshape(m, k)
+    a, b = flat[:, 0::2], flat[:, 1::2]
+    pos, neg = np.maximum(a, 0) + np.maximum(b, 0), np.minimum(a, 0) + np.minimum(b, 0)
+    unsafe = np.repeat((pos > 128) | (neg < -128), 2, axis=1)  # both values of a pair that could clip
+    main = np.where(unsafe, np.clip(flat, -64, 64), flat)
+    rest = flat - main  # within [-64, 63]: a pair's parts sum to 126 or -128 at most
+    def quads(v: np.ndarray) -> np.ndarray:  # each 4 bytes as one int32, the first the lowest (any byte order)
+        as_u8 = v.astype(np.int8).view(np.uint8).reshape(m, q, 4).astype(np.uint32)
+        return (as_u8 << np.array([0, 8, 16, 24], np.uint32)).sum(axis=2, dtype=np.uint32).view(np.int32)
+
+    main_q, rest_q = quads(main), quads(rest)
+    rows, quads = np.nonzero(rest.reshape(m, q, 4).any(axis=2))  # row-major: in row order
+    starts = np.zeros(m + 1, np.int64)
+    np.add.at(starts, rows + 1, 1)
+    entries = np.stack([quads.astype(np.int32), rest_q[rows, quads]], axis=1)
+    blob = np.concatenate([main_q.ravel(), np.cumsum(starts).astype(np.int32), entries.ravel()]).astype(np.int32)
+    zp = int(x_zero_point) + (128 if x_signed else 0)
+    full = (np.zeros(m, np.int64) if bias is None else bias.astype(np.int64)) - zp * flat.sum(axis=1, dtype=np.int64)
+    wrapped = ((full + 2**31) % 2**32 - 2**31).astype(np.int32)
+    return np.ascontiguousarray(blob), wrapped
+
+
+def route(w: np.ndarray, geom: tuple[int, ...]) -> str:
+    """Which kernel takes a conv: "depthwise" (one input channel per group, at most 64 taps: the direct
+    kernel keeps them in registers' reach), "pointwise" (1x1, unit strides, no padding: vpmaddubsw,
+    qpointwise.c) or "gemm" (the rest)."""
+    if w.shape[1] == 1 and geom[15] == geom[1] and w.shape[2] * w.shape[3] <= 64:
+        return "depthwise"
+    pointwise = (tuple(w.shape[2:]) == (1, 1) and tuple(geom[7:9]) == (1, 1) and tuple(geom[11:13]) == (0, 0)
+                 and tuple(geom[13:15]) == tuple(geom[2:4]))
+    return "pointwise" if pointwise else "gemm"
+
+
+def prepared_weights(w: np.ndarray, bias: np.ndarray | None, geom: tuple[int, ...], qp: tuple[int, ...]):
+    """(kernel, the weights as that kernel reads them, the bias it reads) for one conv: ``route``'s, except
+    that a pointwise conv whose weight split leaves more than MAX_RESIDUAL of its quads a residual goes to
+    the GEMM."""
+    kind = route(w, geom)
+    if kind == "depthwise":
+        return kind, np.ascontiguousarray(w.reshape(w.shape[0], -1)), bias
+    if kind == "pointwise":
+        blob, b = pack_quads(w, bias, int(qp[0]), bool(qp[4]))
+        m, quads = w.shape[0], -(-int(np.prod(w.shape[1:])) // 4)
+        if blob[m * quads + m] <= MAX_RESIDUAL * m * quads:
+            return kind, blob, b
+    return "gemm", pack_pairs(w), bias
+
+
 def variant(which: int = -1) -> int:
     """The dot-product path in use (1 plain C, 2 AVX2, 3 AVX2 with the stride-1 3x3 depthwise convs of
     wide rows summed exactly in float32 by FMA); ``which`` 1, 2 or 3 forces one (tests, A/B timings), 0 picks
@@ -36,7 +102,8 @@ def prepared_qconv(xshape: tuple[int, int, int, int], x_dtype: np.dtype, w: np.n
                    mult: np.ndarray, geom: tuple[int, ...], qp: tuple[int, ...], y_dtype: np.dtype):
     """A function of ``x`` (C-contiguous, ``x_dtype``, ``xshape``) returning the requantized convolution
     [N, M, OH, OW] in ``y_dtype``.  ``geom`` and ``qp`` as optcli_qconv2d_gemm takes them; a step whose
-    groups each hold one input channel runs the direct depthwise kernel, the others the GEMM."""
+    groups each hold one input channel runs the direct depthwise kernel, a 1x1 conv with unit strides and
+    no padding the pointwise one, the others the GEMM (``route``)."""
     require(library._lib is not None and w.ndim == 4 and w.dtype == np.int8, "prepared qconv")
     m = w.shape[0]
     require(len(geom) == 16 and len(qp) == 6 and geom[4] == m and tuple(geom[:4]) == tuple(xshape), "prepared qconv")
@@ -50,10 +117,8 @@ def prepared_qconv(xshape: tuple[int, int, int, int], x_dtype: np.dtype, w: np.n
     group = int(geom[15])
     require(group >= 1 and xshape[1] == w.shape[1] * group and m % group == 0 and tuple(geom[5:7]) == w.shape[2:],
             "prepared qconv")
-    # the direct depthwise kernel keeps up to 64 taps in registers' reach; larger windows go to the GEMM
-    depthwise = w.shape[1] == 1 and geom[15] == geom[1] and w.shape[2] * w.shape[3] <= 64
-    weights = np.ascontiguousarray(w.reshape(m, -1)) if depthwise else pack_pairs(w)
-    fn = library._lib.optcli_qconv2d_depthwise if depthwise else library._lib.optcli_qconv2d_gemm
+    kind, weights, bias = prepared_weights(w, bias, geom, qp)
+    fn = getattr(library._lib, f"optcli_qconv2d_{kind}")
     bias = None if bias is None else np.ascontiguousarray(bias)
     mult = np.ascontiguousarray(mult)
     geom_array = np.array(geom, dtype=np.int64)

@@ -380,12 +380,15 @@ class _Real:
 
 
 def _int8_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
-    """The integer convs (every case of tests/native/test_qgemm.py, signed and unsigned) and the quantized
-    add, against their numpy references: exact, so an off-by-one step fails assert_close."""
-    from optcli.native.qgemm import pack_pairs
+    """The integer convs (every case of tests/native/test_qgemm.py and of test_qpointwise.py, signed and
+    unsigned) and the quantized add, against their numpy references: exact, so an off-by-one step fails
+    assert_close."""
+    from optcli.native.qgemm import pack_quads, prepared_weights
     from optcli.ops import qadd, qconv
     from tests.native.test_qgemm import CASES as QCONV_CASES
     from tests.native.test_qgemm import make as make_qconv
+    from tests.native.test_qpointwise import SHAPES as POINTWISE_SHAPES
+    from tests.native.test_qpointwise import case as pointwise_case
     from tests.quant.test_qadd import make as make_qadd
 
     cases = []
@@ -395,15 +398,28 @@ def _int8_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
         geom = [*x.shape, w.shape[0], *w.shape[2:], *win.strides, *win.dilations, *win.pad_begin, *win.out,
                 attrs["group"]]
         qp = [attrs[k] for k in ("x_zero_point", "y_zero_point", "qmin", "qmax", "x_signed", "y_signed")]
-        # the routing of optcli/native/qgemm.py: the direct depthwise kernel takes up to 64 taps
-        depthwise = int(w.shape[1] == 1 and attrs["group"] == x.shape[1] and w.shape[2] * w.shape[3] <= 64)
-        weights = (np.ascontiguousarray(w.reshape(w.shape[0], -1)) if depthwise else pack_pairs(w)).tobytes()
+        # the routing and packing of optcli/native/qgemm.py (the pointwise kernel's bias has x's zero point in it)
+        kind, packed, bias = prepared_weights(w, b, tuple(geom), tuple(qp))
+        weights = packed.tobytes()
         src, dst = tmp / f"qconv{i}.in", tmp / f"qconv{i}.out"
         with open(src, "wb") as f:
             f.write(np.array([15, 0, 1, *[0] * 17], np.int64).tobytes())
-            f.write(np.array([*geom, *qp, depthwise, len(weights)], np.int64).tobytes())
-            f.write(x.tobytes() + weights + b.tobytes() + qconv.multiplier(attrs, w.shape[0]).tobytes())
+            route = ("gemm", "depthwise", "pointwise").index(kind)
+            f.write(np.array([*geom, *qp, route, len(weights)], np.int64).tobytes())
+            f.write(x.tobytes() + weights + bias.tobytes() + qconv.multiplier(attrs, w.shape[0]).tobytes())
         cases.append((src, dst, qconv.reference(x, w, b, attrs).astype(np.float32), f"qconv {name}"))
+    for i, name in enumerate(POINTWISE_SHAPES):  # the pointwise kernel whatever the routing's residual bound
+        x, w, b, attrs = pointwise_case(POINTWISE_SHAPES[name], i, i % 2, (i // 2) % 2)
+        n, c, h, wd = x.shape
+        geom = [n, c, h, wd, w.shape[0], 1, 1, 1, 1, 1, 1, 0, 0, h, wd, attrs["group"]]
+        qp = [attrs[k] for k in ("x_zero_point", "y_zero_point", "qmin", "qmax", "x_signed", "y_signed")]
+        blob, bias = pack_quads(w, b, qp[0], bool(qp[4]))
+        src, dst = tmp / f"qpointwise{i}.in", tmp / f"qpointwise{i}.out"
+        with open(src, "wb") as f:
+            f.write(np.array([15, 0, 1, *[0] * 17], np.int64).tobytes())
+            f.write(np.array([*geom, *qp, 2, blob.nbytes], np.int64).tobytes())
+            f.write(x.tobytes() + blob.tobytes() + bias.tobytes() + qconv.multiplier(attrs, w.shape[0]).tobytes())
+        cases.append((src, dst, qconv.reference(x, w, b, attrs).astype(np.float32), f"qpointwise {name}"))
     for i, signs in enumerate([(0, 0, 0), (1, 1, 1), (0, 1, 1), (1, 0, 0)]):
         a, b, attrs = make_qadd(i, (1, 5, 37, 41), *signs)
         src, dst = tmp / f"qadd{i}.in", tmp / f"qadd{i}.out"

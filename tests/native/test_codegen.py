@@ -120,12 +120,12 @@ def stack_near_integer_products(instructions: list[str], reach: int = 6) -> int:
     return near
 
 
-@pytest.mark.parametrize("name", ["tile_avx2", "dw_rows_avx2"])
+@pytest.mark.parametrize("name", ["tile_avx2", "dw_rows_avx2", "pw_tile_avx2", "pw_tile8_avx2"])
 def test_integer_conv_loops_keep_their_sums_in_registers(code, name):
-    """The integer GEMM's 4x16 register tile (8 accumulators, 2 loads and a broadcast) and the depthwise
-    rows' tap loops (qgemm.c, qdepthwise.c; GCC inlines the two-row variant into dw_rows_avx2): their
-    epilogues keep a run waiting to be stored and a small buffer for short stores on the stack, nothing
-    near a product may."""
+    """The integer GEMM's 4x16 register tile (8 accumulators, 2 loads and a broadcast), the depthwise
+    rows' tap loops (qgemm.c, qdepthwise.c; GCC inlines the two-row variant into dw_rows_avx2) and the
+    pointwise kernel's tiles and their residual loops (qpointwise.c): their epilogues keep a run waiting to
+    be stored and a small buffer for short stores on the stack, nothing near a product may."""
     assert stack_near_integer_products(["vpmaddwd %ymm3,%ymm4,%ymm4", "vmovdqa %ymm4,0x40(%rsp)"]) == 1
     if name not in code:
         pytest.fail(f"{name} is not in the library: the integer conv's AVX2 functions were renamed; update this test")

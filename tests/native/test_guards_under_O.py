@@ -32,6 +32,12 @@ cases = {
     "gemm_conv bias length": lambda: native.gemm_conv(np.ones((8, 6), f), np.ones((1, 6, 10), f), np.ones(3, f)),
     "stem_conv2d channels": lambda: native.stem_conv2d(np.ones((1, 3, 8, 8), f), np.ones((4, 2, 3, 3), f), None,
                                                        (1, 1), (1, 1), (1, 1), (8, 8)),
+    "prepared_stem_conv2d channels": lambda: native.prepared_stem_conv2d((1, 3, 8, 8), np.ones((4, 2, 3, 3), f), None,
+                                                                         (1, 1), (1, 1), (1, 1), (8, 8), None, 0.0, 0.0),
+    "upsample_nearest rank": lambda: native.upsample_nearest(np.ones((3, 8, 8), f), 2, 2),
+    "transpose_conv_taps columns": lambda: native.transpose_conv_taps(np.ones((1, 12, 16), f), None, 1, 4, 4, 4, 2, 2),
+    "transpose_conv_taps bias": lambda: native.transpose_conv_taps(np.ones((1, 16, 16), f), np.ones(3, f),
+                                                                    1, 4, 4, 4, 2, 2),
     "layer_norm scale size": lambda: native.layer_norm(np.ones((4, 6), f), np.ones(5, f), None, 1e-5),
     "channel_affine scale size": lambda: native.channel_affine(np.ones((1, 4, 3), f), np.ones(3, f), None),
     "add shapes": lambda: native.add(np.ones(8, f), np.ones(9, f)),
@@ -64,7 +70,7 @@ def test_every_guard_holds_under_python_O():
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = dict(line.rsplit(" ", 1) if line.endswith(("refused", "RAN")) else (line, "other")
                    for line in proc.stdout.strip().splitlines())
-    assert len(results) == 10 and all(v == "refused" for v in results.values()), proc.stdout
+    assert len(results) == 14 and all(v == "refused" for v in results.values()), proc.stdout
 
 
 @pytest.mark.skipif(not native.available(), reason=native.status())

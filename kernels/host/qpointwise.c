@@ -1,0 +1,286 @@
+/* Integer 1x1 convolutions (unit strides, no padding: the pointwise convs of MobileNets and
+ * EfficientNets) by vpmaddubsw: u8 activations times s8 weights, four k at a time, exact.
+ *
+ * Why a second GEMM beside qgemm.c's: vpmaddubsw multiplies 32 byte pairs an instruction where
+ * vpmaddwd multiplies 16 int16 pairs, and on AVX2 CPUs without VNNI the sequence vpmaddubsw,
+ * vpmaddwd(ones), vpaddd (onnxruntime's MLAS kernels) sums 32 products in three instructions where
+ * vpmaddwd, vpaddd need four: measured 1.5x the multiply-adds a second on this project's AMD EPYC.
+ * The pack is bytes too (K per column where qgemm.c writes 2K).
+ *
+ * Why exact: vpmaddubsw sums two u8 x s8 products into a saturating int16.  x is read as it lies
+ * (u8; s8 inputs flipped to u8 by an xor with 0x80, their zero point moved by 128), so a pair's sum
+ * lies within 255 * (w_a+ + w_b+) and -255 * (w_a- + w_b-) (the positive and negative parts): it
+ * cannot clip where w_a+ + w_b+ <= 128 and w_a- + w_b- <= 128.  The weights come split (the wrapper,
+ * optcli/native/qgemm.py: pack_quads) into a main part whose pairs all meet that, and a sparse
+ * residual (each pair of an unsafe pair's excess, per row and group of four k, meeting it too) added
+ * to the row's accumulators after the main loop: the sum of both is the exact integer sum.  The zero
+ * point's term -x_zp * sum(w) is in the bias the wrapper passes, and every step wraps modulo 2^32, so
+ * the int32 result equals qgemm.c's.
+ *
+ * Layout: X packed once per call (every tile of every image and group, over the pool), 16 columns a
+ * tile, [tile][k / 4][16 columns][4 k] bytes (the columns' quads: one vpmaddubsw operand per 8 columns
+ * and 4 k); the weights [M][Q] int32, each the 4 bytes of w[m, 4q .. 4q + 3] (Q = ceil(K / 4), zeros
+ * past K), broadcast; 4 rows x 16 columns a register tile; qgemm.c's requantization epilogue.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "optcli_native.h"
+#include "qconv_kernel.h"
+
+#define PW_MR 4
+#define PW_PANEL (96 * 1024) /* a band's packed columns */
+
+typedef struct {
+    qconv_t q;
+    const int32_t *wq;   /* [M][Q] main weights, 4 bytes each */
+    const int32_t *rptr; /* [M + 1]: row m's residual entries are rent[2 * rptr[m] .. 2 * rptr[m + 1]) */
+    const int32_t *rent; /* (quad index, 4 residual weight bytes) pairs */
+    uint8_t *xq;         /* the packed input [N * G][tiles][Q][64] */
+    int64_t Q, tiles, tstride; /* quads per column, tiles per image and group, bytes per tile */
+} pw_t;
+
+static inline int64_t pw_min(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* Quad q of the 16-column tile at column c (n columns valid) into dst (64 bytes), portable. */
+static void pack_quad_plain(const pw_t *p, const uint8_t *xg, int64_t hw, int64_t c, int64_t n, int64_t qd,
+                            uint8_t *dst) {
+    const uint8_t flip = p->q.xs ? 0x80 : 0;
+    memset(dst, 0, 64);
+    for (int i = 0; i < 4; i++) {
+        const int64_t k = 4 * qd + i;
+        if (k >= p->q.K) break;
+        const uint8_t *src = xg + k * hw + c;
+        for (int64_t j = 0; j < n; j++) dst[4 * j + i] = (uint8_t)(src[j] ^ flip);
+    }
+}
+
+#ifdef QG_X86
+/* The same quad from four rows of 16 bytes, interleaved by two rounds of unpacks. */
+__attribute__((target("avx2"))) static void pack_quad_avx2(const pw_t *p, const uint8_t *xg, int64_t hw, int64_t c,
+                                                           int64_t n, int64_t qd, uint8_t *dst) {
+    __m128i r[4];
+    const __m128i flip = _mm_set1_epi8(p->q.xs ? (char)0x80 : 0);
+    for (int i = 0; i < 4; i++) {
+        const int64_t k = 4 * qd + i;
+        if (k >= p->q.K) {
+            r[i] = _mm_setzero_si128();
+            continue;
+        }
+        const uint8_t *src = xg + k * hw + c;
+        if (n == TILE) {
+            r[i] = _mm_loadu_si128((const __m128i *)src);
+        } else {
+            uint8_t tmp[TILE] = {0};
+            memcpy(tmp, src, (size_t)n);
+            r[i] = _mm_loadu_si128((const __m128i *)tmp);
+        }
+        r[i] = _mm_xor_si128(r[i], flip);
+    }
+    const __m128i a = _mm_unpacklo_epi8(r[0], r[1]), b = _mm_unpackhi_epi8(r[0], r[1]);
+    const __m128i cc = _mm_unpacklo_epi8(r[2], r[3]), d = _mm_unpackhi_epi8(r[2], r[3]);
+    _mm_storeu_si128((__m128i *)dst, _mm_unpacklo_epi16(a, cc));
+    _mm_storeu_si128((__m128i *)(dst + 16), _mm_unpackhi_epi16(a, cc));
+    _mm_storeu_si128((__m128i *)(dst + 32), _mm_unpacklo_epi16(b, d));
+    _mm_storeu_si128((__m128i *)(dst + 48), _mm_unpackhi_epi16(b, d));
+}
+#endif
+
+/* Work item i of the pack: one tile of one image and group, all its quads. */
+static void pack_item(void *ctx, int64_t i) {
+    pw_t *p = ctx;
+    const qconv_t *q = &p->q;
+    const int64_t bg = i / p->tiles, t = i % p->tiles, b = bg / q->G, g = bg % q->G, hw = q->H * q->W;
+    const uint8_t *xg = q->x + (b * q->C + g * q->cg) * hw;
+    const int64_t c = t * TILE, n = pw_min(TILE, q->P - c);
+    uint8_t *dst = p->xq + i * p->tstride;
+    for (int64_t qd = 0; qd < p->Q; qd++, dst += 64) {
+#ifdef QG_X86
+        if (opt_qconv_avx2 == 1) {
+            pack_quad_avx2(p, xg, hw, c, n, qd, dst);
+            continue;
+        }
+#endif
+        pack_quad_plain(p, xg, hw, c, n, qd, dst);
+    }
+}
+
+#ifdef QG_X86
+/* Rows m and m + 1 (the second only where rows > 1) of 16 accumulators each, requantized and stored. */
+__attribute__((target("avx2"), always_inline)) static inline void pw_store2(const qconv_t *q, const rq_t *rq,
+                                                                           int64_t m, int rows, __m256i r0a,
+                                                                           __m256i r0b, __m256i r1a, __m256i r1b,
+                                                                           uint8_t *y, int64_t ystride, int64_t n) {
+    const __m256i v0 = rq_16(rq, r0a, r0b, q->bias[m], q->mult[m]);
+    const __m256i v1 = rows > 1 ? rq_16(rq, r1a, r1b, q->bias[m + 1], q->mult[m + 1]) : v0;
+    rq_store2(rq, v0, v1, y, rows > 1 ? y + ystride : NULL, n, 0);
+}
+
+/* Rows [m0, m0 + rows) (rows <= 4) by one packed tile: the main products, the rows' residuals, the
+ * requantized bytes.  `half`: only the tile's first 8 columns (n <= 8, a row's last columns: 7x7 planes end
+ * in a tile of one column), half the instructions. */
+__attribute__((target("avx2"), always_inline)) static inline void tile_body(const pw_t *p, int64_t m0, int rows,
+                                                                            const uint8_t *xp, uint8_t *y,
+                                                                            int64_t ystride, int64_t n,
+                                                                            const int half) {
+    const qconv_t *q = &p->q;
+    const int64_t Q = p->Q;
+    const int32_t *w0 = p->wq + m0 * Q, *w1 = w0 + (rows > 1 ? Q : 0), *w2 = w0 + (rows > 2 ? 2 * Q : 0),
+                  *w3 = w0 + (rows > 3 ? 3 * Q : 0);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
+            a31 = a00;
+#define PW_STEP(w, acc0, acc1)                                                                                   \
+    do {                                                                                                       \
+        const __m256i s = _mm256_set1_epi32(w);                                                                \
+        acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(_mm256_maddubs_epi16(b0, s), ones));                   \
+        if (!half) acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(_mm256_maddubs_epi16(b1, s), ones));        \
+    } while (0)
+    const uint8_t *x = xp;
+    for (int64_t qd = 0; qd < Q; qd++, x += 64) {
+        const __m256i b0 = _mm256_loadu_si256((const __m256i *)x);
+        const __m256i b1 = half ? b0 : _mm256_loadu_si256((const __m256i *)(x + 32));
+        PW_STEP(w0[qd], a00, a01);
+        PW_STEP(w1[qd], a10, a11);
+        PW_STEP(w2[qd], a20, a21);
+        PW_STEP(w3[qd], a30, a31);
+    }
+    /* each row's residuals summed apart and added to its accumulators (an array of them indexed by the row
+     * would live on the stack next to the products) */
+    for (int r = 0; r < rows; r++) {
+        const int32_t *e = p->rent + 2 * (int64_t)p->rptr[m0 + r], *end = p->rent + 2 * (int64_t)p->rptr[m0 + r + 1];
+        if (e == end) continue;
+        __m256i s0 = _mm256_setzero_si256(), s1 = s0;
+        for (; e < end; e += 2) {
+            const uint8_t *xr = xp + (int64_t)e[0] * 64;
+            const __m256i b0 = _mm256_loadu_si256((const __m256i *)xr);
+            const __m256i b1 = half ? b0 : _mm256_loadu_si256((const __m256i *)(xr + 32));
+            PW_STEP(e[1], s0, s1);
+        }
+        switch (r) {
+        case 0: a00 = _mm256_add_epi32(a00, s0), a01 = _mm256_add_epi32(a01, s1); break;
+        case 1: a10 = _mm256_add_epi32(a10, s0), a11 = _mm256_add_epi32(a11, s1); break;
+        case 2: a20 = _mm256_add_epi32(a20, s0), a21 = _mm256_add_epi32(a21, s1); break;
+        default: a30 = _mm256_add_epi32(a30, s0), a31 = _mm256_add_epi32(a31, s1); break;
+        }
+    }
+#undef PW_STEP
+    const rq_t rq = rq_init(q);
+    pw_store2(q, &rq, m0, rows, a00, half ? a00 : a01, a10, half ? a10 : a11, y, ystride, n);
+    if (rows > 2) pw_store2(q, &rq, m0 + 2, rows - 2, a20, half ? a20 : a21, a30, half ? a30 : a31, y + 2 * ystride,
+                            ystride, n);
+}
+
+__attribute__((target("avx2"), noinline)) static void pw_tile_avx2(const pw_t *p, int64_t m0, int rows,
+                                                                   const uint8_t *xp, uint8_t *y, int64_t ystride,
+                                                                   int64_t n) {
+    tile_body(p, m0, rows, xp, y, ystride, n, 0);
+}
+
+__attribute__((target("avx2"), noinline)) static void pw_tile8_avx2(const pw_t *p, int64_t m0, int rows,
+                                                                    const uint8_t *xp, uint8_t *y, int64_t ystride,
+                                                                    int64_t n) {
+    tile_body(p, m0, rows, xp, y, ystride, n, 1);
+}
+#endif
+
+/* The plain C tile: the same integers (main and residual weights summed per quad) and epilogue. */
+static void tile_plain(const pw_t *p, int64_t m0, int rows, const uint8_t *xp, uint8_t *y, int64_t ystride,
+                       int64_t n) {
+    for (int r = 0; r < rows; r++) {
+        const int64_t m = m0 + r;
+        uint32_t acc[TILE] = {0};
+        const int32_t *w = p->wq + m * p->Q;
+        for (int64_t qd = 0; qd < p->Q; qd++) {
+            const uint8_t *x = xp + qd * 64;
+            const uint32_t wv = (uint32_t)w[qd];
+            for (int i = 0; i < 4; i++) {
+                const int32_t wi = (int8_t)(uint8_t)(wv >> (8 * i));
+                for (int j = 0; j < TILE; j++) acc[j] += (uint32_t)(wi * (int32_t)x[4 * j + i]);
+            }
+        }
+        for (int64_t e = p->rptr[m]; e < p->rptr[m + 1]; e++) {
+            const uint8_t *x = xp + (int64_t)p->rent[2 * e] * 64;
+            const uint32_t wv = (uint32_t)p->rent[2 * e + 1];
+            for (int i = 0; i < 4; i++) {
+                const int32_t wi = (int8_t)(uint8_t)(wv >> (8 * i));
+                for (int j = 0; j < TILE; j++) acc[j] += (uint32_t)(wi * (int32_t)x[4 * j + i]);
+            }
+        }
+        int32_t sacc[TILE];
+        for (int j = 0; j < TILE; j++) sacc[j] = (int32_t)acc[j];
+        opt_requant_row(&p->q, sacc, n, m, y + r * ystride);
+    }
+}
+
+/* Work item: (image and group, band of columns, band of rows). */
+static void gemm_item(void *ctx, int64_t it) {
+    pw_t *p = ctx;
+    const qconv_t *q = &p->q;
+    const int64_t jm = it % q->nm, jn = (it / q->nm) % q->nn, bg = it / (q->nm * q->nn);
+    const int64_t b = bg / q->G, g = bg % q->G;
+    const int64_t c0 = jn * q->nb, nc = pw_min(q->P - c0, q->nb), m0 = jm * q->mb, mrows = pw_min(q->mg - m0, q->mb);
+    if (nc <= 0 || mrows <= 0) return;
+    const int64_t mbase = g * q->mg + m0;
+    uint8_t *yb = q->y + (b * q->M + mbase) * q->P + c0;
+    const uint8_t *xb = p->xq + (bg * p->tiles + c0 / TILE) * p->tstride;
+    for (int64_t t = 0; t * TILE < nc; t++) {
+        const int64_t n = pw_min(TILE, nc - t * TILE);
+        const uint8_t *xp = xb + t * p->tstride;
+        for (int64_t r = 0; r < mrows; r += PW_MR) {
+            const int rows = (int)pw_min(PW_MR, mrows - r);
+            uint8_t *dst = yb + r * q->P + t * TILE;
+#ifdef QG_X86
+            if (opt_qconv_avx2 == 1) {
+                (n > 8 ? pw_tile_avx2 : pw_tile8_avx2)(p, mbase + r, rows, xp, dst, q->P, n);
+                continue;
+            }
+#endif
+            tile_plain(p, mbase + r, rows, xp, dst, q->P, n);
+        }
+    }
+}
+
+OPT_API int optcli_qconv2d_pointwise(const void *x, const int32_t *wq, const int32_t *bias, const float *mult, void *y,
+                                     const int64_t *geom, const int32_t *qp) {
+    pw_t p = {.q = {.x = x, .bias = bias, .mult = mult, .y = y}, .wq = wq};
+    qconv_t *q = &p.q;
+    int rc = opt_qconv_setup(q, geom, qp);
+    if (rc) return rc;
+    if (!bias || q->KH != 1 || q->KW != 1 || q->sh != 1 || q->sw != 1 || q->pt || q->pl || q->OH != q->H ||
+        q->OW != q->W)
+        return OPT_EINVAL;
+    p.Q = (q->K + 3) / 4;
+    p.rptr = wq + q->M * p.Q;
+    p.rent = p.rptr + q->M + 1;
+    /* the residual lists in order (checked first: their ends bound what the second loop reads), each
+     * entry's quad within K */
+    if (p.rptr[0] != 0) return OPT_EINVAL;
+    for (int64_t m = 0; m < q->M; m++)
+        if (p.rptr[m + 1] < p.rptr[m]) return OPT_EINVAL;
+    for (int64_t e = 0; e < p.rptr[q->M]; e++)
+        if (p.rent[2 * e] < 0 || p.rent[2 * e] >= p.Q) return OPT_EINVAL;
+    if (q->N == 0 || q->P == 0) return 0;
+    p.tiles = (q->P + TILE - 1) / TILE;
+    p.tstride = p.Q * 64;
+    p.xq = malloc((size_t)(q->N * q->G * p.tiles * p.tstride));
+    if (!p.xq) return OPT_ENOMEM;
+    const int threads = optcli_get_num_threads();
+    const int64_t macs = q->N * q->M * q->K * q->P;
+    const int cap = macs < (1 << 18) ? 1 : 0;
+    opt_parallel(pack_item, &p, q->N * q->G * p.tiles, cap);
+    int64_t nb = PW_PANEL / p.tstride * TILE;
+    if (nb < TILE) nb = TILE;
+    if (nb > p.tiles * TILE) nb = p.tiles * TILE;
+    q->nb = nb;
+    q->nn = (q->P + nb - 1) / nb;
+    /* more threads than bands of columns: bands of rows too (each reads the one packed panel) */
+    const int64_t items = q->N * q->G * q->nn, want = cap || threads == 1 ? 1 : 4 * (int64_t)threads;
+    const int64_t split = items < want ? (want + items - 1) / items : 1;
+    q->mb = (q->mg + split - 1) / split;
+    q->mb = (q->mb + PW_MR - 1) / PW_MR * PW_MR;
+    q->nm = (q->mg + q->mb - 1) / q->mb;
+    opt_parallel(gemm_item, &p, items * q->nm, cap);
+    free(p.xq);
+    return 0;
+}
