@@ -143,6 +143,7 @@ OPT_API int optcli_conv2d_blocked_f32(const float *x, const float *packed, const
      * out to y and back once a block, 2-3% of its multiply-adds; from L2 the weights cost 20% */
     a.kc = ((int64_t)24 << 10) / (obt * a.KH * a.KW * a.B * (int64_t)sizeof(float));
     if (a.kc < 4) a.kc = 4;
+    if (a.ib == a.B) a.kc = a.kc < a.B ? a.B : a.kc / a.B * a.B; /* whole input blocks: see BC(tile) */
     a.ib_shift = a.ib == 16 ? 4 : a.ib == 8 ? 3 : a.ib == 4 ? 2 : 0;
     int64_t macs = a.N * a.M * a.OP * a.C * a.KH * a.KW;
     opt_parallel(fn, &a, a.N * a.ngroups * a.nbands, macs < (1 << 16) ? 1 : 0);

@@ -73,10 +73,13 @@ def _native_blocked() -> tuple[Any, Any] | None:
 FAST_BLOCKED_WIDTHS = (4, 8, 16)
 
 # Widths at which a blocked region's dense convs with a spatial window (3x3, 7x7: ResNet's) run as
-# the NCHW kernels between two conversions: at 8 the blocked dense tile (2 output vectors x 6
-# pixels, one broadcast per input channel and tap) took ResNet-18 to 75 ms where the implicit GEMM
-# took 53 (1 thread, AVX2); the conversions are in-register transposes, ~2% of such a conv.
+# the NCHW kernels between two conversions where their output rows are narrower than
+# ``DIRECT_MIN_COLUMNS`` (or their input is plain): at 8 the blocked dense tile (2 output vectors x
+# 6 pixels) fills rows of 14 or more pixels as well as the implicit GEMM fills its 16-column
+# tiles, and needs no conversions nor padded copy (~100-150 us a conv); on ResNet's 7 x 7 planes
+# its edge and remainder tiles (1 and 4 pixels) lose to the GEMM's 49 of 64 columns.
 DENSE_THROUGH_NCHW = (8,)
+DIRECT_MIN_COLUMNS = 14
 
 
 def block_width() -> int:
@@ -291,7 +294,8 @@ def conv_blocked(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list
         if plain and group == 1 and channels <= STEM_MAX_CHANNELS \
                 and native.stem_fits(channels, win.kernel, win.strides, win.out):
             call = _stem_then_blocked(w, b, geometry, block)
-        elif group == 1 and block in DENSE_THROUGH_NCHW and tuple(w.shape[2:]) != (1, 1):
+        elif group == 1 and block in DENSE_THROUGH_NCHW and tuple(w.shape[2:]) != (1, 1) \
+                and (plain or win.out[1] < DIRECT_MIN_COLUMNS):
             pass  # the NCHW kernels between conversions, below
         elif group == 1:
             packed = _packed(attrs, "nchwc conv", w, block, mods[0].pack_conv_weights)

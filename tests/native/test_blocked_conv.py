@@ -35,6 +35,12 @@ CASES = [
     ("many input blocks", 1, 300, 20, 5, 5, 3, 1, 1, (1, 1, 1, 1)),
     # a pointwise input past 256 KB: bands of ~64 KB, every output group in turn within a band
     ("pointwise past L2 n2", 2, 21, 40, 61, 67, 1, 1, 1, (0, 0, 0, 0)),
+    # whole input blocks (the tile's unrolled-lane path) with dilation, strides, asymmetric pads,
+    # rows of 1-3 pixels (the narrow tiles' split accumulators) and a partial last block
+    ("blocks dilated asym", 1, 16, 24, 12, 13, 3, 1, 2, (2, 1, 0, 3)),
+    ("blocks narrow rows s2 n2", 2, 24, 17, 5, 3, 3, 2, 1, (1, 0, 0, 1)),
+    ("blocks 5x5 s2 d2 + partial", 1, 43, 16, 15, 16, 5, 2, 2, (3, 2, 1, 4)),
+    ("blocks 1 wide", 1, 32, 16, 9, 1, 3, 1, 1, (1, 1, 1, 1)),
 ]
 
 

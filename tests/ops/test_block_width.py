@@ -1,7 +1,8 @@
 """Which block width the host's blocked regions run with (ops/blocked.py ``block_width``): the
 library's vector width where its blocked kernels pay (4 on aarch64, 8 with AVX2, 16 with AVX-512);
-``OPTCLI_HOST_BLOCKED`` overrides.  At 8 the dense convs with a spatial window run as the NCHW
-kernels between two conversions (``DENSE_THROUGH_NCHW``)."""
+``OPTCLI_HOST_BLOCKED`` overrides.  At 8 the dense convs with a spatial window and output rows
+narrower than ``DIRECT_MIN_COLUMNS`` run as the NCHW kernels between two conversions
+(``DENSE_THROUGH_NCHW``)."""
 
 from __future__ import annotations
 
@@ -47,10 +48,12 @@ def test_without_the_library_it_is_one(monkeypatch):
     assert blocked.block_width() == 1
 
 
-def test_dense_spatial_convs_run_through_nchw_at_width_8(monkeypatch):
-    """At B = 8 a blocked region's 3x3 dense conv runs the NCHW kernel between two conversions (the
-    blocked dense tile was 40% slower than the implicit GEMM on AVX2); its 1x1 and depthwise convs
-    and the other widths keep the blocked kernels.  The results are the NCHW conv's either way."""
+@pytest.mark.parametrize("width, narrow", [(11, True), (blocked.DIRECT_MIN_COLUMNS, False)])
+def test_dense_spatial_convs_on_narrow_rows_run_through_nchw_at_width_8(monkeypatch, width, narrow):
+    """At B = 8 a blocked region's 3x3 dense conv with output rows narrower than DIRECT_MIN_COLUMNS
+    runs the NCHW kernel between two conversions (there the blocked tile's edge and remainder tiles
+    lose to the implicit GEMM on AVX2); on wider rows, its 1x1 and depthwise convs and at the other
+    widths the blocked kernels run.  The results are the NCHW conv's either way."""
     import numpy as np
 
     from optcli import native
@@ -60,7 +63,7 @@ def test_dense_spatial_convs_run_through_nchw_at_width_8(monkeypatch):
     if not native.available() or blocked._native_blocked() is None:
         pytest.skip("needs the native library's blocked kernels")
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((1, 16, 9, 11)).astype(np.float32)
+    x = rng.standard_normal((1, 16, 9, width)).astype(np.float32)
     calls = []
     real = blocked._conv_plain
     monkeypatch.setattr(blocked, "_conv_plain", lambda i, a: calls.append(i[1].shape) or real(i, a))
@@ -73,6 +76,6 @@ def test_dense_spatial_convs_run_through_nchw_at_width_8(monkeypatch):
             y = blocked.conv_blocked([blocked.to_blocked(x, block), w, None], full)[0]
             want = conv.conv_im2col([x, w, None], dict(full))[0]
             np.testing.assert_allclose(blocked.from_blocked(y, ws[0]), want, rtol=1e-4, atol=1e-4)
-            through_nchw = block in blocked.DENSE_THROUGH_NCHW and ws[2:] == (3, 3) and ws[1] > 1
+            through_nchw = block in blocked.DENSE_THROUGH_NCHW and ws[2:] == (3, 3) and ws[1] > 1 and narrow
             assert bool(calls) == through_nchw, (block, ws)
 
