@@ -42,7 +42,10 @@ HOT_CLONES static void act_item(void *ctx, int64_t it) {
         } else if (a->x != a->y) {
             memcpy(a->y + i, a->x + i, (size_t)len * sizeof(float));
         }
-        act_span(a->y + i, len, a->act, a->alpha, a->beta);
+        if (a->act == ACT_TANH)
+            act8_span(a->y + i, len, ACT_TANH); /* 8 lanes: half act_span's time (simd.h) */
+        else
+            act_span(a->y + i, len, a->act, a->alpha, a->beta);
     }
 }
 

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 9 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 10 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -104,6 +104,10 @@ OPT_API int optcli_conv2d_blocked_f32(const float *x, const float *packed, const
 OPT_API int optcli_activation_f32(const float *x, float *y, int64_t n, int act, float alpha, float beta);
 /* y = act(x + b) over n floats (a residual Add and its fused activation in one pass); y may be x or b. */
 OPT_API int optcli_add_f32(const float *x, const float *b, float *y, int64_t n, int act, float alpha, float beta);
+/* A fully connected layer over a few rows (fc_rows.c): y [rows, n] = act(x [rows, k] @ w [k, n] + bias [n]),
+ * all row-major and contiguous; bias may be NULL; y must not overlap x, w or bias. */
+OPT_API int optcli_fc_rows_f32(const float *x, const float *w, const float *bias, float *y, int64_t rows,
+                               int64_t k, int64_t n, int act, float alpha, float beta);
 /* LayerNormalization of x [outer, c, inner] over its c axis: y (same layout) = (x - mean) / sqrt(var + eps)
  * * scale[k] + bias[k]; mean and inv (1 / sqrt(var + eps)), [outer, inner], are written when not NULL.
  * bias may be NULL; eps must be > 0. */

@@ -7,7 +7,7 @@ This face re-exports what the package calls as ``native.<name>``; the code lives
 - ``library``: loading (``_lib``, the one ctypes handle, None without the library), the ABI table,
   ``available``/``status``, thread control and threadpoolctl, ``NativeError``;
 - ``caches``: data addresses of read-only arrays, geometry arrays, ``derived``;
-- one wrapper module per C file: ``window`` (depthwise conv, pooling), ``stem``, ``gemm``,
+- one wrapper module per C file: ``window`` (depthwise conv, pooling), ``stem``, ``gemm``, ``fc_rows``,
   ``epilogue``, ``elementwise``, ``blocked_conv`` and ``blocked_window`` (the NCHWc layout, imported
   by optcli/ops/blocked.py when it needs them), ``qgemm`` and ``qelementwise`` (the integer convs and
   adds of optcli.QConv and optcli.QAdd, imported by optcli/ops/qconv.py and qadd.py).
@@ -16,8 +16,9 @@ This face re-exports what the package calls as ``native.<name>``; the code lives
 from optcli.activation_codes import ACTIVATION_CODES
 from optcli.native import library
 from optcli.native.caches import derived
-from optcli.native.elementwise import activation, add, from_half, layer_norm, row_mean, to_half
+from optcli.native.elementwise import activation, activation_, add, from_half, layer_norm, row_mean, to_half
 from optcli.native.epilogue import bias_activation_, channel_affine
+from optcli.native.fc_rows import prepared_fc_rows
 from optcli.native.gemm import conv2d_gemm, gemm_conv, pack_panels, prepared_conv2d_gemm, prepared_gemm_conv
 from optcli.native.library import (
     LIB_PREFIX,
@@ -35,10 +36,11 @@ from optcli.native.upsample import transpose_conv_taps, upsample_nearest
 from optcli.native.window import depthwise_conv2d, depthwise_fits, pool2d, prepared_depthwise_conv2d
 
 __all__ = [
-    "ACTIVATION_CODES", "LIB_PREFIX", "NativeError", "activation", "add", "available", "bias_activation_",
-    "channel_affine", "conv2d_gemm", "depthwise_conv2d", "depthwise_fits", "derived", "from_half", "gemm_conv",
+    "ACTIVATION_CODES", "LIB_PREFIX", "NativeError", "activation", "activation_", "add", "available",
+    "bias_activation_", "channel_affine", "conv2d_gemm", "depthwise_conv2d", "depthwise_fits", "derived", "from_half",
+    "gemm_conv",
     "get_num_threads", "layer_norm", "library", "library_path", "note_unavailable", "pack_panels", "pool2d",
-    "prepared_conv2d_gemm", "prepared_depthwise_conv2d", "prepared_stem_conv2d",
+    "prepared_conv2d_gemm", "prepared_depthwise_conv2d", "prepared_fc_rows", "prepared_stem_conv2d",
     "prepared_gemm_conv", "row_mean", "set_num_threads", "status", "stem_conv2d",
     "stem_fits", "stem_fits_grouped", "to_half", "transpose_conv_taps", "upsample_nearest", "vector_width",
 ]

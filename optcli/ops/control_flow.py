@@ -201,6 +201,8 @@ class Body:
 
 
 _ABSENT = object()
+_TRUE = np.array(True)  # a Loop body's cond_in: true in every iteration that runs (read-only, as constants are)
+_TRUE.setflags(write=False)
 
 
 def _straight_line(program: tuple) -> Any:
@@ -279,6 +281,8 @@ def _body_kernel(op_type: str, domain: str):
 
 
 def _as_bool(v) -> bool:
+    if type(v) is np.ndarray and v.ndim == 0:  # a Loop's condition every iteration
+        return bool(v)
     a = np.asarray(v)
     if a.size != 1:
         raise IndexError(f"a condition holds {a.size} values; one is expected")
@@ -328,7 +332,7 @@ class ControlFlow:
         it = 0
         while go and (trips is None or it < trips):
             counter.tick()
-            outs = body.run_inputs([np.array(it, np.int64), np.array(go), *carried], env)
+            outs = body.run_inputs([np.array(it, np.int64), _TRUE, *carried], env)
             go = _as_bool(outs[0])
             carried = outs[1:1 + n_carried]
             for k in range(n_scans):

@@ -122,6 +122,11 @@ _SMALL_FC_MACS = BLAS_ONE_THREAD_MACS  # rows x K x N: at most this
 def fully_connected(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """``X @ W + B`` over the last axis of X (W is [K, N]), then the fused activation epilogue."""
     x, w, bias = inputs[0], inputs[1], _opt(inputs, 2)
+    rows_fc = _fc_rows(attrs, w, bias)
+    if rows_fc is not None:
+        y = rows_fc(x)
+        if y is not None:
+            return [y]
     small = _small_fc(attrs, w, bias)
     if small is not None and type(x) is np.ndarray and x.dtype is _F32 and 0 < x.size and x.ndim \
             and x.shape[-1] == w.shape[0] and x.size * w.shape[1] <= _SMALL_FC_MACS:
@@ -166,6 +171,45 @@ def fully_connected(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
 
 
 _F32 = np.dtype(np.float32)
+
+
+def _fc_rows(attrs: dict[str, Any], w: Any, bias: Any) -> Any:
+    """The step's product over 1 to ``native.gemm.FC_ROWS_MAX`` rows in the native library
+    (``native.prepared_fc_rows``: one C call with bias and activation, W as the model holds it) as a
+    function of X giving None for an X it does not take, or None where it does not apply: no
+    library, no step memo, W not a float32 matrix (or larger than that kernel takes: a large head
+    keeps the GEMM's threads), a bias not of N floats.  Made once per step while the
+    same weight and bias arrays come back (a Loop body's cell every iteration)."""
+    memo = attrs.memo if type(attrs) is StepAttrs else None
+    if memo is None:
+        return None
+    hit = memo.get("fc rows")
+    if hit is not None and hit[0] is w and hit[1] is bias:
+        return hit[2]
+    run = None
+    # below numpy's gemv threshold with nothing fused, numpy's product and bias (_small_fc) cost
+    # ~1 us less than the C call's ten arguments (a decoder's 96x30 logits: 3.9 against 5.1 us)
+    plain = type(w) is np.ndarray and w.size < _SMALL_FC and epilogue(attrs)[0] is None \
+        and output_quant(attrs) is None
+    if native.available() and not plain and type(w) is np.ndarray and w.ndim == 2 and w.dtype is _F32 and w.size \
+            and (bias is None or (type(bias) is np.ndarray and bias.dtype is _F32
+                                  and bias.shape in ((w.shape[1],), (1, w.shape[1])))):
+        b = None if bias is None else np.ascontiguousarray(bias.reshape(-1))
+        call = native.prepared_fc_rows(np.ascontiguousarray(w), b, *epilogue(attrs))
+        quant = output_quant(attrs)
+        run = call if quant is None or call is None else _then_fake_quantize(call, quant)
+    memo["fc rows"] = (w, bias, run)
+    return run
+
+
+def _then_fake_quantize(call: Any, quant: tuple) -> Any:
+    """``call`` followed by the step's fused FakeQuant (a quantized model's head)."""
+
+    def run(x: np.ndarray) -> np.ndarray | None:
+        y = call(x)
+        return None if y is None else fake_quantize(y, *quant)
+
+    return run
 
 
 def _small_fc(attrs: dict[str, Any], w: Any, bias: Any) -> Any:

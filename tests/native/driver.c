@@ -19,6 +19,7 @@
  * Kind 17 (grouped stem conv): as kind 8, then after the header int64 groups; w is [M, C / groups, KH, KW].
  * Kind 18 (upsample.c): geometry = the 8 values of optcli_upsample_taps_f32 (planes, channels, H, W, KH,
  * KW, plane stride, tap stride); arrays src [planes * plane stride], bias [channels].
+ * Kind 19 (few-row fully connected, fc_rows.c): geometry = rows, k, n; arrays x [rows, k], w [k, n], bias [n].
  * Kinds 12-14, the channel-blocked layout (blocked_window.c): geometry = the 15 values of
  * optcli_dwconv2d_blocked_f32 (N, Cb, H, W, KH, KW, strides, dilations, pad_top, pad_left, OH, OW, B).
  * 12 (depthwise): arrays x [N, Cb, H, W, B], packed w [Cb, KH, KW, B], bias [Cb * B];
@@ -215,6 +216,14 @@ static int run_case(const char *in, const char *out) {
         rc = optcli_activation_f32(x, ny % 2 ? y : x, ny, act, alpha, beta); /* odd sizes out of place */
         if (ny % 2 == 0) memcpy(y, x, (size_t)ny * sizeof(float));
         free(x);
+    } else if (h[0] == 19) {
+        int64_t rows = g[0], k = g[1], n = g[2];
+        float *x = read_floats(f, rows * k), *w = read_floats(f, k * n);
+        float *b = has_bias ? read_floats(f, n) : NULL;
+        ny = rows * n;
+        y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
+        rc = optcli_fc_rows_f32(x, w, b, y, rows, k, n, act, alpha, beta);
+        free(x), free(w), free(b);
     } else if (h[0] == 9) {
         ny = g[0];
         float *x = read_floats(f, ny), *b = read_floats(f, ny);

@@ -186,6 +186,16 @@ def _elementwise_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
         with open(src, "wb") as f:
             f.write(np.array(head, np.int64).tobytes() + x.tobytes() + b.tobytes())
         cases.append((src, dst, want, f"add + {act} over {n}"))
+    for i, (rows, k, n) in enumerate([(1, 1, 1), (1, 96, 288), (3, 13, 45), (5, 7, 5), (8, 300, 131)]):
+        act = [None, "sigmoid", "tanh", "relu", "gelu"][i]
+        x = rng.standard_normal((rows, k)).astype(np.float32)
+        w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+        b = rng.standard_normal(n).astype(np.float32) if i % 2 == 0 else None
+        pre = x.astype(np.float64) @ w.astype(np.float64) + (0 if b is None else b)
+        want = apply_activation(pre.astype(np.float32), act, *ACT_PARAMS.get(act, (0.0, 0.0)))
+        src, dst = tmp / f"fcrows{i}.in", tmp / f"fcrows{i}.out"
+        _write_case(src, 19, act, [rows, k, n], [x, w, b])
+        cases.append((src, dst, want, f"fc rows {rows}x{k}x{n} {act} bias={b is not None}"))
     for i, (rows, n) in enumerate([(1, 1), (7, 13), (3, 5000)]):
         x = (rng.standard_normal((rows, n)) + 3).astype(np.float32)
         src, dst = tmp / f"mean{i}.in", tmp / f"mean{i}.out"

@@ -109,6 +109,33 @@ def test_standalone_activations_match_numpy_and_onnxruntime(kernel, name, attrs,
     assert_close(got, run_ort(single_node_model(op, {"x": x}, attrs=attrs), {"x": x})[0], what=f"{name} vs ort")
 
 
+def test_tanh_in_eight_lanes_keeps_extremes_and_nan(threads):
+    """A stand-alone tanh runs tanh8 (elementwise.c): its polynomial below 0.625, the exp form above,
+    the clamp at 10, the sign and NaN from the bits, and the lanes past the last whole vector."""
+    x = np.concatenate([_x(1013), np.array([0.0, -0.0, 0.6249, 0.6251, -9.99, 10.01, 88.0, -1e30, np.inf, -np.inf,
+                                            np.nan, 1e-30, -3e-8], np.float32)])
+    got = native.activation(x, "tanh")
+    assert_close(got, np.tanh(x.astype(np.float64)).astype(np.float32), what="tanh8 vs float64")
+    assert np.isnan(got[-3]) and np.signbit(got[1013 + 1]) and got[1013 + 8] == 1.0 and got[1013 + 9] == -1.0
+
+
+def test_small_sigmoid_epilogue_is_one_native_call_in_place(native_lib, monkeypatch):
+    """A fused sigmoid on a GRU's gates (96 floats: below _SMALL_ACTIVATION) is one native call on
+    the array itself (native.activation_), not numpy's passes; its answer is the float64 one."""
+    from optcli.ops.activation import activate
+
+    seen = []
+    real = native.activation_
+    monkeypatch.setattr(native, "activation_", lambda y, *a: seen.append(y) or real(y, *a))
+    y = _x((1, 96), 6.0)
+    want = (1.0 / (1.0 + np.exp(-y.astype(np.float64)))).astype(np.float32)
+    got = activate(y, "sigmoid")
+    assert got is y and len(seen) == 1 and seen[0] is y
+    assert_close(got, want, what="sigmoid of 96 gates")
+    with pytest.raises(native.NativeError):  # not converted: a non-contiguous array is refused
+        native.activation_(np.zeros((4, 4), np.float32)[:, ::2], "sigmoid")
+
+
 def test_activation_refuses_unknown_codes(native_lib):
     x = np.zeros(8, np.float32)
     for code in (-1, len(native.ACTIVATION_CODES)):

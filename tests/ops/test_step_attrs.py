@@ -120,10 +120,12 @@ def test_prepared_native_call_matches_and_steps_aside(kind):
         w = rng.standard_normal((24, 32, 3)).astype(np.float32)
         attrs = kernel_attrs({"kernel_shape": [3], "pads": [2, 1], "dilations": [2], "activation": "relu"}, 1, {})
         fn, other_x = conv.conv_by_shape, rng.standard_normal((2, 32, 7)).astype(np.float32)
-    elif kind == "fc":  # a classifier head: one row, W [K, N] (above gemm._SMALL_FC: smaller ones run in numpy)
+    elif kind == "fc":  # a classifier head: one row, W [K, N] (above the few-row kernel's size: smaller ones run it)
+        from optcli.native.fc_rows import FC_ROWS_MAX_WEIGHTS
+
         x = rng.standard_normal((1, 1024)).astype(np.float32)
-        w = rng.standard_normal((1024, 80)).astype(np.float32)
-        assert w.size > gemm._SMALL_FC
+        w = rng.standard_normal((1024, 160)).astype(np.float32)
+        assert w.size > max(gemm._SMALL_FC, FC_ROWS_MAX_WEIGHTS)
         attrs = kernel_attrs({"activation": "relu"}, 1, {})
         fn, other_x = gemm.fully_connected, rng.standard_normal((1, 1, 1024)).astype(np.float32)
     else:
@@ -159,7 +161,7 @@ def test_prepared_native_call_matches_and_steps_aside(kind):
         for args in ([np.asfortranarray(x), w, b], [x, w.copy(), b], [x, w, None], [other_x, w, b]):
             got = fn(args, attrs)[0]
             want = fn(args, plain)[0]  # a plain dict: never prepared
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)  # native vs numpy sums: fp32 rounding
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)  # native vs numpy sums: fp32 rounding
     # A Fortran-ordered copy of x is the same input: the 1x1 and im2col steps make it C-contiguous
     # (their GEMM would copy it anyway) and take the prepared call; depthwise reads x in place.
     assert len(calls) == (1 if kind == "depthwise" else 2), "the prepared call ran for an input it was not made for"
@@ -229,22 +231,24 @@ def test_prepared_pool_matches_and_steps_aside(op):
 
 
 @pytest.mark.skipif(not native.available(), reason="the native library is not built here")
-def test_prepared_head_keeps_its_fake_quant():
+@pytest.mark.parametrize("n, key", [(80, "fc rows"), (160, "prepared fc")])
+def test_prepared_head_keeps_its_fake_quant(n, key):
     """A quantized model's classifier head (FullyConnected with its logits' QuantizeLinear -> DequantizeLinear
-    fused, ``activation_quant``) takes the prepared call too, and the prepared call applies the FakeQuant:
-    its outputs sit on the grid, equal to the unprepared native result."""
+    fused, ``activation_quant``) takes the prepared call too (the few-row kernel's up to its size, the
+    GEMM's above), and the prepared call applies the FakeQuant: its outputs sit on the grid, equal to
+    the unprepared native result."""
     from optcli.ops import gemm
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal((1, 1024)).astype(np.float32)  # W above gemm._SMALL_FC: the native head
-    w = (rng.standard_normal((1024, 80)) / 8).astype(np.float32)
-    b = rng.standard_normal(80).astype(np.float32)
+    w = (rng.standard_normal((1024, n)) / 8).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
     w.flags.writeable = b.flags.writeable = False
     scale, zp = 0.05, 128.0
     attrs = kernel_attrs({"activation_quant": [scale, zp, 0.0, 255.0]}, 1, {})
     first = gemm.fully_connected([x, w, b], attrs)[0]
     first = gemm.fully_connected([x, w, b], attrs)[0]  # W.T is derived from the second sighting on
-    assert "prepared fc" in attrs.memo, "the head was not prepared"
+    assert attrs.memo.get(key, (None,))[-1] is not None, "the head was not prepared"
     got = gemm.fully_connected([x, w, b], attrs)[0]
     np.testing.assert_array_equal(got, first)
     steps = got / np.float32(scale) + zp

@@ -1,0 +1,50 @@
+"""A fully connected layer over a few rows: ``act(x @ w + bias)`` with W as the model holds it
+(kernels/host/fc_rows.c)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from optcli.activation_codes import ACTIVATION_CODES
+from optcli.native import library
+from optcli.native.caches import _ptr
+from optcli.native.library import _check, require
+
+FC_ROWS_MAX = 8  # rows of X up to which fc_rows runs (a Loop body's cell, a classifier's head)
+FC_ROWS_MAX_WEIGHTS = 1 << 17  # W's elements (512 KiB) up to which it does: larger heads keep the GEMM
+
+
+def prepared_fc_rows(w: np.ndarray, bias: np.ndarray | None, activation: str | None, alpha: float, beta: float):
+    """``act(x @ w + bias)`` for x of 1 to ``FC_ROWS_MAX`` rows over its last axis (kernels/host/fc_rows.c),
+    worked out once for one weight: a function of ``x`` (float32, last axis K) that returns
+    [..., N], or None where x is not such an array; None instead of a function where W holds more
+    than ``FC_ROWS_MAX_WEIGHTS`` elements.  W [K, N] and the bias are taken as the model
+    holds them (no W.T made); per call one output array, two addresses and one C call, where
+    numpy took three calls (product, bias, activation) and the GEMM conv ~8 us of argument
+    passing around a product of ~1 us (a decoder's GRU gates in a Loop)."""
+    require(library._lib is not None and w.ndim == 2 and w.dtype == np.float32 and w.flags.c_contiguous
+            and 1 <= w.shape[0] and 1 <= w.shape[1], 'fc rows')
+    require(bias is None or (bias.dtype == np.float32 and bias.shape == (w.shape[1],) and bias.flags.c_contiguous),
+            'fc rows')
+    if w.size > FC_ROWS_MAX_WEIGHTS:
+        return None
+    k, n = w.shape
+    fn, w_addr, b_addr, code = library._lib.optcli_fc_rows_f32, _ptr(w), _ptr(bias), ACTIVATION_CODES[activation]
+    empty, f32, nd = np.empty, np.float32, np.ndarray
+
+    def call(x: np.ndarray) -> np.ndarray | None:
+        if type(x) is not nd or x.dtype != f32 or not x.ndim or x.shape[-1] != k:
+            return None
+        rows = x.size // k
+        if not 1 <= rows <= FC_ROWS_MAX:
+            return None
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+        y = empty(x.shape[:-1] + (n,), f32)
+        rc = fn(_ptr(x), w_addr, b_addr, _ptr(y), rows, k, n, code, alpha, beta)
+        if rc:
+            _check(rc, "fc rows")
+        return y
+
+    call.keep = (w, bias)  # what the addresses point into
+    return call

@@ -1,0 +1,105 @@
+"""The few-row fully connected kernel (kernels/host/fc_rows.c, ``native.prepared_fc_rows``) against
+a float64 product: 1 to 8 rows (a row group of four and its remainder), K of 1 and primes, N below
+one vector, between vectors and past a whole register tile, every fused activation, with and
+without bias, non-contiguous and higher-rank X, 1 and 2 threads (the threaded split of column tiles
+on a large product); and ``FullyConnected`` in a Loop-like step taking it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from optcli import native
+from optcli.ops.activation import apply_activation
+from optcli.ops.gemm import fully_connected
+from optcli.ops.registry import StepAttrs
+from tests.helpers import assert_close
+from tests.native.cases import ACT_PARAMS
+
+RNG = np.random.default_rng(23)
+
+
+def _reference(x, w, b, act):
+    y = x.astype(np.float64).reshape(-1, w.shape[0]) @ w.astype(np.float64)
+    if b is not None:
+        y = y + b
+    a, be = ACT_PARAMS.get(act, (0.0, 0.0))
+    y = apply_activation(y.astype(np.float32), act, a, be)
+    return y.reshape(x.shape[:-1] + (w.shape[1],))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8])
+@pytest.mark.parametrize("k,n", [(1, 1), (7, 5), (96, 8), (13, 30), (126, 288), (3, 33), (5, 71)])
+def test_fc_rows_matches_float64(rows, k, n, pool_threads):
+    x = RNG.standard_normal((rows, k)).astype(np.float32)
+    w = RNG.standard_normal((k, n)).astype(np.float32)
+    b = RNG.standard_normal(n).astype(np.float32)
+    for bias in (b, None):
+        got = native.prepared_fc_rows(w, bias, None, 0.0, 0.0)(x)
+        assert_close(got, _reference(x, w, bias, None), what=f"rows {rows} k {k} n {n} bias {bias is not None}")
+
+
+@pytest.mark.parametrize("act", list(ACT_PARAMS))
+def test_fc_rows_fused_activation(act, pool_threads):
+    x = RNG.standard_normal((3, 19)).astype(np.float32)
+    w = RNG.standard_normal((19, 45)).astype(np.float32)  # a whole tile, a partial one, 5 columns alone
+    b = RNG.standard_normal(45).astype(np.float32)
+    got = native.prepared_fc_rows(w, b, act, *ACT_PARAMS[act])(x)
+    assert_close(got, _reference(x, w, b, act), what=act)
+
+
+def test_fc_rows_threaded_split_of_a_large_product(pool_threads):
+    """8 x 300 x 131 multiply-adds: over the kernel's threshold, so at 2 threads the column tiles
+    go to the pool, the last (with the 3 columns past the vectors) included."""
+    x = RNG.standard_normal((8, 300)).astype(np.float32)
+    w = RNG.standard_normal((300, 131)).astype(np.float32)
+    b = RNG.standard_normal(131).astype(np.float32)
+    assert_close(native.prepared_fc_rows(w, b, "relu", 0.0, 0.0)(x), _reference(x, w, b, "relu"))
+
+
+def test_fc_rows_shapes_it_takes_and_refuses(native_lib):
+    w = RNG.standard_normal((6, 10)).astype(np.float32)
+    call = native.prepared_fc_rows(w, None, None, 0.0, 0.0)
+    x3 = RNG.standard_normal((1, 2, 6)).astype(np.float32)  # rank 3: rows over the leading axes
+    assert_close(call(x3), _reference(x3, w, None, None))
+    xt = RNG.standard_normal((6, 2)).astype(np.float32).T  # not contiguous: copied, same answer
+    assert_close(call(xt), _reference(np.ascontiguousarray(xt), w, None, None))
+    assert call(RNG.standard_normal((9, 6)).astype(np.float32)) is None  # more rows than it takes
+    assert call(RNG.standard_normal((2, 6))) is None  # float64
+    assert call(RNG.standard_normal((2, 5)).astype(np.float32)) is None  # K differs
+    assert native.prepared_fc_rows(np.zeros((1024, 129), np.float32), None, None, 0.0, 0.0) is None  # too large
+
+
+def test_fully_connected_step_runs_fc_rows(native_lib, monkeypatch):
+    """A bound FullyConnected step on one row (a Loop body's GRU gate) makes the few-row call once
+    and keeps it while the same weights come back; its answer is the float64 one."""
+    made = []
+    real = native.prepared_fc_rows
+
+    def counted(*args):
+        made.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(native, "prepared_fc_rows", counted)
+    w = RNG.standard_normal((23, 37)).astype(np.float32)
+    b = RNG.standard_normal((1, 37)).astype(np.float32)  # a [1, N] bias taken as [N]
+    attrs = StepAttrs({"activation": "sigmoid", "activation_alpha": 0.0, "activation_beta": 0.0})
+    for _ in range(3):
+        x = RNG.standard_normal((1, 23)).astype(np.float32)
+        (y,) = fully_connected([x, w, b], attrs)
+        assert_close(y, _reference(x, w, b.reshape(-1), "sigmoid"))
+    assert len(made) == 1
+
+
+def test_small_plain_layer_stays_in_numpy(native_lib, monkeypatch):
+    """Below numpy's gemv threshold with no activation or FakeQuant fused (a decoder's 96x30 logits),
+    numpy's product and bias run: the C call's arguments cost more than they save there."""
+    from optcli.ops import gemm
+
+    monkeypatch.setattr(native, "prepared_fc_rows", lambda *a: pytest.fail("fc_rows taken for a small plain layer"))
+    w = RNG.standard_normal((96, 30)).astype(np.float32)
+    assert w.size < gemm._SMALL_FC
+    x = RNG.standard_normal((1, 96)).astype(np.float32)
+    (y,) = fully_connected([x, w, None], StepAttrs({}))
+    assert_close(y, _reference(x, w, None, None))
+
