@@ -279,8 +279,9 @@ def _dynamic_quantize_matmul_f32(a: np.ndarray, b: np.ndarray, b_scale: np.ndarr
     model's [1, 100, 64] x [64, 29] layer: ~90 -> ~25 us.  None where it does not apply (a
     non-finite A, whose quantization the general path defines; an empty one; B not a 2-D 8-bit
     matrix), and the caller takes the general path."""
+    n = b.shape[-1] if b.ndim else 0
     if not (a.ndim >= 1 and a.size and b.ndim == 2 and b.dtype in (np.int8, np.uint8) and a.shape[-1] == b.shape[0]
-            and b_scale.size in (1, b.shape[1]) and (bias is None or np.shape(bias) in ((b.shape[1],), (1, b.shape[1])))):
+            and b_scale.size in (1, n) and (bias is None or np.shape(bias) in ((n,), (1, n)))):
         return None
     lo, hi = a.min(), a.max()
     if not (math.isfinite(lo) and math.isfinite(hi)):

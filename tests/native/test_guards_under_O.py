@@ -32,8 +32,8 @@ cases = {
     "gemm_conv bias length": lambda: native.gemm_conv(np.ones((8, 6), f), np.ones((1, 6, 10), f), np.ones(3, f)),
     "stem_conv2d channels": lambda: native.stem_conv2d(np.ones((1, 3, 8, 8), f), np.ones((4, 2, 3, 3), f), None,
                                                        (1, 1), (1, 1), (1, 1), (8, 8)),
-    "prepared_stem_conv2d channels": lambda: native.prepared_stem_conv2d((1, 3, 8, 8), np.ones((4, 2, 3, 3), f), None,
-                                                                         (1, 1), (1, 1), (1, 1), (8, 8), None, 0.0, 0.0),
+    "prepared_stem_conv2d channels": lambda: native.prepared_stem_conv2d(
+        (1, 3, 8, 8), np.ones((4, 2, 3, 3), f), None, (1, 1), (1, 1), (1, 1), (8, 8), None, 0.0, 0.0),
     "upsample_nearest rank": lambda: native.upsample_nearest(np.ones((3, 8, 8), f), 2, 2),
     "transpose_conv_taps columns": lambda: native.transpose_conv_taps(np.ones((1, 12, 16), f), None, 1, 4, 4, 4, 2, 2),
     "transpose_conv_taps bias": lambda: native.transpose_conv_taps(np.ones((1, 16, 16), f), np.ones(3, f),

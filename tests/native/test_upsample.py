@@ -80,8 +80,8 @@ def test_conv_transpose_with_taps_side_by_side(shape, kernel, act, native_lib, m
     calls = _count_calls(monkeypatch)
     got = conv_transpose([x, w, b], attrs)[0]
     assert len(calls) == 1
-    pre = _ort(helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], kernel_shape=list(kernel),
-                                strides=list(kernel)), [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")], x)
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], kernel_shape=list(kernel), strides=list(kernel))
+    pre = _ort(node, [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")], x)
     want = pre if act is None else apply_activation(pre.copy(), act, *ACT_PARAMS[act])
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -89,7 +89,8 @@ def test_conv_transpose_with_taps_side_by_side(shape, kernel, act, native_lib, m
         np.testing.assert_allclose(conv_transpose([x, w, b], attrs)[0], got, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("attrs", [{"strides": [2, 2], "pads": [1, 0, 1, 0]}, {"strides": [2, 2], "output_padding": [1, 1]},
+@pytest.mark.parametrize("attrs", [{"strides": [2, 2], "pads": [1, 0, 1, 0]},
+                                   {"strides": [2, 2], "output_padding": [1, 1]},
                                    {"strides": [1, 1]}, {"strides": [2, 2], "dilations": [2, 1]}],
                          ids=["pads", "output-padding", "overlapping", "dilated"])
 def test_conv_transposes_of_other_geometry_stay_with_numpy(attrs, native_lib, monkeypatch):
@@ -98,8 +99,7 @@ def test_conv_transposes_of_other_geometry_stay_with_numpy(attrs, native_lib, mo
     calls = _count_calls(monkeypatch)
     got = conv_transpose([x, w, None], {"kernel_shape": [2, 2], **attrs})[0]
     assert not calls
-    onnx_attrs = {k: v for k, v in attrs.items()}
-    want = _ort(helper.make_node("ConvTranspose", ["x", "w"], ["y"], kernel_shape=[2, 2], **onnx_attrs),
+    want = _ort(helper.make_node("ConvTranspose", ["x", "w"], ["y"], kernel_shape=[2, 2], **attrs),
                 [numpy_helper.from_array(w, "w")], x)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
