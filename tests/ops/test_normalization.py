@@ -87,3 +87,31 @@ def test_channel_affine_equals_batch_norm():
     scale = s / np.sqrt(v + 1e-5)
     ca = run_variants("ChannelAffine", [x, scale, b - m * scale], {}, domain=OPTCLI_DOMAIN)["default"][0]
     assert_close(ca, bn)
+
+
+@pytest.mark.parametrize("shape", [(1, 2), (3, 1), (2, 2, 4), (1, 32), (5,)])
+@pytest.mark.parametrize("opset", [11, 13])
+def test_tiny_softmax_in_python_floats(shape, opset, monkeypatch):
+    """A softmax of at most 32 elements along the last axis runs in Python floats: within one
+    float32 rounding of the float64 softmax; rows with a NaN, or infinities, come out as numpy's
+    path gives them."""
+    from optcli.ops import normalization
+
+    calls = []
+    real = normalization._tiny_softmax
+    monkeypatch.setattr(normalization, "_tiny_softmax", lambda x: calls.append(x.shape) or real(x))
+    rng = np.random.default_rng(len(shape))
+    x = (rng.standard_normal(shape) * 20).astype(np.float32)
+    attrs = {"axis": len(shape) - 1, "_opset": opset}
+    got = normalization.softmax([x], attrs)[0]
+    assert calls and got.dtype == np.float32 and got.shape == x.shape
+    x64 = x.astype(np.float64)
+    want = np.exp(x64 - x64.max(axis=-1, keepdims=True))
+    want /= want.sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(got, want, rtol=2e-7, atol=1e-30)
+    odd = np.array([[np.nan, 1.0], [np.inf, 1.0], [-np.inf, 1.0], [-np.inf, -np.inf]], np.float32)
+    with np.errstate(invalid="ignore"):
+        got = normalization.softmax([odd], {"axis": 1, "_opset": opset})[0]
+        monkeypatch.setattr(normalization, "_TINY_SOFTMAX", 0)
+        want = normalization.softmax([odd], {"axis": 1, "_opset": opset})[0]
+    np.testing.assert_array_equal(got, want)
