@@ -31,6 +31,7 @@ from optcli.passes import (
     fold_pad_into_conv,
     fold_qdq,
     fold_shape_chains,
+    fold_transpose_into_dense,
     fuse_activation_patterns,
     fuse_conv_bias_activation,
     fuse_conv_bn,
@@ -79,6 +80,7 @@ PASSES: list[ModuleType] = [
     batchnorm_to_affine,
     fuse_dynamic_quant_matmul,  # before fuse_matmul_add: its bias Add is part of the chain
     fuse_matmul_add,
+    fold_transpose_into_dense,  # after fuse_matmul_add: the dense layers it permutes are FullyConnected
     fuse_conv_scale,  # after fuse_matmul_add (dense layers are FullyConnected); its chain may end in an activation
     fold_affine_into_next_conv,  # what fuse_conv_scale left: chains after a nonlinearity, before a conv
     fuse_conv_bias_activation,
