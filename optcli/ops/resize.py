@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from optcli import native
 from optcli.ops.registry import StepAttrs, kernel
 from optcli.ops.shape_functions import Shape, ShapeArgs, ShapeDerivationError, fixed, norm_axis, shape_fn
 
@@ -131,9 +130,6 @@ def _nearest_by_repeats(x: np.ndarray, repeats: dict[int, int]) -> np.ndarray:
     elements interleaved: 29 us where np.repeat took 66 and a broadcast into [..., W, k] 182 on a
     [1, 16, 40, 40] map), every other axis by one broadcast copy into the output seen as
     [..., d_a, k, rest], whose inner runs are whole rows."""
-    if x.ndim == 4 and x.dtype == np.float32 and x.size and not any(repeats.get(a, 1) > 1 for a in (0, 1)) \
-            and native.available():  # the image's rows and columns: each output row written once (upsample.c)
-        return native.upsample_nearest(x, repeats.get(2, 1), repeats.get(3, 1))
     y, last = x, x.ndim - 1
     if repeats.get(last, 1) > 1:
         k = repeats[last]
