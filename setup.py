@@ -53,10 +53,16 @@ class OptionalBuildExt(build_ext):
         try:
             super().build_extension(ext)
         except Exception as exc:
-            self._skip(exc)
+            if ext.name.endswith("_fastcall"):
+                print(f"optcli: the fast call path was not built ({exc}); the native kernels will be called "
+                      "through ctypes (slower per call)", file=sys.stderr)
+            else:
+                self._skip(exc)
 
     def get_export_symbols(self, ext):
-        return []  # not a Python module: no PyInit_ symbol to export
+        if ext.name.endswith("_fastcall"):
+            return super().get_export_symbols(ext)
+        return []  # the kernel library is not a Python module: no PyInit_ symbol to export
 
     @staticmethod
     def _skip(why):
@@ -68,6 +74,9 @@ def _compile_in_parallel(compiler):
     """Compile the C files side by side, one per core: distutils compiles one extension's sources
     one after another, and the slowest file alone takes minutes (blocked_window.c), so a 2-core
     install spent the sum of all of them."""
+    if getattr(compiler, "_optcli_parallel", False):
+        return
+    compiler._optcli_parallel = True
     serial = compiler.compile
 
     def compile(sources, output_dir=None, macros=None, include_dirs=None, debug=0, extra_preargs=None,
@@ -102,5 +111,14 @@ native = Extension(
     extra_link_args=["-pthread"],
     optional=True,
 )
+# A Python extension of its own (it needs Python's headers, which the kernel library does not): calls
+# the library's functions by address without ctypes' per-argument costs (library.function).  Where
+# it cannot be built, the kernels still run, called through ctypes.
+fastcall = Extension(
+    "optcli.native._fastcall",
+    sources=["optcli/native/fastcall.c"],
+    extra_compile_args=["-O2", "-g0", "-Wall"],
+    optional=True,
+)
 
-setup(ext_modules=[native], cmdclass={"build_ext": OptionalBuildExt})
+setup(ext_modules=[native, fastcall], cmdclass={"build_ext": OptionalBuildExt})

@@ -13,7 +13,6 @@ import numpy as np
 
 from optcli.activation_codes import ACTIVATION_CODES
 from optcli.native import library
-from optcli.native.caches import _ptr
 from optcli.native.library import _check, require, vector_width
 
 
@@ -29,7 +28,7 @@ def to_blocked(x: np.ndarray, block: int) -> np.ndarray:
     n, c, h, w = x.shape
     y = np.empty((n, -(-c // block), h, w, block), np.float32)
     if y.size:
-        _check(library._lib.optcli_to_blocked_f32(_ptr(x), _ptr(y), n, c, h * w, block), "to blocked")
+        _check(library.function("optcli_to_blocked_f32")(x, y, n, c, h * w, block), "to blocked")
     return y
 
 
@@ -40,8 +39,7 @@ def from_blocked(x: np.ndarray, channels: int) -> np.ndarray:
     require(0 < channels <= cb * b, 'from blocked')
     y = np.empty((n, channels, h, w), np.float32)
     if y.size:
-        _check(library._lib.optcli_from_blocked_f32(_ptr(x), _ptr(y), n, channels, h * w, b),
-               "from blocked")
+        _check(library.function("optcli_from_blocked_f32")(x, y, n, channels, h * w, b), "from blocked")
     return y
 
 
@@ -103,23 +101,18 @@ def prepared_conv2d_blocked(xshape: tuple[int, ...], packed: np.ndarray, bias: n
         b[:bias.shape[0]] = bias
     geom_values = np.array((n, c, h, w, out_channels, kh, kw, *strides, *dilations, *pad_begin, *out, ib, blk),
                            dtype=np.int64)
-    geom = _ptr(geom_values)  # the call's own array
-    fn, code = library._lib.optcli_conv2d_blocked_f32, ACTIVATION_CODES[activation]
-    w_addr, b_addr = _ptr(packed), _ptr(b)
+    fn, code = library.function("optcli_conv2d_blocked_f32"), ACTIVATION_CODES[activation]
     shape, empty, f32, xs = (n, mb, out[0], out[1], blk), np.empty, np.float32, tuple(xshape)
 
     def call(x: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
         require(x.shape == xs and x.dtype == f32 and x.flags.c_contiguous, 'prepared conv2d blocked')
-        r = None
         if residual is not None:
             require(residual.shape == shape and residual.dtype == f32 and residual.flags.c_contiguous,
                     'prepared conv2d blocked')
-            r = _ptr(residual)
         y = empty(shape, f32)
-        rc = fn(_ptr(x), w_addr, b_addr, r, _ptr(y), geom, code, alpha, beta)
+        rc = fn(x, packed, b, residual, y, geom_values, code, alpha, beta)
         if rc:
             _check(rc, "blocked conv")
         return y
 
-    call.keep = (packed, b, geom_values)
     return call

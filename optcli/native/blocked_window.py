@@ -31,15 +31,13 @@ def pack_depthwise_weights(w: np.ndarray, block: int) -> np.ndarray:
     return np.ascontiguousarray(packed.reshape(cb, block, kh, kw).transpose(0, 2, 3, 1))
 
 
-def _aligned_empty(shape: tuple[int, ...]) -> tuple[np.ndarray, int]:
+def _aligned_empty(shape: tuple[int, ...]) -> np.ndarray:
     """A new float32 array of ``shape`` whose data starts on a 64-byte boundary (numpy's start 16
-    bytes past one: every 16-float vector would straddle two cache lines, ~20% of a layer's time),
-    and that address."""
+    bytes past one: every 16-float vector would straddle two cache lines, ~20% of a layer's time)."""
     n = math.prod(shape)
     buf = np.empty(n + 16, np.float32)
-    addr = _ptr(buf)
-    k = (-addr >> 2) & 15
-    return buf[k:k + n].reshape(shape), addr + 4 * k
+    k = (-_ptr(buf) >> 2) & 15
+    return buf[k:k + n].reshape(shape)
 
 
 def _padded_bias(bias: np.ndarray | None, lanes: int) -> np.ndarray | None:
@@ -85,20 +83,17 @@ def prepared_depthwise_conv2d_blocked(xshape: tuple[int, ...], packed: np.ndarra
     require(packed.shape == (cb, *kernel, blk), (packed.shape, xshape, kernel))
     b = _padded_bias(None if bias is None else np.asarray(bias, np.float32), cb * blk)
     geom_values = np.array(_geometry(tuple(xshape), kernel, strides, dilations, pad_begin, out), dtype=np.int64)
-    geom = _ptr(geom_values)  # the call's own array: the shared cache may drop its copy
-    fn, code = library._lib.optcli_dwconv2d_blocked_f32, ACTIVATION_CODES[activation]
-    w_addr, b_addr = _ptr(packed), _ptr(b)
+    fn, code = library.function("optcli_dwconv2d_blocked_f32"), ACTIVATION_CODES[activation]
     shape, empty, f32, xs = (n, cb, out[0], out[1], blk), _aligned_empty, np.float32, tuple(xshape)
 
     def call(x: np.ndarray) -> np.ndarray:
         require(x.shape == xs and x.dtype == f32 and x.flags.c_contiguous, 'prepared depthwise conv2d blocked')
-        y, y_addr = empty(shape)
-        rc = fn(_ptr(x), w_addr, b_addr, y_addr, geom, code, alpha, beta)
+        y = empty(shape)
+        rc = fn(x, packed, b, y, geom_values, code, alpha, beta)
         if rc:
             _check(rc, "blocked depthwise conv")
         return y
 
-    call.keep = (packed, b, geom_values)
     return call
 
 
@@ -111,14 +106,13 @@ def pool2d_blocked(x: np.ndarray, op: str, kernel: tuple[int, int], strides: tup
     require(library._lib is not None, 'pool2d blocked')
     _check_x(x)
     n, cb, _, _, blk = x.shape
-    y, y_addr = _aligned_empty((n, cb, out[0], out[1], blk))
-    geom_array, geom = _geom(_geometry(x.shape, kernel, strides, dilations, pad_begin, out))
+    y = _aligned_empty((n, cb, out[0], out[1], blk))
+    geom = _geom(_geometry(x.shape, kernel, strides, dilations, pad_begin, out))
     r = None if rrow is None else np.ascontiguousarray(rrow, dtype=np.float32)
     k = None if rcol is None else np.ascontiguousarray(rcol, dtype=np.float32)
     require(op == "max" or (r is not None and k is not None and r.shape == (out[0],) and k.shape == (out[1],)),
             'pool2d blocked')
-    _check(library._lib.optcli_pool2d_blocked_f32(_ptr(x), y_addr, geom, POOL_OPS[op], _ptr(r), _ptr(k)),
-           f"blocked {op} pooling")
+    _check(library.function("optcli_pool2d_blocked_f32")(x, y, geom, POOL_OPS[op], r, k), f"blocked {op} pooling")
     return y
 
 
@@ -129,6 +123,5 @@ def global_average_pool_blocked(x: np.ndarray) -> np.ndarray:
     _check_x(x)
     n, cb, h, w, blk = x.shape
     y = np.empty((n, cb, 1, 1, blk), dtype=np.float32)
-    _check(library._lib.optcli_global_avg_blocked_f32(_ptr(x), _ptr(y), n, cb, h * w, blk),
-           "blocked global average pool")
+    _check(library.function("optcli_global_avg_blocked_f32")(x, y, n, cb, h * w, blk), "blocked global average pool")
     return y

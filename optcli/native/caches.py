@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 _CONST_ADDRS: dict[int, tuple[weakref.ref, int]] = {}  # id -> (weak reference to a read-only array, its address)
-_GEOMS: dict[tuple[int, ...], tuple[np.ndarray, int]] = {}  # geometry values -> (int64 array, address)
+_GEOMS: dict[tuple[int, ...], np.ndarray] = {}  # geometry values -> int64 array
 _CACHE_MAX = 4096
 _char_at, _addressof = ctypes.c_char.from_buffer, ctypes.addressof
 
@@ -48,17 +48,16 @@ def _forget_addr(key: int) -> None:
         del _CONST_ADDRS[key]
 
 
-def _geom(values: tuple[int, ...]) -> tuple[np.ndarray, int]:
-    """An int64 array of ``values`` and its address, made once per distinct geometry (a model's
-    layers repeat theirs run after run; np.array and its address cost ~1.3 us a call).  The caller
-    keeps the array until its C call returns: another thread's predictor may clear this cache in
-    between, and an address alone would then point at freed memory (issue 23)."""
+def _geom(values: tuple[int, ...]) -> np.ndarray:
+    """An int64 array of ``values``, made once per distinct geometry (a model's layers repeat theirs
+    run after run; np.array cost ~1 us a call).  The caller passes the array itself to its C call
+    (``library.function`` holds it for the call): another thread's predictor may clear this cache
+    in between, and an address alone would then point at freed memory (issue 23)."""
     hit = _GEOMS.get(values)
     if hit is None:
         if len(_GEOMS) >= _CACHE_MAX:
             _GEOMS.clear()
-        arr = np.array(values, dtype=np.int64)
-        hit = _GEOMS[values] = (arr, arr.ctypes.data)
+        hit = _GEOMS[values] = np.array(values, dtype=np.int64)
     return hit
 
 

@@ -7,7 +7,6 @@ import numpy as np
 
 from optcli.activation_codes import ACTIVATION_CODES
 from optcli.native import library
-from optcli.native.caches import _ptr
 from optcli.native.library import _check, require
 
 
@@ -20,8 +19,8 @@ def activation(x: np.ndarray, name: str, alpha: float = 0.0, beta: float = 0.0,
     if out is None:
         out = np.empty_like(x)
     require(out.dtype == np.float32 and out.flags.c_contiguous and out.shape == x.shape, 'activation')
-    _check(library._lib.optcli_activation_f32(_ptr(x), _ptr(out), x.size, ACTIVATION_CODES[name], alpha,
-                                              beta), f"{name} activation")
+    _check(library.function("optcli_activation_f32")(x, out, x.size, ACTIVATION_CODES[name], alpha, beta),
+           f"{name} activation")
     return out
 
 
@@ -35,8 +34,7 @@ def activation_(y: np.ndarray, name: str, alpha: float = 0.0, beta: float = 0.0)
     ~3 us.  Anything else is refused (NativeError), not converted."""
     require(library._lib is not None and type(y) is np.ndarray and y.dtype is _F32 and y.flags.c_contiguous
             and y.flags.writeable, 'activation')
-    p = _ptr(y)
-    rc = library._lib.optcli_activation_f32(p, p, y.size, ACTIVATION_CODES[name], alpha, beta)
+    rc = library.function("optcli_activation_f32")(y, y, y.size, ACTIVATION_CODES[name], alpha, beta)
     if rc:
         _check(rc, f"{name} activation")
     return y
@@ -49,8 +47,7 @@ def add(a: np.ndarray, b: np.ndarray, activation: str | None = None, alpha: floa
     require(library._lib is not None and a.shape == b.shape and a.dtype == b.dtype == np.float32, 'add')
     require(a.flags.c_contiguous and b.flags.c_contiguous, 'add')
     out = np.empty_like(a)
-    _check(library._lib.optcli_add_f32(_ptr(a), _ptr(b), _ptr(out), a.size,
-                                       ACTIVATION_CODES[activation], alpha, beta), "add")
+    _check(library.function("optcli_add_f32")(a, b, out, a.size, ACTIVATION_CODES[activation], alpha, beta), "add")
     return out
 
 
@@ -68,8 +65,8 @@ def layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, eps: f
     y = np.empty_like(x)
     mean = np.empty(outer * inner, np.float32) if stats else None
     inv = np.empty(outer * inner, np.float32) if stats else None
-    _check(library._lib.optcli_layer_norm_f32(_ptr(x), _ptr(s), _ptr(b), _ptr(y), _ptr(mean),
-                                              _ptr(inv), outer, c, inner, eps), "layer normalization")
+    _check(library.function("optcli_layer_norm_f32")(x, s, b, y, mean, inv, outer, c, inner, eps),
+           "layer normalization")
     return y, mean, inv
 
 
@@ -79,7 +76,7 @@ def row_mean(x: np.ndarray, n: int) -> np.ndarray:
     require(library._lib is not None and x.dtype == np.float32 and x.flags.c_contiguous and n >= 1 and x.size % n == 0,
             'row mean')
     y = np.empty(x.size // n, np.float32)
-    _check(library._lib.optcli_row_mean_f32(_ptr(x), _ptr(y), y.size, n), "row mean")
+    _check(library.function("optcli_row_mean_f32")(x, y, y.size, n), "row mean")
     return y
 
 
@@ -88,19 +85,17 @@ def to_half(x: np.ndarray) -> np.ndarray | None:
     finite values beyond +-65504 saturating to it, infinities and NaN kept (the GPU's half storage,
     ``runtime/gpu_common/device_buffers.to_storage``); None where the library cannot (absent, or
     built without _Float16), and the caller casts with numpy."""
-    lib = library._lib
-    if lib is None or x.dtype != np.float32:
+    if library._lib is None or x.dtype != np.float32:
         return None
     out = np.empty(x.shape, np.float16)  # (before ascontiguousarray, which makes a 0-d x 1-d)
     x = np.ascontiguousarray(x)
-    return out if lib.optcli_f32_to_f16(_ptr(x), _ptr(out), x.size) == 0 else None
+    return out if library.function("optcli_f32_to_f16")(x, out, x.size) == 0 else None
 
 
 def from_half(x: np.ndarray) -> np.ndarray | None:
     """``x`` (float16) as a new C-contiguous float32 array, exactly; None where the library cannot."""
-    lib = library._lib
-    if lib is None or x.dtype != np.float16:
+    if library._lib is None or x.dtype != np.float16:
         return None
     out = np.empty(x.shape, np.float32)
     x = np.ascontiguousarray(x)
-    return out if lib.optcli_f16_to_f32(_ptr(x), _ptr(out), x.size) == 0 else None
+    return out if library.function("optcli_f16_to_f32")(x, out, x.size) == 0 else None

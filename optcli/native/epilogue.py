@@ -8,7 +8,6 @@ import numpy as np
 
 from optcli.activation_codes import ACTIVATION_CODES
 from optcli.native import library
-from optcli.native.caches import _ptr
 from optcli.native.library import _check, require
 
 
@@ -25,11 +24,8 @@ def channel_affine(x: np.ndarray, scale: np.ndarray | None, shift: np.ndarray | 
     s = None if scale is None else np.ascontiguousarray(scale, dtype=np.float32)
     b = None if shift is None else np.ascontiguousarray(shift, dtype=np.float32)
     require((s is None or s.size == x.shape[1]) and (b is None or b.size == x.shape[1]), 'channel affine')
-    px = _ptr(x)
-    po = px if out is x else _ptr(out)
-    _check(library._lib.optcli_channel_affine_f32(px, po, _ptr(s), _ptr(b), x.shape[0], x.shape[1],
-                                                  math.prod(x.shape[2:]), ACTIVATION_CODES[activation], alpha, beta),
-           "channel affine")
+    _check(library.function("optcli_channel_affine_f32")(x, out, s, b, x.shape[0], x.shape[1], math.prod(x.shape[2:]),
+                                                         ACTIVATION_CODES[activation], alpha, beta), "channel affine")
     return out
 
 

@@ -7,7 +7,6 @@ import numpy as np
 
 from optcli.activation_codes import ACTIVATION_CODES
 from optcli.native import library
-from optcli.native.caches import _ptr
 from optcli.native.library import _check, require
 
 FC_ROWS_MAX = 8  # rows of X up to which fc_rows runs (a Loop body's cell, a classifier's head)
@@ -19,7 +18,7 @@ def prepared_fc_rows(w: np.ndarray, bias: np.ndarray | None, activation: str | N
     worked out once for one weight: a function of ``x`` (float32, last axis K) that returns
     [..., N], or None where x is not such an array; None instead of a function where W holds more
     than ``FC_ROWS_MAX_WEIGHTS`` elements.  W [K, N] and the bias are taken as the model
-    holds them (no W.T made); per call one output array, two addresses and one C call, where
+    holds them (no W.T made); per call one output array and one C call, where
     numpy took three calls (product, bias, activation) and the GEMM conv ~8 us of argument
     passing around a product of ~1 us (a decoder's GRU gates in a Loop)."""
     require(library._lib is not None and w.ndim == 2 and w.dtype == np.float32 and w.flags.c_contiguous
@@ -29,7 +28,7 @@ def prepared_fc_rows(w: np.ndarray, bias: np.ndarray | None, activation: str | N
     if w.size > FC_ROWS_MAX_WEIGHTS:
         return None
     k, n = w.shape
-    fn, w_addr, b_addr, code = library._lib.optcli_fc_rows_f32, _ptr(w), _ptr(bias), ACTIVATION_CODES[activation]
+    fn, code = library.function("optcli_fc_rows_f32"), ACTIVATION_CODES[activation]
     empty, f32, nd = np.empty, np.float32, np.ndarray
 
     def call(x: np.ndarray) -> np.ndarray | None:
@@ -41,10 +40,9 @@ def prepared_fc_rows(w: np.ndarray, bias: np.ndarray | None, activation: str | N
         if not x.flags.c_contiguous:
             x = np.ascontiguousarray(x)
         y = empty(x.shape[:-1] + (n,), f32)
-        rc = fn(_ptr(x), w_addr, b_addr, _ptr(y), rows, k, n, code, alpha, beta)
+        rc = fn(x, w, bias, y, rows, k, n, code, alpha, beta)
         if rc:
             _check(rc, "fc rows")
         return y
 
-    call.keep = (w, bias)  # what the addresses point into
     return call

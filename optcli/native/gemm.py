@@ -7,7 +7,7 @@ import numpy as np
 
 from optcli.activation_codes import ACTIVATION_CODES
 from optcli.native import library
-from optcli.native.caches import _geom, _ptr
+from optcli.native.caches import _geom
 from optcli.native.library import _check, require
 
 
@@ -34,12 +34,11 @@ def gemm_conv(w: np.ndarray, x: np.ndarray, bias: np.ndarray | None = None, acti
     if panels is not None:  # W.T's panels (pack_panels): small planes taken transposed
         nr, wt = panels
         require(wt.dtype == np.float32 and wt.flags.c_contiguous and wt.size == m * k, 'gemm conv')
-        _check(library._lib.optcli_gemm_conv_t_f32(_ptr(w), _ptr(wt), nr, _ptr(x), _ptr(bias), _ptr(r),
-                                                   _ptr(out), b, m, k, n, ACTIVATION_CODES[activation], alpha,
-                                                   beta), "GEMM conv")
+        _check(library.function("optcli_gemm_conv_t_f32")(w, wt, nr, x, bias, r, out, b, m, k, n,
+                                                           ACTIVATION_CODES[activation], alpha, beta), "GEMM conv")
         return out
-    _check(library._lib.optcli_gemm_conv_f32(_ptr(w), _ptr(x), _ptr(bias), _ptr(r), _ptr(out), b, m, k,
-                                             n, ACTIVATION_CODES[activation], alpha, beta), "GEMM conv")
+    _check(library.function("optcli_gemm_conv_f32")(w, x, bias, r, out, b, m, k, n, ACTIVATION_CODES[activation],
+                                                     alpha, beta), "GEMM conv")
     return out
 
 
@@ -47,29 +46,28 @@ def prepared_gemm_conv(w: np.ndarray, bias: np.ndarray | None, activation: str |
                        panels: tuple[int, np.ndarray] | None, images: int, columns: int, shape: tuple[int, ...]):
     """``gemm_conv`` for one plan step, worked out once: a function of ``x`` ([images, K, columns],
     C-contiguous float32) that returns the product in a new array of ``shape``.  The weights, bias
-    and panels are the step's own (kept alive by the function); per call only the two data
-    addresses are asked, where ``gemm_conv`` checks and converts every argument again (~4 us of
-    a 1x1 conv that takes 20-40 us on a MobileNet's late layers)."""
+    and panels are the step's own (kept alive by the function); per call one output array and one
+    C call, where ``gemm_conv`` checks and converts every argument again (~4 us of a 1x1 conv that
+    takes 20-40 us on a MobileNet's late layers)."""
     require(library._lib is not None and w.ndim == 2 and w.dtype == np.float32 and w.flags.c_contiguous,
             'prepared gemm conv')
     require(bias is None or (bias.dtype == np.float32 and bias.shape == (w.shape[0],) and bias.flags.c_contiguous),
             'prepared gemm conv')
     m, k = w.shape
-    code, b_addr = ACTIVATION_CODES[activation], _ptr(bias)
+    code = ACTIVATION_CODES[activation]
     if panels is not None:
-        fn, head = library._lib.optcli_gemm_conv_t_f32, (_ptr(w), _ptr(panels[1]), panels[0])
+        fn, head = library.function("optcli_gemm_conv_t_f32"), (w, panels[1], panels[0])
     else:
-        fn, head = library._lib.optcli_gemm_conv_f32, (_ptr(w),)
+        fn, head = library.function("optcli_gemm_conv_f32"), (w,)
     empty, f32 = np.empty, np.float32
 
     def call(x: np.ndarray) -> np.ndarray:
         y = empty(shape, f32)
-        rc = fn(*head, _ptr(x), b_addr, None, _ptr(y), images, m, k, columns, code, alpha, beta)
+        rc = fn(*head, x, bias, None, y, images, m, k, columns, code, alpha, beta)
         if rc:
             _check(rc, "GEMM conv")
         return y
 
-    call.keep = (w, bias, panels)  # what the addresses point into
     return call
 
 
@@ -77,8 +75,8 @@ def prepared_conv2d_gemm(w: np.ndarray, bias: np.ndarray | None, xp_shape: tuple
                          dilations: tuple[int, int], out: tuple[int, int], activation: str | None, alpha: float,
                          beta: float):
     """``conv2d_gemm`` (one group) for one plan step and one padded input shape, worked out once: a
-    function of ``xp`` (that shape, C-contiguous float32) giving [N, M, *out].  The geometry array,
-    the weight and bias addresses are made here; per call the shape is compared and one C call
+    function of ``xp`` (that shape, C-contiguous float32) giving [N, M, *out].  The geometry array is
+    made here; per call the shape is compared and one C call
     made, where ``conv2d_gemm`` converts and checks every argument again (with the window and
     padding worked out by its caller: ~100 us of Python around 5 us of arithmetic for a speech
     model's Conv1d of 35 K MACs inside an If)."""
@@ -90,20 +88,19 @@ def prepared_conv2d_gemm(w: np.ndarray, bias: np.ndarray | None, xp_shape: tuple
     xp_shape = tuple(int(d) for d in xp_shape)
     geom_array = np.array((xp_shape[0], w.shape[0], *xp_shape[1:], *w.shape[2:], *strides, *dilations, *out),
                           dtype=np.int64)
-    geom, shape = _ptr(geom_array), (xp_shape[0], w.shape[0]) + tuple(out)
-    fn, w_addr, b_addr, code = library._lib.optcli_conv2d_gemm_f32, _ptr(w), _ptr(bias), ACTIVATION_CODES[activation]
+    shape = (xp_shape[0], w.shape[0]) + tuple(out)
+    fn, code = library.function("optcli_conv2d_gemm_f32"), ACTIVATION_CODES[activation]
     empty, f32 = np.empty, np.float32
 
     def call(xp: np.ndarray) -> np.ndarray:
         # the C code reads xp by the geometry above: its shape, dtype and layout are checked every call
         require(xp.shape == xp_shape and xp.dtype == f32 and xp.flags.c_contiguous, 'prepared conv2d gemm')
         y = empty(shape, f32)
-        rc = fn(w_addr, _ptr(xp), b_addr, None, _ptr(y), geom, code, alpha, beta)
+        rc = fn(w, xp, bias, None, y, geom_array, code, alpha, beta)
         if rc:
             _check(rc, "conv GEMM")
         return y
 
-    call.keep = (w, bias, geom_array)  # what the addresses point into
     return call
 
 
@@ -114,7 +111,7 @@ def pack_panels(w: np.ndarray) -> tuple[int, np.ndarray] | None:
     require(library._lib is not None and w.ndim == 2, 'pack panels')
     w = np.ascontiguousarray(w, dtype=np.float32)
     wt = np.empty(w.size, dtype=np.float32)
-    nr = library._lib.optcli_gemm_pack_wt_f32(_ptr(w), _ptr(wt), *w.shape)
+    nr = library.function("optcli_gemm_pack_wt_f32")(w, wt, *w.shape)
     return (nr, wt) if nr else None
 
 
@@ -133,13 +130,12 @@ def conv2d_gemm(xp: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides:
     require(b is None or b.shape == (w.shape[0],), 'conv2d gemm')
     y = np.empty((xp.shape[0], w.shape[0]) + tuple(out), dtype=np.float32)
     if group == 1:
-        geom_array, geom = _geom((xp.shape[0], w.shape[0], *xp.shape[1:], *w.shape[2:], *strides, *dilations, *out))
-        _check(library._lib.optcli_conv2d_gemm_f32(_ptr(w), _ptr(xp), _ptr(b), None, _ptr(y),
-                                                   geom, ACTIVATION_CODES[activation], alpha, beta), "conv GEMM")
+        geom = _geom((xp.shape[0], w.shape[0], *xp.shape[1:], *w.shape[2:], *strides, *dilations, *out))
+        _check(library.function("optcli_conv2d_gemm_f32")(w, xp, b, None, y, geom, ACTIVATION_CODES[activation], alpha,
+                                                          beta), "conv GEMM")
         return y
-    geom_array, geom = _geom((xp.shape[0], w.shape[0] // group, w.shape[1], *xp.shape[2:], *w.shape[2:], *strides,
+    geom = _geom((xp.shape[0], w.shape[0] // group, w.shape[1], *xp.shape[2:], *w.shape[2:], *strides,
                               *dilations, *out))
-    _check(library._lib.optcli_conv2d_gemm_grouped_f32(_ptr(w), _ptr(xp), _ptr(b), _ptr(y), geom,
-                                                       group, ACTIVATION_CODES[activation], alpha, beta),
-           "grouped conv GEMM")
+    _check(library.function("optcli_conv2d_gemm_grouped_f32")(w, xp, b, y, geom, group, ACTIVATION_CODES[activation],
+                                                              alpha, beta), "grouped conv GEMM")
     return y

@@ -31,6 +31,9 @@ import os
 import platform
 import threading
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 LOG = logging.getLogger("optcli")
 
@@ -177,8 +180,9 @@ def available() -> bool:
 
 
 def status() -> str:
-    """One line: where the native host kernels come from, or why the numpy kernels run."""
-    return f"native host kernels: {_why}"
+    """One line: where the native host kernels come from (and how they are called), or why the numpy
+    kernels run."""
+    return f"native host kernels: {_why}" + (f"; {fastcall_status()}" if _lib is not None else "")
 
 
 def note_unavailable() -> None:
@@ -201,6 +205,76 @@ def vector_width() -> int:
 def set_num_threads(n: int) -> int:
     """Size the pool (the previous size is returned); ``optcli.load(threads=N)`` does this per run."""
     return _lib.optcli_set_num_threads(int(n)) if _lib is not None else 1
+
+
+_LETTERS = {ctypes.c_void_p: "p", _i64p: "p", ctypes.c_int64: "q", ctypes.c_int: "i", ctypes.c_int32: "i",
+            ctypes.c_float: "f"}  # a parameter's ctypes type -> its letter in a _fastcall signature
+
+
+def _load_fastcall() -> tuple[object | None, str]:
+    """The fast call path (kernels/host/fastcall.c, a Python extension built beside the library),
+    or None and why not: a Python without its headers builds the library but not this."""
+    if os.environ.get("OPTCLI_FASTCALL", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None, "disabled by OPTCLI_FASTCALL=0: native calls go through ctypes"
+    try:
+        from optcli.native import _fastcall
+    except ImportError as exc:
+        return None, f"not built ({exc}): native calls go through ctypes (~2-3 us more a call)"
+    return _fastcall, "native calls through optcli.native._fastcall"
+
+
+_fastcall, _fastcall_why = _load_fastcall()
+_FUNCTIONS: dict[str, tuple[object, Any]] = {}  # C function name -> (the library it came from, its caller)
+
+
+def function(name: str) -> Any:
+    """The library's C function ``name`` as a Python callable taking the C parameters in order: a
+    pointer as None, an int address or a C-contiguous array (its data, kept alive for the call),
+    integers and floats as Python numbers.  Through ``_fastcall`` where it was built (~0.3 us a
+    call of ten arguments, where ctypes' argtypes conversion took ~2.5 us and each array's
+    address ~0.5-1 us more: a small model's layers take a few microseconds of arithmetic), else
+    ctypes with the same arguments.  Made once per function and library (tests set ``_lib``
+    aside or swap it; the entry notices)."""
+    lib = _lib
+    require(lib is not None, name)
+    hit = _FUNCTIONS.get(name)
+    if hit is not None and hit[0] is lib:
+        return hit[1]
+    fn = getattr(lib, name)
+    sig = "".join(_LETTERS[t] for t in _SIGNATURES[name][0])
+    call = None
+    if _fastcall is not None and _SIGNATURES[name][1] is ctypes.c_int and sig in _fastcall.signatures():
+        call = _fastcall.Caller(ctypes.cast(fn, ctypes.c_void_p).value, sig, name)
+    if call is None:
+        call = _ctypes_caller(fn, sig)
+    _FUNCTIONS[name] = (lib, call)
+    return call
+
+
+def _ctypes_caller(fn: Any, sig: str) -> Any:
+    """``fn`` (a ctypes function) taking arrays for its pointer parameters, as a _fastcall Caller does:
+    each array's address is read per call (``caches._ptr``), a non-contiguous array refused."""
+    from optcli.native.caches import _ptr
+
+    slots = tuple(k for k, letter in enumerate(sig) if letter == "p")
+    ndarray = np.ndarray
+
+    def call(*args):
+        args = list(args)
+        for k in slots:
+            a = args[k]
+            if type(a) is ndarray:
+                if not a.flags.c_contiguous:
+                    raise TypeError(f"{fn.__name__}: argument {k} must be None, an address or a C-contiguous array")
+                args[k] = _ptr(a)
+        return fn(*args)
+
+    return call
+
+
+def fastcall_status() -> str:
+    """How the native functions are called: through ``_fastcall``, or ctypes and why."""
+    return _fastcall_why
 
 
 class NativeError(RuntimeError):

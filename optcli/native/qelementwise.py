@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 
 from optcli.native import library
-from optcli.native.caches import _ptr
 from optcli.native.library import _check, require
 
 _BYTES = (np.dtype(np.uint8), np.dtype(np.int8))
@@ -25,8 +24,7 @@ def qadd(a: np.ndarray, b: np.ndarray, params: np.ndarray, y_dtype: np.dtype) ->
     a, b = np.require(a, requirements="C"), np.require(b, requirements="C")  # (ascontiguousarray makes 0-d 1-d)
     params = np.require(params, requirements="C")
     flags = np.array([a.dtype == np.int8, b.dtype == np.int8], dtype=np.int32)
-    _check(library._lib.optcli_qadd(_ptr(a), _ptr(b), _ptr(y), a.size, _ptr(params),
-                                    _ptr(flags)), "quantized add")
+    _check(library.function("optcli_qadd")(a, b, y, a.size, params, flags), "quantized add")
     return y
 
 
@@ -40,19 +38,17 @@ def prepared_qadd(shape: tuple[int, ...], a_dtype: np.dtype, b_dtype: np.dtype, 
     require(lo <= params[3] <= params[4] <= hi, "prepared qadd")
     params = np.array(params, dtype=np.float32)
     flags = np.array([a_dtype == np.int8, b_dtype == np.int8], dtype=np.int32)
-    shape, n, fn, empty = tuple(shape), int(np.prod(shape)), library._lib.optcli_qadd, np.empty
-    tail = (_ptr(params), _ptr(flags))
+    shape, n, fn, empty = tuple(shape), int(np.prod(shape)), library.function("optcli_qadd"), np.empty
 
     def call(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         require(a.shape == shape and b.shape == shape and a.dtype == a_dtype and b.dtype == b_dtype
                 and a.flags.c_contiguous and b.flags.c_contiguous, "qadd")
         y = empty(shape, y_dtype)
-        rc = fn(_ptr(a), _ptr(b), _ptr(y), n, *tail)
+        rc = fn(a, b, y, n, params, flags)
         if rc:
             _check(rc, "quantized add")
         return y
 
-    call.keep = (params, flags)  # what the addresses point into
     return call
 
 
@@ -65,8 +61,8 @@ def quantize(x: np.ndarray, scale: np.float32, zero_point: int, dtype: np.dtype)
     require(lo <= zero_point <= hi, "quantize")
     y = np.empty(x.shape, dtype)
     x = np.require(x, requirements="C")
-    _check(library._lib.optcli_quantize_f32(_ptr(x), _ptr(y), x.size, float(np.float32(scale)),
-                                            float(zero_point), float(lo), float(hi)), "quantize")
+    _check(library.function("optcli_quantize_f32")(x, y, x.size, float(np.float32(scale)), float(zero_point),
+                                                   float(lo), float(hi)), "quantize")
     return y
 
 
@@ -78,6 +74,6 @@ def dequantize(x: np.ndarray, scale: np.float32, zero_point: int) -> np.ndarray:
     require((-128 if signed else 0) <= zero_point <= (127 if signed else 255), "dequantize")
     y = np.empty(x.shape, np.float32)
     x = np.require(x, requirements="C")
-    _check(library._lib.optcli_dequantize_f32(_ptr(x), _ptr(y), x.size, float(np.float32(scale)),
-                                              int(zero_point), int(signed)), "dequantize")
+    _check(library.function("optcli_dequantize_f32")(x, y, x.size, float(np.float32(scale)), int(zero_point),
+                                                     int(signed)), "dequantize")
     return y

@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 
 from optcli.native import library
-from optcli.native.caches import _ptr
 from optcli.native.library import _check, require
 
 MAX_K = 65536  # the int32 accumulator's bound in qgemm.c: K * 255 * 128 < 2**31
@@ -118,14 +117,12 @@ def prepared_qconv(xshape: tuple[int, int, int, int], x_dtype: np.dtype, w: np.n
     require(group >= 1 and xshape[1] == w.shape[1] * group and m % group == 0 and tuple(geom[5:7]) == w.shape[2:],
             "prepared qconv")
     kind, weights, bias = prepared_weights(w, bias, geom, qp)
-    fn = getattr(library._lib, f"optcli_qconv2d_{kind}")
+    fn = library.function(f"optcli_qconv2d_{kind}")
     bias = None if bias is None else np.ascontiguousarray(bias)
     mult = np.ascontiguousarray(mult)
     geom_array = np.array(geom, dtype=np.int64)
     qp_array = np.array(qp, dtype=np.int32)
     shape = (xshape[0], m, int(geom[13]), int(geom[14]))
-    head = (_ptr(weights), None if bias is None else _ptr(bias), _ptr(mult))
-    tail = (_ptr(geom_array), _ptr(qp_array))
     x_dtype, y_dtype, xshape = np.dtype(x_dtype), np.dtype(y_dtype), tuple(xshape)
     empty = np.empty
 
@@ -133,10 +130,9 @@ def prepared_qconv(xshape: tuple[int, int, int, int], x_dtype: np.dtype, w: np.n
         require(type(x) is np.ndarray and x.dtype == x_dtype and x.shape == xshape and x.flags.c_contiguous,
                 "qconv")
         y = empty(shape, y_dtype)
-        rc = fn(_ptr(x), *head, _ptr(y), *tail)
+        rc = fn(x, weights, bias, mult, y, geom_array, qp_array)
         if rc:
             _check(rc, "integer conv")
         return y
 
-    call.keep = (weights, bias, mult, geom_array, qp_array)  # what the addresses point into
     return call

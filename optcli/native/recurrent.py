@@ -38,7 +38,7 @@ def recurrent(cell: str, xp: np.ndarray, rt: np.ndarray, rbh: np.ndarray | None,
 def prepared_recurrent(cell: str, rt: np.ndarray, rbh: np.ndarray | None, direction: str, acts: np.ndarray,
                        alphas: np.ndarray, betas: np.ndarray, clip: float | None, flags: int):
     """``recurrent`` for one layer's weights and attributes, worked out once: a function of
-    ``(xp, p, h0, c0, lens, want_y)``.  The weights' arrays and addresses are checked and taken here;
+    ``(xp, p, h0, c0, lens, want_y)``.  The weights' arrays are checked and made contiguous here;
     per call only the inputs are (a voice detector's 16-step LSTM spends ~25 us in its C loop, and
     the per-call conversions of every argument took as long again)."""
     require(library._lib is not None and cell in CELLS and direction in DIRECTIONS and rt.ndim == 3, "recurrent")
@@ -50,10 +50,9 @@ def prepared_recurrent(cell: str, rt: np.ndarray, rbh: np.ndarray | None, direct
     alphas = np.ascontiguousarray(alphas, dtype=np.float32)
     betas = np.ascontiguousarray(betas, dtype=np.float32)
     require(acts.shape == alphas.shape == betas.shape == (3 * dirs,), "recurrent")
-    fn, code, way = library._lib.optcli_recurrent_f32, CELLS[cell], DIRECTIONS[direction]
-    fixed = (_ptr(rt), _ptr(rbh))
-    act_addrs = (_ptr(acts), _ptr(alphas), _ptr(betas), 0.0 if clip is None else float(clip),
-                 flags | (CLIP if clip is not None else 0))
+    fn, code, way = library.function("optcli_recurrent_f32"), CELLS[cell], DIRECTIONS[direction]
+    fixed = (rt, rbh)
+    act_args = (acts, alphas, betas, 0.0 if clip is None else float(clip), flags | (CLIP if clip is not None else 0))
     lstm = cell == "LSTM"
 
     def call(xp: np.ndarray, p: np.ndarray | None, h0: np.ndarray | None, c0: np.ndarray | None,
@@ -70,14 +69,11 @@ def prepared_recurrent(cell: str, rt: np.ndarray, rbh: np.ndarray | None, direct
         y = np.empty((seq, dirs, batch, hidden), np.float32) if want_y else None
         yh = np.empty((dirs, batch, hidden), np.float32)
         yc = np.empty((dirs, batch, hidden), np.float32) if lstm else None
-        geom, geom_addr = _geom((dirs, seq, batch, hidden, way))
-        _check(fn(code, _ptr(xp), *fixed, _ptr(p), _ptr(h0), _ptr(c0), _ptr(lens), _ptr(y), _ptr(yh), _ptr(yc),
-                  geom_addr, *act_addrs), f"{cell} time loop")
-        del geom
+        _check(fn(code, xp, *fixed, p, h0, c0, lens, y, yh, yc, _geom((dirs, seq, batch, hidden, way)), *act_args),
+               f"{cell} time loop")
         return y, yh, yc
 
-    call.code, call.fixed, call.act_addrs = code, fixed, act_addrs  # for prepared_layer
-    call.keep = (rt, rbh, acts, alphas, betas)  # what the addresses point into
+    call.code, call.fixed, call.act_args = code, fixed, act_args  # for prepared_layer
     return call
 
 
@@ -100,15 +96,14 @@ def prepared_layer(cell: str, wt: np.ndarray, folded: np.ndarray, rt: np.ndarray
             "recurrent layer")
     wt, folded = _f32(wt, wt.shape), _f32(folded, folded.shape).reshape(dirs, 1, 1, gh)
     loop = prepared_recurrent(cell, rt, rbh, direction, acts, alphas, betas, clip, flags)
-    fn = library._lib.optcli_recurrent_f32
-    gemm = library._lib.optcli_gemm_conv_f32
-    code, fixed, act_addrs = loop.code, loop.fixed, loop.act_addrs
+    fn = library.function("optcli_recurrent_f32")
+    gemm = library.function("optcli_gemm_conv_f32")
+    code, fixed, act_args = loop.code, loop.fixed, loop.act_args
     lstm = cell == "LSTM"
     n_xp, n_y, n_h = dirs * seq * batch * gh, seq * dirs * batch * hidden, dirs * batch * hidden
     n_out = n_y + n_h * (2 if lstm else 1)
     small = n_xp <= _RESIDUAL_MAX  # a large layer's projection is not kept alive with its outputs
     geom_array = np.array((dirs, seq, batch, hidden, DIRECTIONS[direction]), np.int64)
-    geom = _ptr(geom_array)
     state, x_shape, p_shape = (dirs, batch, hidden), (seq, batch, size), (dirs, 3 * hidden)
     wt_addrs = [_ptr(wt) + 4 * d * size * gh for d in range(dirs)]
     # small layers take the biases as the GEMM's residual, made once for the shape (one pass less)
@@ -130,17 +125,16 @@ def prepared_layer(cell: str, wt: np.ndarray, folded: np.ndarray, rt: np.ndarray
             buf, out = empty(n_xp, f32), empty(n_out, f32)
             base, y_addr = _ptr(buf), _ptr(out)
         xp = buf[:n_xp].reshape(dirs, seq, batch, gh)
-        x_addr = _ptr(x)
         for d in range(dirs):  # xp[d] = x @ W[d]^T: [seq * batch, I] @ [I, G * H]
-            rc = gemm(x_addr, wt_addrs[d], None, bias_addrs[d], base + 4 * d * seq * batch * gh, 1, seq * batch, size,
+            rc = gemm(x, wt_addrs[d], None, bias_addrs[d], base + 4 * d * seq * batch * gh, 1, seq * batch, size,
                       gh, 0, 0.0, 0.0)
             if rc:
                 _check(rc, "recurrent input projection")
         if biases is None:
             add(xp, folded, out=xp)
         yh_addr = y_addr + 4 * n_y
-        rc = fn(code, base, *fixed, _ptr(p), _ptr(h0), _ptr(c0), None, y_addr, yh_addr,
-                yh_addr + 4 * n_h if lstm else None, geom, *act_addrs)
+        rc = fn(code, base, *fixed, p, h0, c0, None, y_addr, yh_addr,
+                yh_addr + 4 * n_h if lstm else None, geom_array, *act_args)
         if rc:
             _check(rc, f"{cell} time loop")
         y = out[:n_y].reshape(seq, dirs, batch, hidden)

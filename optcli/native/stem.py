@@ -47,7 +47,7 @@ def stem_conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: 
     Returns a new float32 array [N, M, *out]."""
     require(library._lib is not None and x.ndim == 4 and w.ndim == 4 and groups >= 1 and
             w.shape[1] * groups == x.shape[1] and w.shape[0] % groups == 0, 'stem conv2d')
-    grouped = library._lib.optcli_stem_conv2d_grouped_f32
+    grouped = library.function("optcli_stem_conv2d_grouped_f32")
 
     def fn(xa, wa, ba, ya, geom, code, al, be):
         return grouped(xa, wa, ba, ya, geom, groups, code, al, be)
@@ -63,5 +63,5 @@ def prepared_stem_conv2d(xshape: tuple[int, int, int, int], w: np.ndarray, bias:
     of its ~29 us in the window, checks and conversions that this makes once."""
     require(library._lib is not None and len(xshape) == 4 and w.ndim == 4 and groups >= 1
             and w.shape[1] * groups == xshape[1] and w.shape[0] % groups == 0, 'prepared stem conv2d')
-    return _prepared_window_conv(library._lib.optcli_stem_conv2d_grouped_f32, "stem conv", xshape, w, bias, strides,
-                                 dilations, pad_begin, out, activation, alpha, beta, groups)
+    return _prepared_window_conv(library.function("optcli_stem_conv2d_grouped_f32"), "stem conv", xshape, w, bias,
+                                 strides, dilations, pad_begin, out, activation, alpha, beta, groups)

@@ -10,7 +10,6 @@ import numpy as np
 
 from optcli.activation_codes import ACTIVATION_CODES
 from optcli.native import library
-from optcli.native.caches import _ptr
 from optcli.native.library import _check, require
 
 
@@ -20,8 +19,8 @@ def _upsample(src: np.ndarray, bias: np.ndarray | None, planes: int, channels: i
     b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
     require(b is None or b.shape == (channels,), 'upsample taps')
     geom = np.array((planes, channels, h, w, kh, kw, src.size // max(planes, 1), tap_stride), np.int64)
-    _check(library._lib.optcli_upsample_taps_f32(_ptr(src), _ptr(b), _ptr(y), _ptr(geom), ACTIVATION_CODES[activation],
-                                                 alpha, beta), "upsample")
+    _check(library.function("optcli_upsample_taps_f32")(src, b, y, geom, ACTIVATION_CODES[activation], alpha, beta),
+           "upsample")
     return y
 
 

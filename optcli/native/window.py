@@ -8,7 +8,7 @@ import numpy as np
 
 from optcli.activation_codes import ACTIVATION_CODES
 from optcli.native import library
-from optcli.native.caches import _geom, _ptr
+from optcli.native.caches import _geom
 from optcli.native.library import _check, require
 
 
@@ -25,7 +25,7 @@ def depthwise_conv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, stri
     and a fused activation; zero padding at the start is ``pad_begin``, at the end whatever
     ``out`` implies.  Returns a new float32 array [N, M, *out]."""
     require(library._lib is not None, 'depthwise conv2d')
-    return _window_conv(library._lib.optcli_dwconv2d_f32, "depthwise conv", x, w, bias, strides, dilations,
+    return _window_conv(library.function("optcli_dwconv2d_f32"), "depthwise conv", x, w, bias, strides, dilations,
                         pad_begin, out, activation, alpha, beta)
 
 
@@ -40,8 +40,8 @@ def _window_conv(fn, what: str, x: np.ndarray, w: np.ndarray, bias: np.ndarray |
     n, c, h, wd = x.shape
     m, _, kh, kw = w.shape
     y = np.empty((n, m, out[0], out[1]), dtype=np.float32)
-    geom_array, geom = _geom((n, c, h, wd, m, kh, kw, *strides, *dilations, *pad_begin, *out))
-    _check(fn(_ptr(x), _ptr(w), _ptr(b), _ptr(y), geom, ACTIVATION_CODES[activation], alpha, beta), what)
+    geom = _geom((n, c, h, wd, m, kh, kw, *strides, *dilations, *pad_begin, *out))
+    _check(fn(x, w, b, y, geom, ACTIVATION_CODES[activation], alpha, beta), what)
     return y
 
 
@@ -50,7 +50,7 @@ def prepared_depthwise_conv2d(xshape: tuple[int, int, int, int], w: np.ndarray, 
                               out: tuple[int, int], activation: str | None, alpha: float, beta: float):
     """``depthwise_conv2d`` for one plan step and input shape, worked out once (see
     ``prepared_gemm_conv``): a function of a C-contiguous float32 ``x`` of ``xshape``."""
-    fn = library._lib.optcli_dwconv2d_f32 if library._lib is not None else None
+    fn = library.function("optcli_dwconv2d_f32") if library._lib is not None else None
     return _prepared_window_conv(fn, "depthwise conv", xshape, w, bias, strides, dilations, pad_begin, out,
                                  activation, alpha, beta)
 
@@ -58,28 +58,25 @@ def prepared_depthwise_conv2d(xshape: tuple[int, int, int, int], w: np.ndarray, 
 def _prepared_window_conv(fn, what: str, xshape: tuple[int, int, int, int], w: np.ndarray, bias: np.ndarray | None,
                           strides: tuple[int, int], dilations: tuple[int, int], pad_begin: tuple[int, int],
                           out: tuple[int, int], activation: str | None, alpha: float, beta: float, *extra: int):
-    """``_window_conv`` of one step and input shape worked out once: the geometry array, weight and
-    bias addresses made here, ``extra`` ints passed after the geometry (the stem's groups); per
-    call one C call on a C-contiguous float32 ``x`` of ``xshape``."""
+    """``_window_conv`` of one step and input shape worked out once: the geometry array made here,
+    ``extra`` ints passed after the geometry (the stem's groups); per call one C call on a
+    C-contiguous float32 ``x`` of ``xshape``."""
     require(fn is not None and w.ndim == 4 and w.dtype == np.float32 and w.flags.c_contiguous, f'prepared {what}')
     require(bias is None or (bias.dtype == np.float32 and bias.shape == (w.shape[0],) and bias.flags.c_contiguous),
             f'prepared {what}')
     n, c, h, wd = xshape
     m, _, kh, kw = w.shape
     geom_values = np.array((n, c, h, wd, m, kh, kw, *strides, *dilations, *pad_begin, *out), dtype=np.int64)
-    geom = _ptr(geom_values)  # the call's own array: the shared cache may drop its copy
     code = ACTIVATION_CODES[activation]
-    w_addr, b_addr = _ptr(w), _ptr(bias)
     shape, empty, f32 = (n, m, out[0], out[1]), np.empty, np.float32
 
     def call(x: np.ndarray) -> np.ndarray:
         y = empty(shape, f32)
-        rc = fn(_ptr(x), w_addr, b_addr, _ptr(y), geom, *extra, code, alpha, beta)
+        rc = fn(x, w, bias, y, geom_values, *extra, code, alpha, beta)
         if rc:
             _check(rc, what)
         return y
 
-    call.keep = (w, bias, geom_values)
     return call
 
 
@@ -99,20 +96,18 @@ def prepared_pool2d(xshape: tuple[int, ...], op: str, kernel: tuple[int, int], s
     geom_array = np.array((n, c, h, wd, c, *kernel, *strides, *dilations, *pad_begin, *out), dtype=np.int64)
     r = None if rrow is None else np.ascontiguousarray(rrow, dtype=np.float32)
     k = None if rcol is None else np.ascontiguousarray(rcol, dtype=np.float32)
-    fn, geom, code = library._lib.optcli_pool2d_f32, _ptr(geom_array), POOL_OPS[op]
-    r_addr, k_addr = _ptr(r), _ptr(k)
+    fn, code = library.function("optcli_pool2d_f32"), POOL_OPS[op]
     shape, empty, f32 = (n, c, out[0], out[1]), np.empty, np.float32
 
     def call(x: np.ndarray) -> np.ndarray:
         # the C code reads x by the geometry above: its shape, dtype and layout are checked every call
         require(x.shape == xshape and x.dtype == f32 and x.flags.c_contiguous, 'prepared pool2d')
         y = empty(shape, f32)
-        rc = fn(_ptr(x), _ptr(y), geom, code, r_addr, k_addr)
+        rc = fn(x, y, geom_array, code, r, k)
         if rc:
             _check(rc, f"{op} pooling")
         return y
 
-    call.keep = (geom_array, r, k)  # what the addresses point into
     return call
 
 
@@ -126,9 +121,8 @@ def pool2d(x: np.ndarray, op: str, kernel: tuple[int, int], strides: tuple[int, 
     x = np.ascontiguousarray(x, dtype=np.float32)
     n, c, h, wd = x.shape
     y = np.empty((n, c, out[0], out[1]), dtype=np.float32)
-    geom_array, geom = _geom((n, c, h, wd, c, *kernel, *strides, *dilations, *pad_begin, *out))
+    geom = _geom((n, c, h, wd, c, *kernel, *strides, *dilations, *pad_begin, *out))
     r = None if rrow is None else np.ascontiguousarray(rrow, dtype=np.float32)
     k = None if rcol is None else np.ascontiguousarray(rcol, dtype=np.float32)
-    _check(library._lib.optcli_pool2d_f32(_ptr(x), _ptr(y), geom, POOL_OPS[op], _ptr(r), _ptr(k)),
-           f"{op} pooling")
+    _check(library.function("optcli_pool2d_f32")(x, y, geom, POOL_OPS[op], r, k), f"{op} pooling")
     return y

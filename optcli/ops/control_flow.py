@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from optcli import generated_code
 from optcli.errors import RunLimitError
 from optcli.ops import reference
 from optcli.ops.reference import CONTROL_FLOW, attribute_values, run_reference, runs_optcli_kernel
@@ -211,7 +212,8 @@ def _straight_line(program: tuple) -> Any:
     named output.  A decoder's Loop runs its ~30 steps hundreds of times, and the generic loop
     over the steps (an argument list built by a comprehension, the outputs stored through zip)
     cost ~1 us a step, as much as a small kernel.  Only slot numbers and names of this module's
-    making go into the source; the functions and attrs are the generated function's globals.  A
+    making go into the source (``generated_code.function`` refuses anything else); the functions
+    and attrs are the generated function's globals.  A
     step that gives fewer results than its outputs leaves the rest unset, as the loop did."""
     lines, names = ["def run(vals, outer, env_of):"], {}
     for k, (fn, attrs, ins, outs) in enumerate(program):
@@ -230,9 +232,7 @@ def _straight_line(program: tuple) -> Any:
             lines.append("    n = len(o)")
             lines.extend(f"    if n > {j}: vals[{i}] = o[{j}]" for j, i in named)
     lines.append("    return None")
-    space: dict[str, Any] = {}
-    exec(compile("\n".join(lines), "<optcli body program>", "exec"), names, space)  # noqa: S102 - our own source
-    return space["run"]
+    return generated_code.function(lines, names, "run")
 
 
 def _empty_like_declared(value_info) -> np.ndarray:

@@ -5,14 +5,18 @@ Host arrays are dropped right after their last reader (the memory plan's lifetim
 host memory follows the plan rather than the sum of all activations.
 
 The loop is the runtime's per-step overhead (issue 11 asks for at most 1 us a step outside the
-kernels), so everything a step needs that does not change between runs is worked out once, in
-``__init__``: the bound kernel, the input and output names, how many outputs the model uses, the
-values to drop after it, and whether an input may be a device array (only graph inputs can be,
-and only when the plan has a GPU).  Errors are sorted out only when one is raised.
+kernels, issue 25 for 0.6 us), so everything a step needs that does not change between runs is
+worked out once, in ``__init__``: the bound kernel, the input and output names, how many outputs
+the model uses, the values to drop after it, and whether an input may be a device array (only
+graph inputs can be, and only when the plan has a GPU).  Errors are sorted out only when one is
+raised.  A plan whose steps all run on the host goes further: its steps become one generated
+function (``host/program.py``) with no loop at all; the loop stays for GPU plans and for the
+first run of a new input shape, which records the values' sizes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -23,8 +27,11 @@ from optcli.ops.reference import RUN_STOP
 from optcli.ops.spatial import WindowDoesNotFit
 from optcli.plan import Plan
 from optcli.runtime.host.memory import keep_freed_memory
+from optcli.runtime.host.program import straight_line
 from optcli.runtime.host.steps import StepError, StepFn, bind_step
 from optcli.runtime.run_control import RunStop
+
+_NEVER = RunStop()  # the stop flag of a run nobody can stop (a caller that passed none)
 
 
 def _host(value):
@@ -49,6 +56,7 @@ class Executor:
         self.on_gpu = on_gpu
         self.free_after = plan.memory.free_after
         self._program: list[_Step] | None = None
+        self._straight: Callable | None | bool = False  # False: not made yet; None: the plan keeps the loop
         self.fns = [None if i in on_gpu else bind_step(s, plan.opsets) for i, s in enumerate(plan.steps)]
         if len(on_gpu) < len(plan.steps):
             keep_freed_memory()  # host steps allocate their outputs: no page faults run after run
@@ -63,6 +71,7 @@ class Executor:
     def fns(self, fns: list[StepFn | None]) -> None:
         self._fns = fns
         self._program = None
+        self._straight = False
 
     def _compile(self) -> list[_Step]:
         # Device arrays on the host side: inputs the caller passed as pyopencl arrays, and Download
@@ -81,6 +90,15 @@ class Executor:
             stop: RunStop | None = None) -> dict[str, np.ndarray]:
         """Run the steps; ``stop`` (a cancel from another thread, a deadline) ends the run between
         steps, in the GPU steps' waits and in a Loop's or Scan's iterations."""
+        if self.gpu is None and record_sizes is None:  # a host plan's steps as one function (host/program.py)
+            if self._straight is False:  # first run, or fns replaced
+                self._straight = straight_line(self.plan, self.fns, self.free_after, _kernel_failure)
+            if self._straight is not None:
+                scope = RUN_STOP.set(stop)  # Loop and Scan (ops/control_flow.py) look at it on every iteration
+                try:
+                    return self._straight(feeds, _NEVER if stop is None else stop)
+                finally:
+                    RUN_STOP.reset(scope)
         if self._program is None:  # first run, or fns replaced
             self._program = self._compile()
         steps, gpu = self.plan.steps, self.gpu

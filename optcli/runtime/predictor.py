@@ -462,13 +462,42 @@ def _fast_getter(controller):
     return controller.get_num_threads
 
 
+def _fast_setter(controller):
+    """The library's own set-threads function where calling it is what threadpoolctl would do: the
+    native pool's, OpenBLAS's where this thread controls OpenBLAS (threadpoolctl lets one Python
+    thread at a time set a pool the process shares, and goes through its lock and checks, ~1.5 us,
+    on every call, twice a run); threadpoolctl's setter otherwise."""
+    set_ = controller.set_num_threads
+    try:
+        if controller.internal_api == "optcli_native":
+            from optcli.native import library
+
+            return library._lib.optcli_set_num_threads if library._lib is not None else set_
+        if controller.internal_api != "openblas":
+            return set_
+        openmp = controller.threading_layer == "openmp"
+        fn = controller._get_symbol("omp_set_num_threads" if openmp else "openblas_set_num_threads")
+        shared = getattr(type(controller), "_SHARED_STATE", None)
+        if fn is None or openmp or shared is None:  # (per-thread limits; no controlling thread to respect)
+            return set_ if fn is None else fn
+    except Exception:  # noqa: BLE001 - another threadpoolctl: its own setter, slower but right
+        return set_
+
+    def set_as_controller(n: int):
+        if shared.controlling_thread is threading.current_thread():
+            return fn(n)
+        return set_(n)  # threadpoolctl decides: take control, or leave it to the thread that has it
+
+    return set_as_controller
+
+
 class _ThreadLimit:
     """``with limit:`` sets each library to ``threads`` where it differs and restores it after.
     Not reentrant (the predictor's lock holds one run at a time)."""
 
     def __init__(self, threads: int, controllers):
         self.threads = threads
-        self.libraries = [(_fast_getter(c), c.set_num_threads) for c in controllers]
+        self.libraries = [(_fast_getter(c), _fast_setter(c)) for c in controllers]
         self.changed: list = []
 
     def __enter__(self):

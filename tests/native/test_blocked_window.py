@@ -111,16 +111,17 @@ def test_nonsense_geometry_is_refused(native_lib):
     x = np.zeros(64, np.float32)
     y = np.zeros(64, np.float32)
     good = [1, 1, 2, 2, 1, 1, 1, 1, 1, 1, 0, 0, 2, 2, 4]
-    assert lib.optcli_pool2d_blocked_f32(x.ctypes.data, y.ctypes.data, caches._geom(tuple(good))[1], 1, None, None) == 0
+    geom = caches._geom(tuple(good)).ctypes.data
+    assert lib.optcli_pool2d_blocked_f32(x.ctypes.data, y.ctypes.data, geom, 1, None, None) == 0
     for i, bad in [(1, 0), (4, 0), (6, 0), (8, 0), (14, 3), (14, 32), (2, -1), (12, -2), (5, 1 << 40), (0, 1 << 60),
                    (2, 1 << 41), (3, -5)]:
         g = list(good)
         g[i] = bad
-        geom = caches._geom(tuple(g))[1]
+        geom = caches._geom(tuple(g)).ctypes.data
         assert lib.optcli_pool2d_blocked_f32(x.ctypes.data, y.ctypes.data, geom, 1, None, None) == -1, (i, bad)
         assert lib.optcli_dwconv2d_blocked_f32(x.ctypes.data, x.ctypes.data, None, y.ctypes.data, geom, 0, 0.0,
                                                0.0) == -1, (i, bad)
-    geom = caches._geom(tuple(good))[1]
+    geom = caches._geom(tuple(good)).ctypes.data
     assert lib.optcli_pool2d_blocked_f32(x.ctypes.data, y.ctypes.data, geom, 3, None, None) == -1
     assert lib.optcli_pool2d_blocked_f32(x.ctypes.data, y.ctypes.data, geom, 2, None, None) == -1
     assert lib.optcli_dwconv2d_blocked_f32(x.ctypes.data, x.ctypes.data, None, y.ctypes.data, geom, 99, 0.0,

@@ -75,27 +75,32 @@ def test_every_guard_holds_under_python_O():
 @pytest.mark.skipif(not native.available(), reason=native.status())
 def test_the_geometry_array_outlives_a_cache_clear_before_the_c_call(monkeypatch):
     """Issue 23, part 9: another thread's predictor may clear the shared geometry cache between
-    ``_geom`` and the C call; the caller's own reference keeps the array, and so its address, valid.
-    Here the clear happens at exactly that moment, and new arrays of the same size, filled with -1,
-    are made before the call: with an address alone, numpy's small-block cache hands them the freed
-    block and C reads their -1s as the geometry."""
+    ``_geom`` and the C call; the array the caller passes (held by the call) stays valid.  Here the
+    clear happens at exactly that moment, and new arrays of the same size, filled with -1, are made
+    just before the C call: had the caller kept only an address, numpy's small-block cache would
+    hand them the freed block and C would read their -1s as the geometry."""
     import numpy as np
 
-    from optcli.native import caches, window
+    from optcli.native import caches, library, window
 
-    real_geom, real_ptr, planted = caches._geom, window._ptr, []
+    real_geom, real_function, planted = caches._geom, library.function, []
 
     def racing_geom(values):
         hit = real_geom(values)
         caches._GEOMS.clear()  # another thread's predictor, at 4096 geometries
         return hit
 
-    def ptr_after_the_clear(a):
-        planted.extend(np.full(15, -1, np.int64) for _ in range(8))
-        return real_ptr(a)
+    def planting_function(name):
+        fn = real_function(name)
+
+        def call(*args):
+            planted.extend(np.full(15, -1, np.int64) for _ in range(8))
+            return fn(*args)
+
+        return call
 
     monkeypatch.setattr(window, "_geom", racing_geom)
-    monkeypatch.setattr(window, "_ptr", ptr_after_the_clear)
+    monkeypatch.setattr(library, "function", planting_function)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 4, 9, 9)).astype(np.float32)
     w = rng.standard_normal((4, 1, 3, 3)).astype(np.float32)

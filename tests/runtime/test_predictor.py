@@ -123,6 +123,53 @@ def test_the_thread_limit_reads_each_library_as_threadpoolctl_does():
             c.set_num_threads(before)
 
 
+def test_the_thread_limit_sets_each_library_as_threadpoolctl_does():
+    """The limiter's setters (the libraries' own functions, looked up once) leave each library where
+    threadpoolctl's setter would, and OpenBLAS's respects threadpoolctl's controlling thread: from a
+    thread that does not control OpenBLAS while another live one does, nothing changes."""
+    import threading
+
+    from threadpoolctl import ThreadpoolController
+
+    from optcli.runtime.predictor import _fast_setter
+
+    controllers = ThreadpoolController().lib_controllers
+    assert controllers
+    for c in controllers:
+        before = c.get_num_threads()
+        want = 1 if before != 1 else 2
+        try:
+            _fast_setter(c)(want)
+            assert c.get_num_threads() == want, c.internal_api
+        finally:
+            c.set_num_threads(before)
+        assert c.get_num_threads() == before
+    blas = [c for c in controllers if c.internal_api == "openblas" and c.threading_layer != "openmp"]
+    shared = getattr(type(blas[0]), "_SHARED_STATE", None) if blas else None
+    if shared is None:
+        return  # no OpenBLAS pool here, or a threadpoolctl without a controlling thread
+    c, held, done = blas[0], threading.Event(), threading.Event()
+
+    def control():  # another thread takes control of OpenBLAS and stays alive meanwhile
+        c.set_num_threads(c.get_num_threads())
+        held.set()
+        done.wait(10)
+
+    type(c).clear_controlling_thread(force=True)  # (this thread took control in earlier runs)
+    owner = threading.Thread(target=control)
+    owner.start()
+    try:
+        held.wait(10)
+        assert shared.controlling_thread is owner
+        before = c.get_num_threads()
+        _fast_setter(c)(1 if before != 1 else 2)
+        assert c.get_num_threads() == before, "set from a thread that does not control OpenBLAS"
+    finally:
+        done.set()
+        owner.join()
+        type(c).clear_controlling_thread(force=True)
+
+
 def test_replacing_the_bound_kernels_after_a_run_takes_effect(small_nb, small_cnn):
     """The executor works out its loop once; ``optcli bench`` swaps ``fns`` to time each step, which
     must re-derive it, also after runs have happened."""
