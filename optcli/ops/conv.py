@@ -198,7 +198,7 @@ def conv_im2col(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[
     x, w = inputs[0], inputs[1]
     if x.ndim == 3 and w.ndim == 3 and native.available():
         return _conv1d_as_2d(inputs, attrs)
-    strided = _strided_pointwise(inputs, attrs)
+    strided = _strided_pointwise(inputs, attrs) or _full_height(inputs, attrs)
     if strided is not None:
         return strided
     fast = _prepared_im2col(attrs, x, w, _bias(inputs))
@@ -350,6 +350,34 @@ def _strided_pointwise(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -
         unit = {**attrs, "strides": [1, 1]}
     sub = np.ascontiguousarray(x[:, :, ::int(strides[0]), ::int(strides[1])])
     return conv_1x1([sub, w, *inputs[2:]], unit)
+
+
+def _full_height(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray] | None:
+    """A conv whose window spans the input's whole height and one column (an OCR recogniser's
+    [4, 1] conv that folds the last 4 rows of features into one) as the pointwise conv of the input
+    seen as [N, C * H, 1, W]: a reshape, no copy, where the implicit GEMM gathered each column's
+    C * H taps (~2x onnxruntime's time).  None where it does not apply (padding, groups, a wider
+    window, a column stride, dilated rows, not 2-D float32)."""
+    x, w = inputs[0], inputs[1]
+    if x.ndim != 4 or w.ndim != 4 or w.shape[3] != 1 or w.shape[2] != x.shape[2] or x.dtype != np.float32:
+        return None
+    strides, dilations = attrs.get("strides") or (1, 1), attrs.get("dilations") or (1, 1)
+    if int(attrs.get("group", 1)) != 1 or any(int(p) for p in attrs.get("pads") or ()) or len(strides) != 2 \
+            or int(strides[1]) != 1 or len(dilations) != 2 or int(dilations[0]) != 1 \
+            or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID") or w.shape[1] != x.shape[1]:
+        return None
+    n, c, h, width = x.shape
+    if type(attrs) is StepAttrs:  # the same weight every run: its reshaped view and the 1x1 attrs made once
+        hit = attrs.memo.get("full height")
+        if hit is None or hit[0] is not w:
+            hit = attrs.memo["full height"] = (w, w.reshape(w.shape[0], c * h, 1, 1),
+                                               StepAttrs({**attrs, "kernel_shape": [1, 1], "strides": [1, 1],
+                                                          "dilations": [1, 1]}))
+        w2, unit = hit[1], hit[2]
+    else:
+        w2, unit = w.reshape(w.shape[0], c * h, 1, 1), {**attrs, "kernel_shape": [1, 1], "strides": [1, 1],
+                                                      "dilations": [1, 1]}
+    return conv_1x1([np.ascontiguousarray(x).reshape(n, c * h, 1, width), w2, *inputs[2:]], unit)
 
 
 def _native_gemm(ct: np.dtype, columns: int, narrow: bool = False) -> bool:

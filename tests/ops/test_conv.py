@@ -69,6 +69,13 @@ CONV_CASES = [
     # pointwise
     ((2, 16, 7, 5), (8, 16, 1, 1), {}),
     ((1, 8, 9, 9), (4, 8, 1, 1), {"strides": [2, 2]}),
+    # a window of the whole height and one column (a pointwise conv of [N, C * H, 1, W]), and near misses
+    ((2, 5, 4, 7), (3, 5, 4, 1), {}),
+    ((1, 7, 3, 5), (2, 7, 3, 1), {"strides": [2, 1], "dilations": [1, 3]}),
+    ((1, 1, 1, 9), (4, 1, 1, 1), {"strides": [5, 1]}),
+    ((1, 4, 4, 6), (3, 4, 4, 1), {"strides": [1, 2]}),
+    ((1, 4, 4, 6), (3, 4, 4, 1), {"pads": [0, 1, 0, 1]}),
+    ((1, 4, 4, 6), (3, 4, 2, 1), {}),
     # 1-D and 3-D
     ((2, 3, 17), (4, 3, 3), {"strides": [2], "pads": [1, 2]}),
     ((1, 4, 20), (4, 1, 5), {"group": 4, "dilations": [3], "pads": [2, 2]}),
@@ -101,6 +108,7 @@ def test_conv_keeps_dtype(dtype):
 
 EPILOGUE_CASES = [
     ((1, 6, 9, 9), (4, 6, 1, 1), {}),
+    ((2, 6, 4, 9), (5, 6, 4, 1), {}),
     ((1, 6, 9, 9), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}),
     ((1, 6, 9, 9), (4, 3, 3, 3), {"group": 2, "strides": [2, 2]}),
 ]
@@ -114,6 +122,32 @@ def test_conv_epilogue(name):
         expected = act_ref(plain + b.reshape(1, -1, 1, 1), name)
         for variant, out in run_variants("Conv", [x, w, b], {**attrs, **act_attrs(name)}).items():
             assert_close(out[0], expected, what=f"Conv[{variant}]+{name}")
+
+
+def test_a_full_height_window_runs_as_a_pointwise_conv(monkeypatch):
+    """The [H, 1] window over an H-row input goes to the 1x1 path on the input seen as [N, C * H, 1, W]
+    (no columns gathered); a padded one, or one with a column stride, does not."""
+    from optcli.ops import conv
+    from optcli.ops.registry import StepAttrs
+
+    seen = []
+    real = conv.conv_1x1
+
+    def spy(inputs, attrs):
+        seen.append(inputs[0].shape)
+        return real(inputs, attrs)
+
+    monkeypatch.setattr(conv, "conv_1x1", spy)
+    x, w, b = _rand(2, 5, 4, 7), _rand(3, 5, 4, 1), _rand(3)
+    attrs = StepAttrs({"kernel_shape": [4, 1], **act_attrs("relu")})
+    for _ in range(2):  # (the second call through the step's memo)
+        y = conv.conv_im2col([x, w, b], attrs)[0]
+    assert seen == [(2, 20, 1, 7)] * 2
+    assert_close(y, np.maximum(np.einsum("mchk,nchw->nmw", w, x)[:, :, None, :] + b.reshape(1, 3, 1, 1), 0))
+    seen.clear()
+    conv.conv_im2col([x, w, b], {"kernel_shape": [4, 1], "pads": [0, 1, 0, 1]})
+    conv.conv_im2col([x, w, b], {"kernel_shape": [4, 1], "strides": [1, 2]})
+    assert seen == []
 
 
 def _choose(op: str, attrs: dict, wshape: tuple | None, as_initializer: bool = True) -> str:
