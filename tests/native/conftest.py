@@ -21,6 +21,31 @@ def native_lib():
     return native.library
 
 
+def spy_native_function(monkeypatch, name: str, before=None) -> list:
+    """The arguments of every call of the library's C function ``name`` made through
+    ``library.function`` (how the wrappers call it) from now on, ``before()`` run ahead of each;
+    steps prepared earlier keep the function they were given."""
+    from optcli.native import library
+
+    calls, real = [], library.function
+
+    def function(wanted: str):
+        fn = real(wanted)
+        if wanted != name:
+            return fn
+
+        def spy(*args):
+            calls.append(args)
+            if before is not None:
+                before()
+            return fn(*args)
+
+        return spy
+
+    monkeypatch.setattr(library, "function", function)
+    return calls
+
+
 def _counted(calls: dict[str, int], key: str, fn):
     def wrapper(*args, **kwargs):
         calls[key] += 1

@@ -17,6 +17,7 @@ from optcli.native import upsample
 from optcli.ops.activation import apply_activation
 from optcli.ops.conv import conv_transpose
 from tests.native.cases import ACT_PARAMS
+from tests.native.conftest import spy_native_function
 
 SHAPES = [(1, 1, 1, 1), (2, 3, 5, 7), (1, 16, 9, 17), (1, 4, 40, 40), (1, 2, 3, 33)]
 
@@ -29,15 +30,7 @@ def _ort(node, inits, x):
 
 
 def _count_calls(monkeypatch):
-    calls = []
-    real = native.library._lib.optcli_upsample_taps_f32
-
-    def counted(*args):
-        calls.append(args)
-        return real(*args)
-
-    monkeypatch.setattr(native.library._lib, "optcli_upsample_taps_f32", counted)
-    return calls
+    return spy_native_function(monkeypatch, "optcli_upsample_taps_f32")
 
 
 @pytest.mark.parametrize("shape", SHAPES)

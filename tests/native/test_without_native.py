@@ -18,6 +18,7 @@ import optcli
 from optcli import native
 from optcli.zoo.models import build, sample_inputs
 from tests.helpers import assert_close, run_ort
+from tests.native.conftest import spy_native_function
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,14 +60,11 @@ def test_threads_size_the_native_pool(models, native_lib, monkeypatch):
     seen = []
     lib = native.library._lib
 
-    def spying(fn):
-        def spy(*args):
-            seen.append(lib.optcli_get_num_threads())
-            return fn(*args)
-        return spy
+    def look():
+        seen.append(lib.optcli_get_num_threads())
 
     for name in ("optcli_dwconv2d_f32", "optcli_dwconv2d_blocked_f32"):  # the depthwise convs of either layout
-        monkeypatch.setattr(lib, name, spying(getattr(lib, name)))
+        spy_native_function(monkeypatch, name, look)
     _, _, data, feeds, _ = models[0]
     before = native.get_num_threads()
     for n in (1, 3):
