@@ -217,7 +217,7 @@ def _load_fastcall() -> tuple[object | None, str]:
     if os.environ.get("OPTCLI_FASTCALL", "1").strip().lower() in ("0", "false", "no", "off"):
         return None, "disabled by OPTCLI_FASTCALL=0: native calls go through ctypes"
     try:
-        from optcli.native import _fastcall
+        import optcli.native._fastcall as _fastcall  # (an extension: it imports nothing of ours)
     except ImportError as exc:
         return None, f"not built ({exc}): native calls go through ctypes (~2-3 us more a call)"
     return _fastcall, "native calls through optcli.native._fastcall"
