@@ -32,7 +32,7 @@ from optcli.native.library import (
     vector_width,
 )
 from optcli.native.stem import prepared_stem_conv2d, stem_conv2d, stem_fits, stem_fits_grouped
-from optcli.native.upsample import transpose_conv_taps
+from optcli.native.upsample import transpose_conv_taps, upsample_nearest
 from optcli.native.window import depthwise_conv2d, depthwise_fits, pool2d, prepared_depthwise_conv2d
 
 __all__ = [
@@ -42,5 +42,5 @@ __all__ = [
     "get_num_threads", "layer_norm", "library", "library_path", "note_unavailable", "pack_panels", "pool2d",
     "prepared_conv2d_gemm", "prepared_depthwise_conv2d", "prepared_fc_rows", "prepared_stem_conv2d",
     "prepared_gemm_conv", "row_mean", "set_num_threads", "status", "stem_conv2d",
-    "stem_fits", "stem_fits_grouped", "to_half", "transpose_conv_taps", "vector_width",
+    "stem_fits", "stem_fits_grouped", "to_half", "transpose_conv_taps", "upsample_nearest", "vector_width",
 ]

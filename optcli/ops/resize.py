@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from optcli import native
 from optcli.ops.registry import StepAttrs, kernel
 from optcli.ops.shape_functions import Shape, ShapeArgs, ShapeDerivationError, fixed, norm_axis, shape_fn
 
@@ -129,7 +130,12 @@ def _nearest_by_repeats(x: np.ndarray, repeats: dict[int, int]) -> np.ndarray:
     each (6x onnxruntime's time on an FPN's upsamples).  The last axis by stacking k copies (its
     elements interleaved: 29 us where np.repeat took 66 and a broadcast into [..., W, k] 182 on a
     [1, 16, 40, 40] map), every other axis by one broadcast copy into the output seen as
-    [..., d_a, k, rest], whose inner runs are whole rows."""
+    [..., d_a, k, rest], whose inner runs are whole rows.  A float32 image upscaled along its rows and
+    columns only takes the native kernel (upsample.c): each output row made once, the copies of
+    it memcpys, 2.5x faster than the two numpy copies on an FPN's maps."""
+    if x.ndim == 4 and x.dtype == np.float32 and x.size and not any(repeats.get(a, 1) > 1 for a in (0, 1)) \
+            and native.available():
+        return native.upsample_nearest(x, repeats.get(2, 1), repeats.get(3, 1))
     y, last = x, x.ndim - 1
     if repeats.get(last, 1) > 1:
         k = repeats[last]

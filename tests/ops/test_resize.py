@@ -142,6 +142,32 @@ def test_nearest_integer_upscales(coord, nearest, scales):
     check({"mode": "nearest", "coordinate_transformation_mode": coord, "nearest_mode": nearest}, scales=scales)
 
 
+@pytest.mark.parametrize("shape", [(1, 3, 5, 7), (2, 1, 1, 1), (1, 16, 40, 40), (1, 2, 3, 17)])
+@pytest.mark.parametrize("scales", [[1, 1, 2, 2], [1, 1, 4, 8], [1, 1, 1, 3], [1, 1, 5, 1]])
+def test_float_image_upscales_take_the_native_kernel(monkeypatch, shape, scales):
+    """A float32 image repeated along its rows and columns runs kernels/host/upsample.c (counted),
+    with onnxruntime's result and numpy's path's bits; a repeat along the channels keeps numpy's."""
+    from optcli import native
+
+    if not native.available():
+        pytest.skip(native.status())
+    calls, real = [], native.upsample_nearest
+    monkeypatch.setattr(native, "upsample_nearest", lambda x, kh, kw: calls.append((kh, kw)) or real(x, kh, kw))
+    x = RNG.standard_normal(shape).astype(np.float32)
+    attrs = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
+    check(attrs, scales=scales, x=x, opset=13)
+    assert calls and calls[-1] == (scales[2], scales[3])
+    from optcli.ops.resize import _nearest_by_repeats
+
+    got = _nearest_by_repeats(x, {2: scales[2], 3: scales[3]})
+    with monkeypatch.context() as m:
+        m.setattr(native, "available", lambda: False)
+        assert np.array_equal(got, _nearest_by_repeats(x, {2: scales[2], 3: scales[3]}))
+    calls.clear()
+    check(attrs, scales=[1, 2, 2, 2], x=x, opset=13)
+    assert not calls
+
+
 def test_the_repeat_check_sees_which_modes_repeat():
     from optcli.ops import resize
 
