@@ -164,7 +164,10 @@ static int run(gemm_t *g, int64_t batch) {
      * layers: a 512 x 4608 W read once per band of 49 columns would come from memory over and
      * over).  A column band is never wider than the L2 holds packed. */
     int threads = optcli_get_num_threads();
-    int64_t macs = batch * M * K * N, want = batch >= 4 * threads ? 1 : (4 * threads + batch - 1) / batch;
+    /* One thread takes the whole product as one item: split, each row band would pack its columns
+     * of X again (MTCNN R-net's 28 -> 48 3x3 conv on 11x11, 81 columns: two row bands each) */
+    int64_t macs = batch * M * K * N,
+            want = threads == 1 || batch >= 4 * threads ? 1 : (4 * threads + batch - 1) / batch;
     if (N < NARROW_COLS && !g->conv) { /* dot products along K: see GK(narrow) */
         /* X transposed, each column contiguous (one column is already): N x K floats per image,
          * small beside W's M x K */

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 10 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 11 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -57,6 +57,11 @@ OPT_API int optcli_pool2d_f32(const float *x, float *y, const int64_t *geom, int
  * (1 and 0); x == y works in place. */
 OPT_API int optcli_channel_affine_f32(const float *x, float *y, const float *scale, const float *shift,
                                       int64_t n, int64_t c, int64_t hw, int act, float alpha, float beta);
+
+/* y = x >= 0 ? x : x * slope[c * lanes + l] over x [N, C, HW, lanes] (PRelu with a slope per
+ * channel: lanes 1 for NCHW, the block width for the blocked layout); x == y works in place. */
+OPT_API int optcli_channel_prelu_f32(const float *x, float *y, const float *slope, int64_t n, int64_t c, int64_t hw,
+                                     int64_t lanes);
 
 /* The GEMM convs (gemm.c): for each of `batch` images, y = act(w @ x + bias[:, None] + res) with
  * w [M, K] shared, x [K, N], y and res [M, N], all row-major and contiguous, images back to back.

@@ -17,7 +17,7 @@ from optcli.activation_codes import ACTIVATION_CODES
 from optcli.native import library
 from optcli.native.caches import derived
 from optcli.native.elementwise import activation, activation_, add, from_half, layer_norm, row_mean, to_half
-from optcli.native.epilogue import bias_activation_, channel_affine
+from optcli.native.epilogue import bias_activation_, channel_affine, prepared_channel_prelu
 from optcli.native.fc_rows import prepared_fc_rows
 from optcli.native.gemm import conv2d_gemm, gemm_conv, pack_panels, prepared_conv2d_gemm, prepared_gemm_conv
 from optcli.native.library import (
@@ -38,7 +38,7 @@ from optcli.native.window import depthwise_conv2d, depthwise_fits, pool2d, prepa
 __all__ = [
     "ACTIVATION_CODES", "LIB_PREFIX", "NativeError", "activation", "activation_", "add", "available",
     "bias_activation_", "channel_affine", "conv2d_gemm", "depthwise_conv2d", "depthwise_fits", "derived", "from_half",
-    "gemm_conv",
+    "gemm_conv", "prepared_channel_prelu",
     "get_num_threads", "layer_norm", "library", "library_path", "note_unavailable", "pack_panels", "pool2d",
     "prepared_conv2d_gemm", "prepared_depthwise_conv2d", "prepared_fc_rows", "prepared_stem_conv2d",
     "prepared_gemm_conv", "row_mean", "set_num_threads", "status", "stem_conv2d",

@@ -37,7 +37,7 @@ import numpy as np
 
 LOG = logging.getLogger("optcli")
 
-ABI = 10  # OPTCLI_NATIVE_ABI in kernels/host/optcli_native.h
+ABI = 11  # OPTCLI_NATIVE_ABI in kernels/host/optcli_native.h
 LIB_PREFIX = "_optcli_native"  # the extension's file name starts with this (threadpoolctl matches it)
 LIBRARY_ENV = "OPTCLI_NATIVE_LIBRARY"  # a testing hook: load this file instead (sanitizer builds)
 
@@ -69,6 +69,8 @@ _SIGNATURES = {
                                         ctypes.c_float], ctypes.c_int),
     "optcli_channel_affine_f32": ([_vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
                                    ctypes.c_float, ctypes.c_float], ctypes.c_int),
+    "optcli_channel_prelu_f32": ([_vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64],
+                                 ctypes.c_int),
     "optcli_activation_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
     "optcli_add_f32": ([_vp, _vp, _vp, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
     "optcli_fc_rows_f32": ([_vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,

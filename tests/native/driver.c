@@ -224,6 +224,14 @@ static int run_case(const char *in, const char *out) {
         y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
         rc = optcli_fc_rows_f32(x, w, b, y, rows, k, n, act, alpha, beta);
         free(x), free(w), free(b);
+    } else if (h[0] == 20) { /* PRelu with a slope per channel: g = n, c, hw, lanes */
+        ny = g[0] * g[1] * g[2] * g[3];
+        float *x = read_floats(f, ny), *s = read_floats(f, g[1] * g[3]);
+        y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
+        float *dst = ny % 2 ? y : x; /* even cases in place, odd ones out of place */
+        rc = optcli_channel_prelu_f32(x, dst, s, g[0], g[1], g[2], g[3]);
+        if (dst == x) memcpy(y, x, (size_t)ny * sizeof(float));
+        free(x), free(s);
     } else if (h[0] == 9) {
         ny = g[0];
         float *x = read_floats(f, ny), *b = read_floats(f, ny);

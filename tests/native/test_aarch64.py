@@ -115,6 +115,26 @@ def _epilogue_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
     return cases
 
 
+def _prelu_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
+    """PRelu with a slope per channel: planes (lanes 1, 4-lane vectors and a tail), a dense layer's
+    [rows, N] (lanes N: vectors and a tail), the blocked [N, Cb, HW, B]; zero and negative slopes,
+    NaN and infinities; even sizes in place."""
+    rng = np.random.default_rng(17)
+    cases = []
+    for i, (n, c, hw, lanes) in enumerate([(1, 28, 484, 1), (2, 13, 7, 1), (1, 1, 3, 1), (1, 1, 3, 37),
+                                           (1, 2, 9, 8), (2, 3, 5, 4), (1, 5, 1, 1)]):
+        x = (rng.standard_normal((n, c, hw, lanes)) * 3).astype(np.float32)
+        x.reshape(-1)[:3] = [np.nan, np.inf, -np.inf][: min(3, x.size)]
+        s = rng.standard_normal((c, lanes)).astype(np.float32)
+        s.reshape(-1)[0] = 0.0
+        with np.errstate(invalid="ignore"):
+            want = np.where(x >= 0, x, x * s[None, :, None, :]).astype(np.float32)
+        src, dst = tmp / f"prelu{i}.in", tmp / f"prelu{i}.out"
+        _write_case(src, 20, None, [n, c, hw, lanes], [x, s, None])
+        cases.append((src, dst, want, f"channel prelu {n}x{c}x{hw}x{lanes}"))
+    return cases
+
+
 def _pool_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
     rng = np.random.default_rng(5)
     cases = []
@@ -444,7 +464,8 @@ def _int8_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
 @pytest.mark.parametrize("threads", [1, 3])
 def test_kernels_on_aarch64_match_numpy(aarch64_driver, tmp_path, threads):
     qemu, driver = aarch64_driver
-    cases = (_depthwise_cases(tmp_path) + _epilogue_cases(tmp_path) + _pool_cases(tmp_path) + _gemm_cases(tmp_path)
+    cases = (_depthwise_cases(tmp_path) + _epilogue_cases(tmp_path) + _prelu_cases(tmp_path) + _pool_cases(tmp_path)
+             + _gemm_cases(tmp_path)
              + _elementwise_cases(tmp_path) + _conv_gemm_cases(tmp_path) + _stem_cases(tmp_path)
              + _grouped_stem_cases(tmp_path) + _upsample_cases(tmp_path)
              + _blocked_cases(tmp_path) + _blocked_conv_cases(tmp_path) + _int8_cases(tmp_path))
