@@ -36,24 +36,22 @@ def bias_activation_(y: np.ndarray, bias: np.ndarray | None, activation: str | N
     return channel_affine(y, None, bias, activation, alpha, beta, out=y)
 
 
-
 def prepared_channel_prelu(slope: np.ndarray, layout: tuple[int, int, int, int], shape: tuple[int, ...]):
     """PRelu for one plan step and one input shape, worked out once: a function of ``x`` (``shape``,
     C-contiguous float32) that returns ``x`` where x >= 0 and ``x * slope`` elsewhere in a new array;
-    x seen as [N, C, HW, lanes] (``layout``), ``slope`` [C * lanes].  Per call one output array,
-    two addresses and one C call: MTCNN's PRelu steps on maps of a few KB take ~1-2 us of
+    x seen as [N, C, HW, lanes] (``layout``), ``slope`` [C * lanes].  Per call one output array
+    and one C call: MTCNN's PRelu steps on maps of a few KB take ~1-2 us of
     arithmetic, where checking and converting every argument would cost more than numpy's pass."""
     n, c, hw, lanes = layout
     require(library._lib is not None and slope.dtype == np.float32 and slope.flags.c_contiguous
             and slope.size == c * lanes and math.prod(shape) == n * c * hw * lanes, 'channel prelu')
-    fn, s_addr, empty, f32 = library._lib.optcli_channel_prelu_f32, _ptr(slope), np.empty, np.float32
+    fn, empty, f32 = library.function("optcli_channel_prelu_f32"), np.empty, np.float32
 
     def call(x: np.ndarray) -> np.ndarray:
         y = empty(shape, f32)
-        rc = fn(_ptr(x), _ptr(y), s_addr, n, c, hw, lanes)
+        rc = fn(x, y, slope, n, c, hw, lanes)
         if rc:
             _check(rc, "channel prelu")
         return y
 
-    call.keep = slope  # what the address points into
     return call

@@ -69,6 +69,7 @@ INVOKER(ppppqqqiff, (vp, vp, vp, vp, i64, i64, i64, int, float, float), P(0), P(
         I(7), F(8), F(9))
 INVOKER(pppqiff, (vp, vp, vp, i64, int, float, float), P(0), P(1), P(2), Q(3), I(4), F(5), F(6))
 INVOKER(pppqpp, (vp, vp, vp, i64, vp, vp), P(0), P(1), P(2), Q(3), P(4), P(5))
+INVOKER(pppqqqq, (vp, vp, vp, i64, i64, i64, i64), P(0), P(1), P(2), Q(3), Q(4), Q(5), Q(6))
 INVOKER(ppq, (vp, vp, i64), P(0), P(1), Q(2))
 INVOKER(ppqffff, (vp, vp, i64, float, float, float, float), P(0), P(1), Q(2), F(3), F(4), F(5), F(6))
 INVOKER(ppqfii, (vp, vp, i64, float, int, int), P(0), P(1), Q(2), F(3), I(4), I(5))
@@ -87,7 +88,7 @@ static const struct {
 #define ROW(sig) {#sig, invoke_##sig}
     ROW(pppipp),     ROW(ppppiff),       ROW(pppppiff),  ROW(ppppppiff), ROW(ppppppp),
     ROW(ppppppqqqf), ROW(pppppqiff),     ROW(pppppqqqqiff), ROW(ppppqqqiff), ROW(pppqiff),
-    ROW(pppqpp),     ROW(ppq),           ROW(ppqffff),   ROW(ppqfii),    ROW(ppqiff),
+    ROW(pppqpp),     ROW(pppqqqq),   ROW(ppq),           ROW(ppqffff),   ROW(ppqfii),    ROW(ppqiff),
     ROW(ppqppppqqqqiff), ROW(ppqq),      ROW(ppqqqq),    ROW(ippppppppppppppfi),
 #undef ROW
 };
