@@ -176,7 +176,17 @@ def _softmax_view(x: np.ndarray, attrs: dict[str, Any]) -> tuple[np.ndarray, int
     return x.reshape(rows, -1), 1
 
 
-_TINY_SOFTMAX = 32  # elements up to which Python floats beat numpy's calls
+_TINY_SOFTMAX = 8  # elements up to which Python floats beat numpy's calls (30: 7.9 against 4.2 us)
+
+
+def _one_row_softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax of a float32 array whose softmax axis holds all its elements (a decoder's [1, K]
+    scores, its [1, T, 1] attention weights, every step of its Loop): the max and the sum reduced
+    over the whole array, ~1 us a call less than along an axis with keepdims.  A NaN, or inf - inf,
+    makes every value NaN, as the general path makes the row."""
+    e = np.subtract(x, np.maximum.reduce(x, axis=None))
+    np.exp(e, out=e)
+    return np.divide(e, np.add.reduce(e, axis=None), out=e)
 
 
 def _tiny_softmax(x: np.ndarray) -> np.ndarray | None:
@@ -211,6 +221,8 @@ def softmax(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.n
             tiny = _tiny_softmax(x)
             if tiny is not None:
                 return [tiny]
+        if x.ndim and -x.ndim <= axis < x.ndim and x.shape[axis] == x.size:
+            return [_one_row_softmax(x)]
         e = np.subtract(x, np.maximum.reduce(x, axis=axis, keepdims=True))
         np.exp(e, out=e)
         return [np.divide(e, np.add.reduce(e, axis=axis, keepdims=True), out=e)]

@@ -39,6 +39,7 @@ from optcli.passes import (
     fuse_dynamic_quant_matmul,
     fuse_fake_quant,
     fuse_gelu,
+    fuse_gru_cell,
     fuse_layer_norm,
     fuse_matmul_add,
     fuse_qdq_add,
@@ -122,6 +123,7 @@ BODY_PASSES: list[ModuleType] = [
     fuse_gelu,
     fuse_layer_norm,
     fuse_matmul_add,
+    fuse_gru_cell,  # after fuse_matmul_add (its products are FullyConnected), before the epilogues take its gates
     fuse_conv_bias_activation,
     fold_dynamic_reshape_shapes,
     fold_shape_chains,

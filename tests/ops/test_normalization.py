@@ -89,10 +89,10 @@ def test_channel_affine_equals_batch_norm():
     assert_close(ca, bn)
 
 
-@pytest.mark.parametrize("shape", [(1, 2), (3, 1), (2, 2, 4), (1, 32), (5,)])
+@pytest.mark.parametrize("shape", [(1, 2), (3, 1), (2, 2, 2), (1, 8), (5,)])
 @pytest.mark.parametrize("opset", [11, 13])
 def test_tiny_softmax_in_python_floats(shape, opset, monkeypatch):
-    """A softmax of at most 32 elements along the last axis runs in Python floats: within one
+    """A softmax of at most 8 elements along the last axis runs in Python floats: within one
     float32 rounding of the float64 softmax; rows with a NaN, or infinities, come out as numpy's
     path gives them."""
     from optcli.ops import normalization
@@ -115,3 +115,28 @@ def test_tiny_softmax_in_python_floats(shape, opset, monkeypatch):
         monkeypatch.setattr(normalization, "_TINY_SOFTMAX", 0)
         want = normalization.softmax([odd], {"axis": 1, "_opset": opset})[0]
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("shape, axis", [((1, 30), 1), ((1, 30), -1), ((1, 64, 1), 1), ((1, 64, 1), -2),
+                                         ((1, 1, 13), 2), ((97,), 0), ((1, 9), 1)])
+@pytest.mark.parametrize("special", [None, "nan", "inf", "-inf"])
+def test_one_row_softmax(shape, axis, special, monkeypatch):
+    """A softmax whose axis holds every element (all other dims 1) reduces over the whole array:
+    within a few float32 roundings of the float64 softmax along that axis; a NaN or +inf makes the
+    row what numpy's general path makes it, a -inf a zero."""
+    from optcli.ops import normalization
+
+    calls = []
+    real = normalization._one_row_softmax
+    monkeypatch.setattr(normalization, "_one_row_softmax", lambda x: calls.append(x.shape) or real(x))
+    rng = np.random.default_rng(sum(shape))
+    x = (rng.standard_normal(shape) * 20).astype(np.float32)
+    if special:
+        x.reshape(-1)[3] = float(special)
+    with np.errstate(invalid="ignore"):
+        got = normalization.softmax([x], {"axis": axis, "_opset": 13})[0]
+        x64 = x.astype(np.float64)
+        want = np.exp(x64 - x64.max(axis=axis, keepdims=True))
+        want /= want.sum(axis=axis, keepdims=True)
+    assert calls and got.dtype == np.float32 and got.shape == x.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)  # float32 x - max and exp: a few roundings

@@ -90,34 +90,40 @@ def test_log_sum_exp_is_stable():
     np.testing.assert_allclose(y, [1000 + np.log(2), -1000 + np.log(2)], rtol=1e-6)
 
 
-@pytest.mark.parametrize("axes,keepdims", [((2,), 0), ((1, 2), 1), ((0,), 0), ((-1,), 1)])
-def test_bound_small_mean_remembers_its_axes(axes, keepdims):
+@pytest.mark.parametrize("shape", [(2, 3, 16), (1, 1, 16), (2, 2, 3)])
+@pytest.mark.parametrize("axes,keepdims", [((2,), 0), ((1, 2), 1), ((0,), 0), ((-1,), 1), ((0, 1, 2), 0)])
+def test_bound_small_mean_remembers_its_axes(axes, keepdims, shape):
     """A bound ReduceMean step of fixed axes on a small float32 input remembers its axes and shape
-    (one sum and one division a run): the same values as numpy's mean, run after run, quiet on
-    inf - inf; a new shape or axes given as an input go the general way."""
+    (one sum and one division a run; in Python floats for a tiny input's trailing axes): the same
+    values as numpy's mean, run after run, quiet on inf - inf; a new shape or axes given as an
+    input go the general way."""
     import warnings
 
     from optcli.ops.evaluate import kernel_attrs
 
     fn = next(k for k in kernels_for("ReduceMean") if k.applies is None).fn
     attrs = kernel_attrs({"axes": list(axes), "keepdims": keepdims}, 1, {"": 13})
-    x = RNG.standard_normal((2, 3, 16)).astype(np.float32)
+    x = RNG.standard_normal(shape).astype(np.float32)
     want = np.mean(x.astype(np.float64), axis=axes, keepdims=bool(keepdims)).astype(np.float32)
     first = fn([x], attrs)[0]
     assert "small mean" in attrs.memo
+    trailing = sorted(a % 3 for a in axes) == list(range(3 - len(axes), 3))
+    assert (attrs.memo["small mean"][4] is not None) == (trailing and x.size <= 64)  # the Python-float path
     for _ in range(2):
         got = fn([x], attrs)[0]
         assert got.dtype == np.float32 and got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
         np.testing.assert_array_equal(got, first)
-    y = x.copy()
-    first_two = [slice(None)] * 3
-    first_two[axes[0]] = slice(0, 2)  # inf and -inf meet in a reduced row
-    y[tuple(first_two)] = np.array([np.inf, -np.inf], np.float32).reshape([-1 if i == axes[0] % 3 else 1
-                                                                            for i in range(3)])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert np.isnan(fn([y], attrs)[0]).any()
+    wide = [a % 3 for a in axes if shape[a] >= 2]
+    if wide:
+        y = x.copy()
+        first_two = [slice(None)] * 3
+        first_two[wide[0]] = slice(0, 2)  # inf and -inf meet in a reduced row
+        y[tuple(first_two)] = np.array([np.inf, -np.inf], np.float32).reshape([-1 if i == wide[0] else 1
+                                                                                for i in range(3)])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert np.isnan(fn([y], attrs)[0]).any()
     other = RNG.standard_normal((3, 2, 5)).astype(np.float32)
     np.testing.assert_allclose(fn([other], attrs)[0], np.mean(other, axis=axes, keepdims=bool(keepdims)),
                                rtol=1e-6, atol=1e-7)

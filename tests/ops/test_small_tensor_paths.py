@@ -12,7 +12,7 @@ from optcli.ops.activation import activate, apply_activation
 from optcli.ops.evaluate import kernel_attrs
 from optcli.ops.gemm import fully_connected
 from optcli.ops.normalization import softmax
-from optcli.ops.tensor import argmax, argmin, one_hot, reshape, scatter_nd, split, squeeze, unsqueeze
+from optcli.ops.tensor import argmax, argmin, one_hot, reshape, scatter_nd, split, squeeze, transpose, unsqueeze
 
 
 def _bound(attrs: dict, n_outputs: int = 1):
@@ -93,6 +93,51 @@ def test_scatter_nd_few_rows_checks_and_counts_from_the_end():
             scatter_nd([data, np.array([bad], np.int64), upd], attrs)
     got = scatter_nd([data, np.array([[0, 1], [0, 3]], np.int32), np.full((2, 3), 2.0, np.float32)], attrs)[0]
     assert got[0, 1].tolist() == got[0, 3].tolist() == [2.0] * 3 and got.sum() == 12.0
+
+
+def test_one_hot_off_value_keeps_its_sign_and_nan():
+    """The off value 0 fills by np.zeros: a -0 off value (its sign bit) or a NaN is still written."""
+    for off in (0.0, -0.0, np.nan, 2.5):
+        values = np.array([off, 1.0], np.float32)
+        got = one_hot([np.array([2, -1, 7]), np.array([4], np.int64), values], _bound({"axis": -1}))[0]
+        want = _one_hot_reference([2, -1, 7], 4, off, 1.0)
+        np.testing.assert_array_equal(got, want)
+        assert np.signbit(got).tolist() == np.signbit(want).tolist()
+
+
+def test_scatter_nd_one_row_shapes():
+    """One index row: an index of every length up to the rank (the update a row, a plane, one
+    element), int32 and int64, rank-1 indices, a negative index, out of range refused, the input
+    never written; each as the general path gives it."""
+    rng = np.random.default_rng(3)
+    data = rng.standard_normal((2, 5, 3)).astype(np.float32)
+    data.setflags(write=False)
+    attrs = _bound({})
+    for idx in ([[1]], [[1, -2]], [[-2, 4, 2]], [1, 3], [0], [[0, 0, -3]]):
+        for dtype in (np.int64, np.int32):
+            raw = np.array(idx, dtype)
+            k = raw.shape[-1]
+            upd = rng.standard_normal(raw.shape[:-1] + data.shape[k:]).astype(np.float32)
+            got = scatter_nd([data, raw, upd], attrs)[0]
+            want = data.copy()
+            want[tuple(raw.reshape(-1).tolist())] = upd.reshape(data.shape[k:])
+            np.testing.assert_array_equal(got, want)
+    for bad in ([[2, 0]], [[0, 5]], [[-3]], [[0, 0, 3]]):
+        with pytest.raises(IndexError):
+            scatter_nd([data, np.array(bad, np.int64), np.zeros(data.shape[len(bad[0]):], np.float32)[None]],
+                       attrs)
+
+
+@pytest.mark.parametrize("shape,perm", [((1, 64, 1), [0, 2, 1]), ((2, 3, 5), None), ((2, 3, 5), [2, 0, 1]),
+                                        ((7,), [0]), ((), [])])
+def test_transpose_matches_numpy(shape, perm):
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    got = transpose([x], _bound({} if perm is None else {"perm": perm}))[0]
+    np.testing.assert_array_equal(got, np.transpose(x, perm))
+    assert got.shape == np.transpose(x, perm).shape
+    if perm is not None and len(perm) > 1:
+        with pytest.raises(ValueError):
+            transpose([x], _bound({"perm": perm[:-1]}))
 
 
 @pytest.mark.parametrize("shape,axis", [((1, 30), 1), ((1, 64, 1), 1), ((2, 3, 5), -1), ((2, 3, 5), 0)])
