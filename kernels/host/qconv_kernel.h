@@ -40,9 +40,15 @@ typedef struct {
 /* -1 unknown, 0 the portable path, 1 AVX2: picked once per process (qgemm.c), or set by optcli_qgemm_variant
  * for the tests. */
 extern int opt_qconv_avx2;
-/* 1 where the stride-1 depthwise convs sum in float32 with FMA (qdepthwise.c; AVX2 machines with FMA), 0
- * where they take vpmaddwd or the plain path. */
+/* 1 where the depthwise convs of one output channel per group run with their channels in the vector lanes,
+ * summed in float32 with FMA (qdepthwise_lanes.c; AVX2 machines with FMA), 0 where they take qdepthwise.c's
+ * vpmaddwd or plain path. */
 extern int opt_qdw_fma;
+
+/* Whether the channels-in-lanes depthwise kernel (qdepthwise_lanes.c) takes a depthwise call, and the call:
+ * 0, or OPT_ENOMEM (q->failed set where a work item's scratch was refused). */
+int opt_qdw_lanes_takes(const qconv_t *q);
+int opt_qdw_lanes(const qconv_t *q);
 
 /* Fills q from a call's geometry and quantization parameters; OPT_EINVAL where they make no conv. */
 int opt_qconv_setup(qconv_t *q, const int64_t *geom, const int32_t *qp);

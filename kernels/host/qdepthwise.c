@@ -1,6 +1,8 @@
 /* Integer depthwise convolutions (optcli.QConv steps whose groups each hold one input channel), direct: a
  * work item is one output channel of one image.  The arithmetic is qgemm.c's (exact int32 sums, the same
- * requantization); see there for why it is exact.
+ * requantization); see there for why it is exact.  On AVX2 CPUs with FMA the calls with one output channel
+ * per group go to qdepthwise_lanes.c (channels in the vector lanes) instead; these kernels take the rest
+ * and every other CPU.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -38,14 +40,9 @@ typedef struct dw_geom {
     int64_t HP, WQ;     /* padded rows, columns per phase that the taps read */
     int64_t toff[64];   /* each tap's offset from its output's first tap (kernels of <= 64 taps) */
     int64_t taps;       /* (worked out once per call: the divisions cost more than a small plane's sums) */
-    int32_t *runs;      /* dwf_rows: each run's float-plane and output offsets, pairs, NULL where unused */
-    int64_t nruns;      /* a multiple of DWF_G (the last run repeated) */
 } dw_geom_t;
 
-#define DWF_G 8 /* runs of 8 outputs summed together: 8 FMA chains hide the FMA's latency */
-
 typedef struct {
-    const dw_geom_t *g;
     int64_t HP, WQ, taps;
     const int64_t *toff;
     int16_t tw[64];     /* each tap's weight */
@@ -207,115 +204,6 @@ __attribute__((target("avx2"))) static void dw_rows2_avx2(const qconv_t *q, cons
     }
 }
 
-/* Stride-1, undilated 3x3 depthwise convs of wide rows summed in float32 with FMA (opt_qdw_fma): each product
- * of an uncentred x (|x| <= 255) and a weight (|w| <= 128) is an integer below 2**15 and every partial
- * sum of at most 64 of them stays below 2**24, so float32 holds each sum exactly and the int32 it converts
- * to is the integer sum, whatever the order.  On a CPU without VNNI this is the cheaper multiplier: one
- * FMA per tap and 8 outputs, with two FMA pipes, where vpmaddwd takes two taps of 8 outputs on one pipe
- * and its operands need widening and interleaving per tap (about 50 vector instructions per 16 outputs of
- * a 3x3 against 18 FMAs).  The byte plane is converted to float once (dw_tofloat), each value once. */
-__attribute__((target("avx2"))) static void dw_tofloat(const uint8_t *xp, int64_t n, int xs, float *fp) {
-    for (int64_t i = 0; i < n; i += 8) { /* n <= the bytes' count + 16 (32 of slack); fp has room for n + 7 */
-        const __m128i b = _mm_loadl_epi64((const __m128i *)(xp + i));
-        _mm256_storeu_ps(fp + i, _mm256_cvtepi32_ps(xs ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b)));
-    }
-}
-
-/* Four vectors of exact float sums requantized: their 8 outputs each as bytes 0-7, 8-15, 16-23, 24-31. */
-__attribute__((target("avx2"))) static inline __m256i dwf_requant(const rq_t *r, __m256 a0, __m256 a1, __m256 a2,
-                                                                 __m256 a3, __m256i bias, __m256 mul) {
-    const __m256i h0 = rq_half(r, _mm256_cvtps_epi32(a0), bias, mul), h1 = rq_half(r, _mm256_cvtps_epi32(a1), bias, mul);
-    const __m256i h2 = rq_half(r, _mm256_cvtps_epi32(a2), bias, mul), h3 = rq_half(r, _mm256_cvtps_epi32(a3), bias, mul);
-    const __m256i p01 = _mm256_adds_epi16(_mm256_packs_epi32(h0, h1), r->zp); /* 0-3 8-11 | 4-7 12-15 */
-    const __m256i p23 = _mm256_adds_epi16(_mm256_packs_epi32(h2, h3), r->zp);
-    __m256i t = r->ys ? _mm256_packs_epi16(p01, p23) : _mm256_packus_epi16(p01, p23);
-    t = r->ys ? _mm256_max_epi8(_mm256_min_epi8(t, r->hi8), r->lo8) : _mm256_max_epu8(_mm256_min_epu8(t, r->hi8), r->lo8);
-    return _mm256_permutevar8x32_epi32(t, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)); /* 4-byte groups in order */
-}
-
-/* The rows of one channel for a K x K window (K = 3, a constant where it is inlined): 32 outputs of a row at a
- * time (four sums, the weights in registers for a 3x3), then the runs of 8 outputs left over (dwf_runs),
- * DWF_G at a time from one row or the next, so that short rows too give several independent sums. */
-__attribute__((target("avx2,fma"))) ALWAYS_INLINE void dwf_rows(const qconv_t *q, const dw_t *d, const float *fp,
-                                                                 uint8_t *y, const int K) {
-    const int64_t OW = q->OW, WQ = d->WQ, n = OW < 8 ? OW : 8;
-    const rq_t rq = rq_init(q);
-    const __m256i bias = _mm256_set1_epi32(d->bias);
-    const __m256 mul = _mm256_set1_ps(d->mult);
-    float tw[9];
-    for (int k = 0; k < K * K; k++) tw[k] = (float)d->tw[k];
-    if (OW >= 32) {
-        __m256 w[9];
-        for (int k = 0; k < K * K; k++) w[k] = _mm256_set1_ps(tw[k]);
-        for (int64_t oh = 0; oh < q->OH; oh++) {
-            const float *base = fp + oh * WQ;
-            for (int64_t ow = 0; ow + 32 <= OW; ow += 32) {
-                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-                for (int kh = 0; kh < K; kh++) {
-                    const float *r = base + kh * WQ + ow;
-                    for (int kw = 0; kw < K; kw++) {
-                        const __m256 wt = w[kh * K + kw];
-                        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(r + kw), wt, a0);
-                        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(r + kw + 8), wt, a1);
-                        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(r + kw + 16), wt, a2);
-                        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(r + kw + 24), wt, a3);
-                    }
-                }
-                _mm256_storeu_si256((__m256i *)(y + oh * OW + ow), dwf_requant(&rq, a0, a1, a2, a3, bias, mul));
-            }
-        }
-    }
-    for (const int32_t *run = d->g->runs, *end = run + 2 * d->g->nruns; run < end; run += 2 * DWF_G) {
-        __m256 a[DWF_G];
-        for (int j = 0; j < DWF_G; j++) a[j] = _mm256_setzero_ps();
-        for (int kh = 0; kh < K; kh++) {
-            const float *r = fp + kh * WQ;
-            for (int kw = 0; kw < K; kw++) {
-                const __m256 wt = _mm256_broadcast_ss(tw + kh * K + kw);
-                for (int j = 0; j < DWF_G; j++) a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(r + run[2 * j] + kw), wt, a[j]);
-            }
-        }
-        for (int j = 0; j < DWF_G; j += 4) {
-            uint8_t out[32];
-            _mm256_storeu_si256((__m256i *)out, dwf_requant(&rq, a[j], a[j + 1], a[j + 2], a[j + 3], bias, mul));
-            for (int i = 0; i < 4; i++) {
-                if (n == 8) memcpy(y + run[2 * (j + i) + 1], out + 8 * i, 8);
-                else copy_bytes(y + run[2 * (j + i) + 1], out + 8 * i, n);
-            }
-        }
-    }
-}
-
-/* The runs of 8 outputs that dwf_rows' 32-wide blocks leave, shared by every channel: a row's runs start
- * every 8 columns after its blocks, its last one overlapping the one before rather than running past the
- * row (a row under 8 wide reads 8 columns, which the float plane's slack allows, and stores its own);
- * the last run repeated up to a multiple of DWF_G.  g->runs NULL where the memory is refused. */
-static void dwf_runs(const qconv_t *q, dw_geom_t *g) {
-    const int64_t OW = q->OW, done = OW >= 32 ? OW / 32 * 32 : 0, left = OW - done;
-    const int64_t nv = left == 0 ? 0 : OW < 8 ? 1 : (left + 7) / 8, total = q->OH * nv;
-    g->nruns = (total + DWF_G - 1) / DWF_G * DWF_G;
-    g->runs = malloc((size_t)(g->nruns + 1) * 2 * sizeof(int32_t));
-    if (!g->runs) return;
-    for (int64_t i = 0; i < g->nruns; i++) {
-        const int64_t it = i < total ? i : total - 1, oh = it / nv, c = it % nv;
-        const int64_t o = done + 8 * c + 8 <= OW || OW < 8 ? done + 8 * c : OW - 8;
-        g->runs[2 * i] = (int32_t)(oh * g->WQ + o);
-        g->runs[2 * i + 1] = (int32_t)(oh * OW + o);
-    }
-}
-
-__attribute__((target("avx2,fma"))) static void dwf_rows3(const qconv_t *q, const dw_t *d, const float *fp, uint8_t *y) {
-    dwf_rows(q, d, fp, y, 3);
-}
-
-/* Whether dwf_rows takes the call: stride 1, no dilation, a 3x3 window, rows of at least 32 outputs (where
- * it was measured faster than vpmaddwd: 0.7-0.9x the time on MobileNetV2's 112- and 56-wide planes; on
- * narrower rows and 5x5 windows it was even or slower, 1 thread, this AVX2 EPYC), a plane whose offsets
- * fit dwf_runs' int32. */
-static int dwf_takes(const qconv_t *q) {
-    return opt_qdw_fma && q->sh == 1 && q->sw == 1 && q->dh == 1 && q->dw == 1 && q->KH == 3 && q->KW == 3 &&
-           q->OW >= 32 && (q->OH + q->KH) * (q->OW + q->KW) < ((int64_t)1 << 30);
-}
 #endif
 
 /* The portable rows: 16 outputs at a time sum all their taps in vectors; each product of an uncentred
@@ -371,19 +259,13 @@ static void dw_item(void *ctx, int64_t it) {
     /* (one image and one channel per group are the common case: divisions cost a small plane dearly) */
     const int64_t b = q->N == 1 ? 0 : it / q->M, m = q->N == 1 ? it : it % q->M, c = q->mg == 1 ? m : m / q->mg;
     const int64_t sw = q->sw;
-    dw_t d = {.g = q->dwg, .HP = q->dwg->HP, .WQ = q->dwg->WQ, .taps = q->dwg->taps, .toff = q->dwg->toff};
+    dw_t d = {.HP = q->dwg->HP, .WQ = q->dwg->WQ, .taps = q->dwg->taps, .toff = q->dwg->toff};
     const size_t bytes = (size_t)(sw * d.HP * d.WQ + 32);
-    int fl = 0; /* dwf_rows' float plane ahead of the bytes, with slack for 8 columns' reads */
-#ifdef QG_X86
-    fl = q->dwg->runs != NULL;
-#endif
-    const size_t nf = fl ? (size_t)(d.HP * d.WQ + 64) : 0;
-    float *fp = opt_scratch(nf + bytes / sizeof(float) + 1);
-    if (!fp) {
+    uint8_t *xp = (uint8_t *)opt_scratch(bytes / sizeof(float) + 1);
+    if (!xp) {
         q->failed = 1;
         return;
     }
-    uint8_t *xp = (uint8_t *)(fp + nf);
     const int8_t *w = q->wd + m * d.taps;
     uint32_t wsum = 0;
     for (int64_t k = 0; k < d.taps; k++) {
@@ -396,16 +278,7 @@ static void dw_item(void *ctx, int64_t it) {
     d.mult = q->mult[m];
     const uint8_t *plane = q->x + (b * q->C + c) * q->H * q->W;
     uint8_t *y = q->y + (b * q->M + m) * q->OH * q->OW;
-#ifdef QG_X86
     dw_fill(q, &d, plane, xp);
-    if (fl) {
-        dw_tofloat(xp, d.HP * d.WQ + 16, q->xs, fp); /* and the slack, from the zero-point fill */
-        dwf_rows3(q, &d, fp, y);
-        return;
-    }
-#else
-    dw_fill(q, &d, plane, xp);
-#endif
 #ifdef QG_X86
     if (opt_qconv_avx2 == 1) {
         dw_rows_avx2(q, &d, xp, y);
@@ -422,14 +295,14 @@ OPT_API int optcli_qconv2d_depthwise(const void *x, const int8_t *w, const int32
     if (rc) return rc;
     if (q.cg != 1 || q.KH * q.KW > 64) return OPT_EINVAL; /* dw_t's room; the GEMM takes larger windows */
     if (q.N == 0 || q.P == 0) return 0;
-    dw_geom_t g = {.runs = NULL};
+    if (opt_qdw_lanes_takes(&q)) {
+        rc = opt_qdw_lanes(&q);
+        return rc ? rc : q.failed ? OPT_ENOMEM : 0;
+    }
+    dw_geom_t g;
     dw_geom(&q, &g);
-#ifdef QG_X86
-    if (dwf_takes(&q)) dwf_runs(&q, &g);
-#endif
     q.dwg = &g;
     const int64_t macs = q.N * q.M * q.KH * q.KW * q.P;
     opt_parallel(dw_item, &q, q.N * q.M, macs < (1 << 16) ? 1 : 0);
-    free(g.runs);
     return q.failed ? OPT_ENOMEM : 0;
 }

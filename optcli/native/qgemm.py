@@ -91,9 +91,10 @@ def prepared_weights(w: np.ndarray, bias: np.ndarray | None, geom: tuple[int, ..
 
 
 def variant(which: int = -1) -> int:
-    """The dot-product path in use (1 plain C, 2 AVX2, 3 AVX2 with the stride-1 3x3 depthwise convs of
-    wide rows summed exactly in float32 by FMA); ``which`` 1, 2 or 3 forces one (tests, A/B timings), 0 picks
-    by the CPU again (3 where it has AVX2 and FMA).  -1 where refused or without the library."""
+    """The dot-product path in use (1 plain C, 2 AVX2, 3 AVX2 with the depthwise convs run channels in
+    lanes and summed exactly in float32 by FMA, kernels/host/qdepthwise_lanes.c); ``which`` 1, 2 or 3 forces
+    one (tests, A/B timings), 0 picks by the CPU again (3 where it has AVX2 and FMA).  -1 where refused or
+    without the library."""
     return library._lib.optcli_qgemm_variant(int(which)) if library._lib is not None else -1
 
 

@@ -135,11 +135,12 @@ def test_integer_conv_loops_keep_their_sums_in_registers(code, name):
 
 
 def test_integer_depthwise_float_sums_stay_in_registers(code):
-    """The stride-1 3x3 integer depthwise's float path (qdepthwise.c, dwf_rows3: exact float32 sums with
-    FMA): its 32-wide blocks keep the 9 weights and 4 sums in registers and its runs of 8 their 8 sums, so
-    no multiply-add reads the stack; the taps are unrolled (a 3x3 block is 36 FMAs)."""
-    if "dwf_rows3" not in code:
-        pytest.fail("dwf_rows3 is not in the library: the float depthwise was renamed; update this test")
-    fmas = sum(ins.startswith("vfmadd") for ins in code["dwf_rows3"])
-    assert fmas >= 36, f"dwf_rows3 has {fmas} FMAs: its taps are not unrolled"
-    assert stack_operand_fmas(code["dwf_rows3"]) == 0, "dwf_rows3 reads weights or sums from the stack"
+    """The integer depthwise's channels-in-lanes path (qdepthwise_lanes.c: exact float32 sums with FMA, its
+    row loops inlined into lanes_item): each tap's weights loaded once for 8 pixels' sums, which stay in
+    registers, so every multiply-add reads its input from the tile and none reads the stack or spills a sum."""
+    if "lanes_item" not in code:
+        pytest.fail("lanes_item is not in the library: the lanes depthwise was renamed; update this test")
+    fmas = sum(ins.startswith("vfmadd") for ins in code["lanes_item"])
+    assert fmas >= 8, f"lanes_item has {fmas} FMAs: its 8 pixels' sums are not unrolled"
+    assert stack_operand_fmas(code["lanes_item"]) == 0, "lanes_item reads weights or sums from the stack"
+    assert spilled_accumulators(code["lanes_item"]) == 0, "lanes_item keeps a sum on the stack"

@@ -1,7 +1,7 @@
 """The integer convolutions (kernels/host/qgemm.c, optcli.QConv's fast path) against the exact numpy
 reference (equal, byte for byte) on odd shapes, on each dot-product path this CPU has (plain C, AVX2,
-AVX2 with the float-sum depthwise where it has FMA) and on 1 and 2 threads; and against onnxruntime's own
-QLinearConv (within one quantization step)."""
+AVX2 with the channels-in-lanes float-sum depthwise where it has FMA) and on 1 and 2 threads; and
+against onnxruntime's own QLinearConv (within one quantization step)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,20 @@ CASES = {
     "depthwise 3x3, 1 channel, 40 columns": (1, 1, 5, 40, 1, (3, 3), 1, [1, 1, 1, 1], 1, 1),
     "depthwise 3x3, 39 columns, wide pads": (1, 2, 13, 30, 2, (3, 3), 1, [3, 9, 1, 2], 1, 2),
     "depthwise 5x5, 37 columns, odd pads": (1, 2, 9, 37, 2, (5, 5), 1, [2, 1, 2, 2], 1, 2),
+    # the channels-in-lanes kernel (qdepthwise_lanes.c, path 3): blocks of 8 channels with a partial last one,
+    # rows of 8 or more 8 columns at a time (the last 8 overlapping), narrower planes 8 pixels at a time
+    # across rows, tiles of several bands (rows 300 wide), fewer than 8 pixels in all
+    "depthwise 3x3, 13 channels, 14x14": (1, 13, 14, 14, 13, (3, 3), 1, [1, 1, 1, 1], 1, 13),
+    "depthwise 3x3 stride 2, 9 channels, 15x15 (8x8 out)": (1, 9, 15, 15, 9, (3, 3), 2, [1, 1, 1, 1], 1, 9),
+    "depthwise 5x5, 17 channels, 7x7": (2, 17, 7, 7, 17, (5, 5), 1, [2, 2, 2, 2], 1, 17),
+    "depthwise 5x5 stride 2, 11 channels, 29x23": (1, 11, 29, 23, 11, (5, 5), 2, [1, 2, 2, 1], 1, 11),
+    "depthwise 3x3, 16 channels, 3x3 plane": (1, 16, 3, 3, 16, (3, 3), 1, [1, 1, 1, 1], 1, 16),
+    "depthwise 2x2, 23 channels, 2x3 plane, no pads": (1, 23, 2, 3, 23, (2, 2), 1, [0, 0, 0, 0], 1, 23),
+    "depthwise 3x3, 3 channels, 41x5 plane (bands across rows)": (1, 3, 41, 5, 3, (3, 3), 1, [1, 0, 1, 2], 1, 3),
+    "depthwise 3x3, 5 channels, 31x300 (several bands)": (1, 5, 31, 300, 5, (3, 3), 1, [1, 1, 1, 1], 1, 5),
+    "depthwise 3x3 stride 2, 24x301, wide pads": (1, 6, 24, 301, 6, (3, 3), 2, [2, 3, 0, 1], 1, 6),
+    "depthwise 7x7 (49 taps), dilation 2": (1, 10, 19, 17, 10, (7, 7), 1, [6, 5, 6, 7], 2, 10),
+    "depthwise 3x5 stride 3": (1, 9, 16, 20, 9, (3, 5), 3, [1, 2, 1, 2], 1, 9),
 }
 
 
@@ -137,6 +151,25 @@ def test_requantization_past_int32(path, name, signs):
             assert (want == lo).any() and (want == hi).any()
 
 
+@pytest.mark.parametrize("bias", [2**24 - 9 * 255 * 128 - 1, 2**24 - 9 * 255 * 128, 2**30])
+def test_depthwise_bias_at_float32s_reach(path, bias):
+    """The channels-in-lanes kernel starts its float32 sums at the bias (less zero_point * sum(w)) where every
+    partial sum stays below 2**24 (exact), and adds it in int32 otherwise: that bias just within the bound,
+    at it and far past it, on one channel of a block of 8 (x at 255 against weights of 127: the largest
+    sums), its multiplier putting the sum mid-range, so an output that lost or doubled the bias would sit
+    at a bound."""
+    x, w, b, attrs = make(CASES["depthwise 3x3, 13 channels, 14x14"], 17)
+    x[:, 5] = 255
+    w[5] = 127
+    b[5] = bias + attrs["x_zero_point"] * int(w[5].astype(np.int64).sum())
+    scales = list(attrs["w_scale"])
+    scales[5] = 100 * attrs["y_scale"] / (attrs["x_scale"] * (bias + 9 * 255 * 127))
+    attrs.update(w_scale=scales, y_zero_point=0)
+    want = reference(x, w, b, attrs)
+    np.testing.assert_array_equal(native_qconv(x, w, b, attrs), want)
+    assert 0 < want[:, 5].min() and want[:, 5].max() < 255
+
+
 def test_relu_and_clip_bounds(path):
     x, w, b, attrs = make(CASES["pointwise, primes"], 3)
     attrs.update(qmin=attrs["y_zero_point"], qmax=min(255, attrs["y_zero_point"] + 40))
@@ -178,7 +211,7 @@ def test_within_one_step_of_onnxruntime_qlinearconv(name, native_lib):
 
 
 def test_fma_depthwise_is_the_default_where_the_cpu_has_it(native_lib):
-    """On x86 with AVX2 and FMA the stride-1 3x3 depthwise convs of wide rows sum in float32 (exact): the
+    """On x86 with AVX2 and FMA the depthwise convs run channels in lanes, summed in float32 (exact): the
     CPU's pick is path 3; elsewhere 2 (AVX2 only) or 1."""
     flags = ""
     if os.path.exists("/proc/cpuinfo"):
