@@ -140,13 +140,13 @@ __attribute__((target("avx2"))) static inline void lanes_store(const rq_t *rq, c
     const __m128i c23 = _mm256_castsi256_si128(v), c67 = _mm256_extracti128_si256(v, 1);
     if (n == PX && k->nc == LB) {
         _mm_storel_epi64((__m128i *)(k->y[0] + p0), c01);
-        _mm_storeh_pd((double *)(k->y[1] + p0), _mm_castsi128_pd(c01));
+        _mm_storel_epi64((__m128i *)(k->y[1] + p0), _mm_unpackhi_epi64(c01, c01));
         _mm_storel_epi64((__m128i *)(k->y[2] + p0), c23);
-        _mm_storeh_pd((double *)(k->y[3] + p0), _mm_castsi128_pd(c23));
+        _mm_storel_epi64((__m128i *)(k->y[3] + p0), _mm_unpackhi_epi64(c23, c23));
         _mm_storel_epi64((__m128i *)(k->y[4] + p0), c45);
-        _mm_storeh_pd((double *)(k->y[5] + p0), _mm_castsi128_pd(c45));
+        _mm_storel_epi64((__m128i *)(k->y[5] + p0), _mm_unpackhi_epi64(c45, c45));
         _mm_storel_epi64((__m128i *)(k->y[6] + p0), c67);
-        _mm_storeh_pd((double *)(k->y[7] + p0), _mm_castsi128_pd(c67));
+        _mm_storel_epi64((__m128i *)(k->y[7] + p0), _mm_unpackhi_epi64(c67, c67));
         return;
     }
     uint8_t ch[8][16];
