@@ -232,9 +232,9 @@ _FUNCTIONS: dict[str, tuple[object, Any]] = {}  # C function name -> (the librar
 def function(name: str) -> Any:
     """The library's C function ``name`` as a Python callable taking the C parameters in order: a
     pointer as None, an int address or a C-contiguous array (its data, kept alive for the call),
-    integers and floats as Python numbers.  Through ``_fastcall`` where it was built (~0.3 us a
-    call of ten arguments, where ctypes' argtypes conversion took ~2.5 us and each array's
-    address ~0.5-1 us more: a small model's layers take a few microseconds of arithmetic), else
+    integers and floats as Python numbers.  Through ``_fastcall`` where it was built (~1.1 us a
+    call of ten arguments, four of them arrays, into a near-empty C function, where ctypes took
+    3.4-3.6 us: a small model's layers take a few microseconds of arithmetic), else
     ctypes with the same arguments.  Made once per function and library (tests set ``_lib``
     aside or swap it; the entry notices)."""
     lib = _lib

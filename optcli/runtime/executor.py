@@ -27,7 +27,7 @@ from optcli.ops.reference import RUN_STOP
 from optcli.ops.spatial import WindowDoesNotFit
 from optcli.plan import Plan
 from optcli.runtime.host.memory import keep_freed_memory
-from optcli.runtime.host.program import straight_line
+from optcli.runtime.host.program import as_value, straight_line
 from optcli.runtime.host.steps import StepError, StepFn, bind_step
 from optcli.runtime.run_control import RunStop
 
@@ -129,9 +129,8 @@ class Executor:
                                         f"{len(outs)} outputs, the model uses {used}")
                     for name, arr in zip(outputs, outs):
                         if name:
-                            # Sequences (lists) and optionals (None) from the fallback pass through as they are.
-                            if not isinstance(arr, ndarray) and arr is not None and not isinstance(arr, list):
-                                arr = np.asarray(arr)
+                            if type(arr) is not ndarray:  # (lists and None from the fallback pass through)
+                                arr = as_value(arr)
                             env[name] = arr
                             if record_sizes is not None and isinstance(arr, ndarray):
                                 record_sizes[name] = arr.nbytes

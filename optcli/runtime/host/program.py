@@ -31,7 +31,7 @@ from optcli.runtime.host.steps import StepError
 MAX_STEPS = 4000  # beyond this the source (and its one-time compile) grows past what the loop costs
 
 
-def _as_value(arr: Any) -> Any:
+def as_value(arr: Any) -> Any:
     """A kernel's result as the environment keeps it: arrays (and subclasses), sequences (lists)
     and optionals (None) from the reference fallback as they are, anything else through asarray."""
     if isinstance(arr, np.ndarray) or arr is None or isinstance(arr, list):
@@ -46,7 +46,7 @@ def straight_line(plan, fns: list, free_after: list, failure: Callable) -> Calla
     steps = plan.steps
     if len(steps) > MAX_STEPS or any(fn is None for fn in fns):
         return None
-    space: dict[str, Any] = {"nd": np.ndarray, "as_value": _as_value, "OptError": OptError, "failure": failure,
+    space: dict[str, Any] = {"nd": np.ndarray, "as_value": as_value, "OptError": OptError, "failure": failure,
                              "short": _short, "halt": _halt}
     local: dict[str, str] = {}  # value name -> its local variable
     const: dict[str, str] = {}  # weight name -> its global
