@@ -275,8 +275,24 @@ BC_INLINE void BC(item)(bc_t *a, int64_t it) {
     const int64_t n = it / a->nbands / a->ngroups;
     const int64_t ob0 = og * BC_OB, obn = a->Mb - ob0 < BC_OB ? a->Mb - ob0 : BC_OB;
     const int64_t lo = a->ow_lo, hi = a->ow_hi, OW = a->OW;
+    const int64_t per_ch = a->KH * a->KW * BC_OB * BC_L; /* floats of one input channel's weights in a group */
+    const float *wg = a->w + ob0 * a->C * a->KH * a->KW * BC_L;
     for (int64_t b0 = 0; b0 < a->C; b0 += a->kc) {
         const int64_t b1 = b0 + a->kc < a->C ? b0 + a->kc : a->C;
+        /* The next pass's weights (after the last, the next group's first pass), fetched while this
+         * pass runs, a slice per row: a deep layer's weights (512 x 512 x 3 x 3: 9.4 MB) come from
+         * memory once per call, and the first tile of each pass waited on them: 512 x 512 on 7 x 7
+         * planes 0.93x the time with the prefetch, 256 x 256 on 14 x 14 0.94x (AVX2, 1 thread).
+         * Weights that stay in cache skip it (a->prefetch): there it cost 3-5%. */
+        const float *nx = NULL;
+        int64_t nfloats = 0;
+        if (a->prefetch && b1 < a->C) {
+            nx = wg + b1 * per_ch;
+            nfloats = ((b1 + a->kc < a->C ? b1 + a->kc : a->C) - b1) * per_ch;
+        } else if (a->prefetch && ob0 + BC_OB < a->Mb) {
+            nx = wg + a->C * per_ch;
+            nfloats = (a->kc < a->C ? a->kc : a->C) * per_ch;
+        }
         if (a->pointwise) {
             const int64_t first = band * a->band, last = first + a->band < a->OP ? first + a->band : a->OP;
             BC(pw_span)(a, n, ob0, 0, first, last, b0, b1, obn);
@@ -289,7 +305,12 @@ BC_INLINE void BC(item)(bc_t *a, int64_t it) {
         int64_t left = lo, right = hi;
         if (left > OW) left = OW;
         if (right < left) right = left;
+        const int64_t rows = oh1 - oh0, slice = nx ? (nfloats + rows - 1) / rows : 0;
         for (int64_t oh = oh0; oh < oh1; oh++) {
+            if (nx) {
+                const int64_t s0 = (oh - oh0) * slice, s1 = s0 + slice < nfloats ? s0 + slice : nfloats;
+                for (int64_t f = s0; f < s1; f += 16) __builtin_prefetch(nx + f, 0, 2);
+            }
             if (left >= right) {
                 BC(ck_span)(a, n, ob0, oh, 0, OW, b0, b1, obn);
                 continue;

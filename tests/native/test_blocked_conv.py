@@ -41,6 +41,13 @@ CASES = [
     ("blocks narrow rows s2 n2", 2, 24, 17, 5, 3, 3, 2, 1, (1, 0, 0, 1)),
     ("blocks 5x5 s2 d2 + partial", 1, 43, 16, 15, 16, 5, 2, 2, (3, 2, 1, 4)),
     ("blocks 1 wide", 1, 32, 16, 9, 1, 3, 1, 1, (1, 1, 1, 1)),
+    # rows of up to 32 outputs take a zero-padded copy of a blocked input (every tile unchecked);
+    # wider ones keep the checked edge tiles: both sides of that line, asymmetric pads
+    ("padded copy at its widest", 1, 17, 16, 5, 32, 3, 1, 1, (1, 2, 1, 0)),
+    ("checked edges past the copy", 1, 16, 16, 6, 40, 3, 1, 1, (1, 1, 1, 1)),
+    ("padded copy, pads past the input", 1, 8, 8, 2, 3, 3, 1, 2, (3, 2, 4, 3)),
+    # weights past 1 MB: each pass prefetches the next pass's weights, the last the next group's
+    ("weights past L2", 1, 200, 190, 5, 4, 3, 1, 1, (1, 1, 1, 1)),
 ]
 
 
