@@ -17,6 +17,8 @@ typedef struct {
     float *y;
     int64_t N, C, H, W, M, KH, KW, sh, sw, dh, dw, pt, pl, OH, OW, ib, B;
     int64_t Cbi, Mb, OP;          /* input blocks (ib lanes each), output blocks, output positions per plane */
+    int64_t groups, cg, mgb, tpg; /* conv groups; input channels and output blocks of one; register-tile groups of one */
+    int64_t wob;                  /* a tile's weights start at w + (ob0 - wob) * C * KH * KW * B (see BC(item)) */
     int64_t ow_lo, ow_hi;         /* output columns whose taps all fall inside the input's columns */
     int64_t ngroups, band, nbands;
     int groups_inner;             /* items walk the output groups within a band (see the split) */
@@ -129,6 +131,7 @@ OPT_API int optcli_conv2d_blocked_f32(const float *x, const float *packed, const
     bc_t a = {.x = x, .w = packed, .bias = bias, .res = res, .y = y, .act = act, .alpha = alpha, .beta = beta};
     a.N = g[0], a.C = g[1], a.H = g[2], a.W = g[3], a.M = g[4], a.KH = g[5], a.KW = g[6], a.sh = g[7], a.sw = g[8];
     a.dh = g[9], a.dw = g[10], a.pt = g[11], a.pl = g[12], a.OH = g[13], a.OW = g[14], a.ib = g[15], a.B = g[16];
+    a.groups = g[17];
     int64_t obt = 0;
     opt_item_fn fn = variant_of(a.B, &obt);
     if (!fn || (a.ib != 1 && a.ib != a.B) || a.N < 0 || a.C < 1 || a.H < 0 || a.W < 0 || a.M < 1 || a.KH < 1 ||
@@ -136,6 +139,11 @@ OPT_API int optcli_conv2d_blocked_f32(const float *x, const float *packed, const
         act >= ACT_COUNT || a.KH > 4096 || a.KW > 4096 || a.sh > 4096 || a.sw > 4096 || a.dh > 4096 ||
         a.dw > 4096 || a.pt < -LIMIT || a.pt > LIMIT || a.pl < -LIMIT || a.pl > LIMIT || a.H > LIMIT ||
         a.W > LIMIT || a.OH > LIMIT || a.OW > LIMIT || a.N > LIMIT || a.C > LIMIT || a.M > LIMIT)
+        return OPT_EINVAL;
+    /* groups: each group's input channels whole input blocks (or planes), its outputs whole output
+     * blocks, so a group is a one-group conv over its own blocks (no lane mixes two groups) */
+    if (a.groups < 1 || a.groups > a.C || a.C % a.groups || a.M % a.groups ||
+        (a.groups > 1 && ((a.C / a.groups) % a.ib || (a.M / a.groups) % a.B)))
         return OPT_EINVAL;
     if (a.N == 0 || a.OH == 0 || a.OW == 0) return 0;
     /* every tap of every output pixel: the rows and columns a window may start at stay in range */
@@ -156,7 +164,10 @@ OPT_API int optcli_conv2d_blocked_f32(const float *x, const float *packed, const
     if (a.ow_hi < a.ow_lo) a.ow_hi = a.ow_lo;
 
     const int64_t threads = optcli_get_num_threads();
-    a.ngroups = (a.Mb + obt - 1) / obt;
+    a.cg = a.C / a.groups;
+    a.mgb = a.groups > 1 ? a.M / a.groups / a.B : a.Mb;
+    a.tpg = (a.mgb + obt - 1) / obt;
+    a.ngroups = a.groups * a.tpg;
     const int64_t units = a.pointwise ? a.OP : a.OH; /* split into bands: rows, or positions */
     const int64_t want = 8 * threads, have = a.N * a.ngroups;
     int64_t nb = have >= want ? 1 : (want + have - 1) / have;
@@ -174,7 +185,7 @@ OPT_API int optcli_conv2d_blocked_f32(const float *x, const float *packed, const
      * (onnxruntime in the model: 665). */
     const int64_t x_bytes = a.Cbi * a.ib * a.H * a.W * (int64_t)sizeof(float);
     const int64_t w_bytes = a.Mb * a.B * a.C * (int64_t)sizeof(float);
-    if (a.pointwise && x_bytes > ((int64_t)256 << 10) && a.ngroups > 1) {
+    if (a.pointwise && x_bytes > ((int64_t)256 << 10) && a.ngroups > 1 && a.groups == 1) {
         int64_t fit = ((int64_t)64 << 10) / (a.Cbi * a.ib * (int64_t)sizeof(float));
         fit = fit < 12 ? 12 : fit / 12 * 12;
         int64_t nbf = (units + fit - 1) / fit;
@@ -190,8 +201,8 @@ OPT_API int optcli_conv2d_blocked_f32(const float *x, const float *packed, const
     if (a.kc < 4) a.kc = 4;
     if (a.ib == a.B) a.kc = a.kc < a.B ? a.B : a.kc / a.B * a.B; /* whole input blocks: see BC(tile) */
     a.ib_shift = a.ib == 16 ? 4 : a.ib == 8 ? 3 : a.ib == 4 ? 2 : 0;
-    a.prefetch = !a.pointwise && w_bytes * a.KH * a.KW > ((int64_t)1 << 20);
-    int64_t macs = a.N * a.M * a.OP * a.C * a.KH * a.KW;
+    a.prefetch = !a.pointwise && a.Mb * a.B * a.cg * a.KH * a.KW * (int64_t)sizeof(float) > ((int64_t)1 << 20);
+    int64_t macs = a.N * a.M * a.OP * a.cg * a.KH * a.KW;
     opt_parallel(fn, &a, a.N * a.ngroups * a.nbands, macs < (1 << 16) ? 1 : 0);
     free(padded);
     return 0;

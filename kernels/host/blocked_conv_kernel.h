@@ -94,7 +94,7 @@ BC_INLINE void BC(pw_tile)(const bc_t *a, int64_t n, int64_t ob0, int64_t p0, in
     BC(init)(a, acc, n, ob0, p0, OB, X, b0 == 0);
     /* weights [group][C][G][B]: the tile's vectors side by side (one address, no spilled offsets) */
     const int64_t ib = a->ib, plane = a->H * a->W * ib, G = BC_OB;
-    const float *xn = a->x + n * a->Cbi * plane + p0 * ib, *wg = a->w + ob0 * a->C * BC_L;
+    const float *xn = a->x + n * a->Cbi * plane + p0 * ib, *wg = a->w + (ob0 - a->wob) * a->C * BC_L;
     BC_CHANNELS({
         const float *wc = wg + ci * G * BC_L;
         BC_V wv[BC_OB];
@@ -130,7 +130,7 @@ BC_INLINE void BC(tile)(const bc_t *a, int64_t n, int64_t ob0, int64_t oh, int64
     BC(init)(a, acc, n, ob0, oh * a->OW + ow0, OB, X, b0 == 0);
     const int64_t ib = a->ib, plane = a->H * a->W * ib, taps = a->KH * a->KW, G = BC_OB;
     const int64_t sw = a->sw, iw0 = ow0 * sw - a->pl, W = a->W;
-    const float *xn = a->x + n * a->Cbi * plane, *wg = a->w + ob0 * a->C * taps * BC_L;
+    const float *xn = a->x + n * a->Cbi * plane, *wg = a->w + (ob0 - a->wob) * a->C * taps * BC_L;
     int64_t kh0 = 0, kh1 = a->KH;
     const int64_t ih0 = oh * a->sh - a->pt;
     while (kh0 < kh1 && ih0 + kh0 * a->dh < 0) kh0++;
@@ -269,14 +269,27 @@ BC_SPAN_FN(ck_span, BC_CK_CALL)
 /* Work item it: image n, a group of BC_OB output blocks, a band of output rows (pointwise: of
  * flattened positions).  The input channels go in blocks of a->kc, whose weights stay in L1
  * while every tile of the band takes them (partial sums in y in between). */
-BC_INLINE void BC(item)(bc_t *a, int64_t it) {
-    const int64_t band = a->groups_inner ? it / a->ngroups % a->nbands : it % a->nbands;
-    const int64_t og = a->groups_inner ? it % a->ngroups : it / a->nbands % a->ngroups;
-    const int64_t n = it / a->nbands / a->ngroups;
-    const int64_t ob0 = og * BC_OB, obn = a->Mb - ob0 < BC_OB ? a->Mb - ob0 : BC_OB;
+BC_INLINE void BC(item)(bc_t *all, int64_t it) {
+    const int64_t band = all->groups_inner ? it / all->ngroups % all->nbands : it % all->nbands;
+    const int64_t og = all->groups_inner ? it % all->ngroups : it / all->nbands % all->ngroups;
+    const int64_t n = it / all->nbands / all->ngroups;
+    /* Conv group g = og / tpg is a one-group conv of cg input channels (from input block or plane
+     * g * cg / ib) into its mgb output blocks, its weights packed on their own ([tpg, cg, KH, KW, G,
+     * B] per group, one after another); y, bias and residual keep the whole conv's blocks. */
+    const int64_t g = og / all->tpg, ob0 = g * all->mgb + og % all->tpg * BC_OB;
+    const int64_t left_in_group = (g + 1) * all->mgb - ob0, obn = left_in_group < BC_OB ? left_in_group : BC_OB;
+    bc_t grp;
+    bc_t *a = all;
+    if (all->groups > 1) {
+        grp = *all;
+        grp.x = all->x + g * all->cg / all->ib * all->H * all->W * all->ib;
+        grp.C = all->cg;
+        grp.wob = ob0 - og * BC_OB;
+        a = &grp;
+    }
     const int64_t lo = a->ow_lo, hi = a->ow_hi, OW = a->OW;
     const int64_t per_ch = a->KH * a->KW * BC_OB * BC_L; /* floats of one input channel's weights in a group */
-    const float *wg = a->w + ob0 * a->C * a->KH * a->KW * BC_L;
+    const float *wg = a->w + (ob0 - a->wob) * a->C * a->KH * a->KW * BC_L;
     for (int64_t b0 = 0; b0 < a->C; b0 += a->kc) {
         const int64_t b1 = b0 + a->kc < a->C ? b0 + a->kc : a->C;
         /* The next pass's weights (after the last, the next group's first pass), fetched while this

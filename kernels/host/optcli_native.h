@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 11 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 12 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -95,12 +95,14 @@ OPT_API int optcli_gemm_variant(int lanes);
  * ceil(c / b), hw, b], lanes past c zero; from: the way back. */
 OPT_API int optcli_to_blocked_f32(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int64_t b);
 OPT_API int optcli_from_blocked_f32(const float *x, float *y, int64_t n, int64_t c, int64_t hw, int64_t b);
-/* A one-group 2-D conv in the blocked layout, direct (no im2col): geom N, C, H, W, M, KH, KW, stride_h,
- * stride_w, dil_h, dil_w, pad_top, pad_left, OH, OW, ib, B; x blocked [N, ceil(C / B), H, W, B] (ib = B)
+/* A 2-D conv in the blocked layout, direct (no im2col): geom N, C, H, W, M, KH, KW, stride_h,
+ * stride_w, dil_h, dil_w, pad_top, pad_left, OH, OW, ib, B, groups; x blocked [N, ceil(C / B), H, W, B] (ib = B)
  * or plain [N, C, H, W] (ib = 1); packed [ceil(Mb / G), C, KH, KW, G, B] (Mb = ceil(M / B), G = 2 for
  * B = 8, else 4: a register tile's weight vectors side by side) with zeros past M; bias
  * [ceil(M / B) * B] or NULL; res NULL or as y, added before the activation; y [N, ceil(M / B), OH, OW, B].
- * Zero padding (pads may be negative: they crop). */
+ * Zero padding (pads may be negative: they crop).  groups > 1: C / groups a multiple of ib and M / groups
+ * of B (every lane of a block in one group); packed is each group's packing as above (C / groups input
+ * channels, M / groups outputs) one after another. */
 OPT_API int optcli_conv2d_blocked_f32(const float *x, const float *packed, const float *bias, const float *res,
                                       float *y, const int64_t *geom, int act, float alpha, float beta);
 

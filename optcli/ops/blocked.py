@@ -81,6 +81,14 @@ FAST_BLOCKED_WIDTHS = (4, 8, 16)
 DENSE_THROUGH_NCHW = (8,)
 DIRECT_MIN_COLUMNS = 14
 
+# Grouped convs (neither one group nor depthwise) join a region where each group's input and output
+# channels are a multiple of this: then at B = 4 and 8 every group is whole blocks and the blocked
+# conv runs it directly (RegNetX's 8-channel groups; ``blocked_conv.grouped_fits``).  Other widths (16
+# with AVX-512 for 8-channel groups) run it through the conversions, slower but right.  Without them
+# RegNet's plan was cut at every grouped conv into regions of one or two convs, so it stayed NCHW:
+# its 1x1 convs on the GEMM, its residual Adds as steps of their own.
+GROUPED_CHANNELS = 8
+
 
 def block_width() -> int:
     """B for blocked values made now: the native library's vector width where its blocked kernels
@@ -204,7 +212,9 @@ def applies_conv(node: Any, graph: Any) -> bool:
     if node.input(2) and graph.const(node.input(2)) is None:
         return False
     group, c = int(node.attrs.get("group", 1)), x[1]
-    return (group == 1 and w.shape[1] == c) or (group == c == w.shape[0] and w.shape[1] == 1)
+    return (group == 1 and w.shape[1] == c) or (group == c == w.shape[0] and w.shape[1] == 1) \
+        or (group > 1 and w.shape[1] * group == c and w.shape[0] % group == 0
+            and w.shape[1] % GROUPED_CHANNELS == 0 and w.shape[0] // group % GROUPED_CHANNELS == 0)
 
 
 def applies_dense_conv(node: Any, graph: Any) -> bool:
@@ -262,7 +272,8 @@ def _conv_plain(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[
 
 
 def conv_blocked(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
-    """A 2-D conv (one group, or depthwise) in the blocked layout, bias and activation fused.
+    """A 2-D conv (one group, depthwise, or grouped with whole blocks a group) in the blocked layout,
+    bias and activation fused.
     Its input is blocked, or plain NCHW where the conv starts a region (the stems)."""
     x, w, bias = inputs[0], inputs[1], _bias(inputs)
     memo = attrs.memo if type(attrs) is StepAttrs else None
@@ -305,6 +316,10 @@ def conv_blocked(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list
         elif w.shape[1] == 1 and w.shape[0] == group and not plain:
             packed = _packed(attrs, "nchwc depthwise", w, block, mods[1].pack_depthwise_weights)
             call = mods[1].prepared_depthwise_conv2d_blocked(x.shape, packed, b, *geometry)
+        elif mods[0].grouped_fits(w.shape[1], w.shape[0] // group, block) and w.shape[0] % group == 0:
+            packed = _packed(attrs, "nchwc grouped", w, block,
+                             lambda wt, blk: mods[0].pack_conv_weights(wt, blk, group))
+            call = mods[0].prepared_conv2d_blocked(x.shape, packed, b, w.shape[0], *geometry, group)
         if call is not None:
             if memo is not None:
                 memo["nchwc call"] = (w, bias, x.shape, call)

@@ -27,7 +27,7 @@
  * 14 (global average): geometry N, Cb, H * W, B; array x.
  * Kind 10 (blocked_conv.c's conversions): geometry n, c, hw, b, direction (0: to blocked, 1: from); array x.
  * Kind 11 (blocked conv): geometry = the first 15 values of optcli_conv2d_blocked_f32, then after the
- * header int64 ib, B, has residual; arrays x (blocked, or plain where ib = 1), packed w, residual, bias.
+ * header int64 ib, B, has residual, groups; arrays x (blocked, or plain where ib = 1), packed w, residual, bias.
  * Kinds 15 and 16, the integer kernels: after the header, int64 e[24].  15 (qgemm.c): e = the 16 values of
  * optcli_qconv2d_gemm's geom, its 6 qp values, the kernel (0 GEMM, 1 depthwise, 2 pointwise), the weights'
  * size in bytes; then bytes x, the weights (int32 pairs, int8 for depthwise, pack_quads' blob for pointwise),
@@ -161,12 +161,14 @@ static int run_case(const char *in, const char *out) {
         rc = (g[4] ? optcli_from_blocked_f32 : optcli_to_blocked_f32)(x, y, g[0], g[1], g[2], g[3]);
         free(x);
     } else if (h[0] == 11) { /* blocked conv */
-        int64_t e[3], geom[17];
-        if (fread(e, sizeof(int64_t), 3, f) != 3) { fprintf(stderr, "%s: short header\n", in); return 3; }
+        int64_t e[4], geom[18];
+        if (fread(e, sizeof(int64_t), 4, f) != 4) { fprintf(stderr, "%s: short header\n", in); return 3; }
         memcpy(geom, g, 15 * sizeof(int64_t));
-        geom[15] = e[0], geom[16] = e[1];
+        geom[15] = e[0], geom[16] = e[1], geom[17] = e[3];
         int64_t B = e[1], G = B == 8 ? 2 : 4, cbi = (g[1] + e[0] - 1) / e[0], mb = (g[4] + B - 1) / B;
-        int64_t nw = (mb + G - 1) / G * G * g[1] * g[5] * g[6] * B; /* packed [ceil(mb / G), C, KH, KW, G, B] */
+        int64_t groups = e[3] > 0 ? e[3] : 1, mgb = groups > 1 ? mb / groups : mb;
+        /* packed per group [ceil(mgb / G), C / groups, KH, KW, G, B], the groups one after another */
+        int64_t nw = groups * ((mgb + G - 1) / G) * G * (g[1] / groups) * g[5] * g[6] * B;
         float *x = read_floats(f, g[0] * cbi * g[2] * g[3] * e[0]), *w = read_floats(f, nw);
         ny = g[0] * mb * g[13] * g[14] * B;
         float *r = e[2] ? read_floats(f, ny) : NULL, *b = has_bias ? read_floats(f, mb * B) : NULL;

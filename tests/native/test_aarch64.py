@@ -365,16 +365,20 @@ def _blocked_cases(tmp: Path, block: int = 4) -> list[tuple[Path, Path, np.ndarr
 
 
 def _blocked_conv_cases(tmp: Path, block: int = 4) -> list[tuple[Path, Path, np.ndarray, str]]:
-    """The blocked dense conv (plain and blocked inputs, residual, every activation) and the
+    """The blocked dense and grouped convs (plain and blocked inputs, residual, every activation) and the
     conversions with B = 4, the cases of test_blocked_conv.py small enough for qemu."""
-    from optcli.native.blocked_conv import pack_conv_weights
-    from tests.native.test_blocked_conv import CASES
+    from optcli.native.blocked_conv import grouped_fits, pack_conv_weights
+    from tests.native.test_blocked_conv import CASES, GROUPED_CASES, grouped_reference
     from tests.native.test_blocked_conv import _case as conv_case
 
     cases = []
-    for i, case in enumerate(c for c in CASES if c[4] * c[5] <= 400):
-        name, n, c, m, h, w, k, s, d, pads = case
-        x, wt, b, _, ref = conv_case(case, i)
+    grouped = [c for c in GROUPED_CASES if grouped_fits(c[2] // c[10], c[3] // c[10], block) and c[4] * c[5] <= 400]
+    for i, case in enumerate([c for c in CASES if c[4] * c[5] <= 400] + grouped):
+        name, n, c, m, h, w, k, s, d, pads, *rest = case
+        groups = rest[0] if rest else 1
+        x, wt, b, attrs, ref = conv_case(case, i)
+        if groups > 1:
+            ref = grouped_reference(x, wt, b, attrs, groups).astype(np.float32)
         act = [None, *ACTS][i % (len(ACTS) + 1)]
         res = np.random.default_rng(i).standard_normal(ref.shape).astype(np.float32)
         want = activate(ref + res, act, *ACT_PARAMS.get(act, (0.0, 0.0)))
@@ -383,8 +387,8 @@ def _blocked_conv_cases(tmp: Path, block: int = 4) -> list[tuple[Path, Path, np.
         src, dst = tmp / f"bconv{i}.in", tmp / f"bconv{i}.out"
         _write_case(src, 11, act, geom, [None])  # the header; the rest follows
         with open(src, "ab") as f:
-            f.write(np.array([1 if plain else block, block, 1], np.int64).tobytes())
-            for arr in (x if plain else to_blocked(x, block, 1e30), pack_conv_weights(wt, block),
+            f.write(np.array([1 if plain else block, block, 1, groups], np.int64).tobytes())
+            for arr in (x if plain else to_blocked(x, block, 1e30), pack_conv_weights(wt, block, groups),
                         to_blocked(res, block), np.pad(b, (0, -m % block))):
                 f.write(np.ascontiguousarray(arr, np.float32).tobytes())
         with open(src, "r+b") as f:  # has bias

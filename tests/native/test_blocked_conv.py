@@ -51,6 +51,23 @@ CASES = [
 ]
 
 
+# Grouped: (label, N, C, M, H, W, kernel, stride, dilation, pads, groups), each group's inputs and
+# outputs whole blocks at the widths it runs with (``grouped_fits``): RegNet's 8-channel groups, 16,
+# and 4 (B = 4 only); 1x1 spatial, primes of rows and columns, strides, dilation, asymmetric pads,
+# pointwise, 2 images, more outputs than inputs per group and fewer.
+GROUPED_CASES = [
+    ("regnet w8 3x3 s2 g3", 1, 24, 24, 13, 11, 3, 2, 1, (1, 1, 1, 1), 3),
+    ("w8 s1 n2 g5", 2, 40, 40, 7, 5, 3, 1, 1, (1, 1, 1, 1), 5),
+    ("1x1 spatial w8->16", 1, 16, 32, 1, 1, 3, 1, 1, (1, 1, 1, 1), 2),
+    ("w16->8 dilated asym", 1, 32, 16, 9, 10, 3, 1, 2, (2, 1, 0, 3), 2),
+    ("pointwise w8->16 g4", 1, 32, 64, 6, 7, 1, 1, 1, (0, 0, 0, 0), 4),
+    ("strided 1x1 w8", 1, 16, 16, 9, 9, 1, 2, 1, (0, 0, 0, 0), 2),
+    ("w16 g4 wide rows", 1, 64, 64, 10, 29, 3, 1, 1, (1, 1, 1, 1), 4),
+    ("w8 5x5 s2 no pad", 1, 16, 16, 11, 13, 5, 2, 1, (0, 0, 0, 0), 2),
+    ("w4->8 g3 asym s2", 1, 12, 24, 5, 5, 3, 2, 1, (0, 1, 1, 0), 3),
+    ("w8 g46 7x7", 1, 368, 368, 7, 7, 3, 1, 1, (1, 1, 1, 1), 46),
+]
+
 BLOCKS = block_widths()
 
 
@@ -61,12 +78,14 @@ def _bc():
 
 
 def _case(case, seed):
-    _, n, c, m, h, w, k, s, d, pads = case
+    _, n, c, m, h, w, k, s, d, pads, *rest = case
+    groups = rest[0] if rest else 1
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
-    wt = (rng.standard_normal((m, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    cg = c // groups
+    wt = (rng.standard_normal((m, cg, k, k)) / np.sqrt(cg * k * k)).astype(np.float32)
     b = rng.standard_normal(m).astype(np.float32)
-    attrs = {"pads": list(pads), "strides": [s, s], "dilations": [d, d]}
+    attrs = {"pads": list(pads), "strides": [s, s], "dilations": [d, d], "group": groups}
     ref = conv_im2col([x, wt, b], attrs)[0]
     return x, wt, b, attrs, ref
 
@@ -93,6 +112,44 @@ def test_conv_matches_numpy(case, block, pool_threads):
         assert_close(from_blocked(y, m), want, "fp32", what=f"{case[0]} B={block} {act}")
 
 
+def grouped_reference(x, wt, b, attrs, groups):
+    """The grouped conv in float64, one group at a time through the one-group numpy conv."""
+    c, m = x.shape[1], wt.shape[0]
+    parts = [conv_im2col([x[:, g * c // groups:(g + 1) * c // groups].astype(np.float64),
+                          wt[g * m // groups:(g + 1) * m // groups].astype(np.float64),
+                          b[g * m // groups:(g + 1) * m // groups].astype(np.float64)],
+                         {**attrs, "group": 1})[0] for g in range(groups)]
+    return np.concatenate(parts, axis=1)
+
+
+@pytest.mark.parametrize("block", BLOCKS)
+@pytest.mark.parametrize("case", GROUPED_CASES, ids=[c[0] for c in GROUPED_CASES])
+def test_grouped_conv_matches_numpy(case, block, pool_threads):
+    """Each group reads only its own input blocks and its own packed weights: a group that read its
+    neighbour's channels, or the first group's weights, differs from the per-group float64 reference."""
+    bc = _bc()
+    _, n, c, m, h, w, k, s, d, pads, groups = case
+    if not bc.grouped_fits(c // groups, m // groups, block):
+        pytest.skip(f"{c // groups} -> {m // groups} channels a group are not whole blocks of {block}")
+    i = GROUPED_CASES.index(case)
+    x, wt, b, attrs, ref = _case(case, 50 + i)
+    assert_close(ref, grouped_reference(x, wt, b, attrs, groups), "fp32", what="numpy's grouped conv")
+    out = ref.shape[2:]
+    packed = bc.pack_conv_weights(wt, block, groups)
+    act = [None, *ACT_PARAMS][i % (1 + len(ACT_PARAMS))]
+    alpha, beta = ACT_PARAMS.get(act, (0.0, 0.0)) if act else (0.0, 0.0)
+    res = np.random.default_rng(200 + i).standard_normal(ref.shape).astype(np.float32)
+    want = activate(grouped_reference(x, wt, b, attrs, groups) + res, act, alpha, beta)
+    for x_in in (x, to_blocked(x, block, fill=GARBAGE)):
+        for residual in (None, to_blocked(res, block)):
+            y = bc.conv2d_blocked(x_in, packed, b, m, (k, k), (s, s), (d, d), pads[:2], out, act, alpha, beta,
+                                  residual=residual, groups=groups)
+            expect = want if residual is not None else activate(grouped_reference(x, wt, b, attrs, groups), act,
+                                                                 alpha, beta)
+            assert y.shape == (n, m // block, *out, block)
+            assert_close(from_blocked(y, m), expect, "fp32", what=f"{case[0]} B={block} {act}")
+
+
 @pytest.mark.parametrize("block", BLOCKS)
 def test_conversions_round_trip(block, pool_threads):
     bc = _bc()
@@ -110,11 +167,15 @@ def test_bad_geometry_is_refused(native_lib):
     x = np.zeros((1, 1, 4, 4, block), np.float32)
     packed = bc.pack_conv_weights(np.zeros((4, 3, 3, 3), np.float32), block)
     y = np.empty((1, 1, 4, 4, block), np.float32)
-    for bad in [(1, 3, 4, 4, 4, 3, 3, 0, 1, 1, 1, 1, 1, 4, 4, block, block),   # stride 0
-                (1, 3, 4, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 4, 4, 3, block),       # input block neither 1 nor B
-                (1, 3, 4, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 4, 4, block, 5),       # no such block width
-                (1, 0, 4, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 4, 4, block, block),   # no input channel
-                (1, 3, 4, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1 << 50, 4, block, block)]:  # absurd output
+    for bad in [(1, 3, 4, 4, 4, 3, 3, 0, 1, 1, 1, 1, 1, 4, 4, block, block, 1),   # stride 0
+                (1, 3, 4, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 4, 4, 3, block, 1),       # input block neither 1 nor B
+                (1, 3, 4, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 4, 4, block, 5, 1),       # no such block width
+                (1, 0, 4, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 4, 4, block, block, 1),   # no input channel
+                (1, 3, 4, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1 << 50, 4, block, block, 1),  # absurd output
+                (1, 3, 4, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 4, 4, block, block, 0),   # no group
+                (1, 3, 4, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 4, 4, block, block, 2),   # C not a multiple of groups
+                (1, 2, 4, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 4, 4, block, block, 2),   # a group's inputs not whole blocks
+                (1, 2, 4, 4, 2, 3, 3, 1, 1, 1, 1, 1, 1, 4, 4, 1, block, 2)]:      # a group's outputs not whole blocks
         geom = np.array(bad, np.int64)
         rc = native.library._lib.optcli_conv2d_blocked_f32(x.ctypes.data, packed.ctypes.data, None, None,
                                                            y.ctypes.data, geom.ctypes.data, 0, 0.0, 0.0)

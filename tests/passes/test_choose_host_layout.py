@@ -100,6 +100,29 @@ def test_border_inside_a_region(block):
     assert_close(pred.run(feeds)["y"], run_ort(m, feeds)[0], what="two regions vs onnxruntime")
 
 
+def test_grouped_convs_of_whole_blocks_join_the_region(block):
+    """RegNetX's block: 1x1 -> 3x3 grouped (8 channels a group) -> 1x1 -> residual Add.  Grouped convs
+    whose groups are multiples of 8 channels are blocked candidates, so the block is one region (before,
+    each grouped conv cut the plan, and RegNet stayed NCHW); 4 channels a group stay plain."""
+    for width, joins in ((8, True), (4, False)):
+        c = 3 * width
+        inits = {"w0": _w(c, 5, 1, 1), "wg": _w(c, width, 3, 3), "bg": _w(c), "w1": _w(c, c, 1, 1),
+                 "w2": _w(c, 5, 1, 1)}
+        m = model([node("Conv", ["x", "w0"], ["a"]), node("Relu", ["a"], ["r"]),
+                   node("Conv", ["r", "wg", "bg"], ["g"], pads=[1, 1, 1, 1], group=3),
+                   node("Relu", ["g"], ["h"]), node("Conv", ["h", "w1"], ["e"]),
+                   node("Conv", ["x", "w2"], ["sc"]), node("Add", ["e", "sc"], ["y"])],
+                  {"x": [1, 5, 7, 9]}, initializers=inits)
+        pred = optcli.load(_plan(m).data)
+        kinds = _kernels(pred)
+        grouped = next(s.kernel for s in pred.plan.steps if s.op_type == "Conv" and s.attrs.get("group") == 3)
+        assert (grouped == "onnx.Conv.nchwc") == joins, (width, grouped)
+        if joins:  # one region: the stems read the plain image, one conversion out
+            assert kinds["optcli.ToBlocked.default"] == 0 and kinds["optcli.FromBlocked.default"] == 1, kinds
+        feeds = feeds_for(m, seed=width)
+        assert_close(pred.run(feeds)["y"], run_ort(m, feeds)[0], what=f"{width} a group vs onnxruntime")
+
+
 def test_one_conv_stays_plain():
     m = model([node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), node("Relu", ["c"], ["y"])],
               {"x": [1, 3, 8, 8]}, initializers={"w": _w(4, 3, 3, 3)})
