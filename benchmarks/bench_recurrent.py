@@ -99,8 +99,8 @@ def main() -> None:
             f"- Machine: {cpu}, {os.cpu_count()} cores; load average {load:.2f} when the run started",
             f"- onnxruntime {ort.__version__}, numpy {np.__version__}, optcli {optcli.__version__}",
             "- Models: the corpus' recurrent and control-flow recipes (corpus/recipes_recurrent.py), seeded random "
-            "inputs; the max abs diff is optcli against onnxruntime (qdyn_lstm_speech: onnxruntime rounds X and h "
-            "to uint8 each step, optcli runs the dequantized weights in float)",
+            "inputs; the max abs diff is optcli against onnxruntime (qdyn_lstm_speech: onnxruntime's numerics, X and "
+            "h quantized to uint8 per GEMM call, 7-bit weights)",
             "",
             *rows,
             "",

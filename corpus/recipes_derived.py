@@ -56,11 +56,11 @@ def quant_static_build(base: str, fmt: str):
     return build
 
 
-def quant_dynamic_build(base: str):
+def quant_dynamic_build(base: str, reduce_range: bool = False):
     def build(out: str, ctx: dict) -> None:
         from onnxruntime.quantization import QuantType, quantize_dynamic
         _quiet()
-        quantize_dynamic(ctx["path"](base), out, weight_type=QuantType.QInt8)
+        quantize_dynamic(ctx["path"](base), out, weight_type=QuantType.QInt8, reduce_range=reduce_range)
     return build
 
 

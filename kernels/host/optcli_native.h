@@ -160,9 +160,14 @@ OPT_API int optcli_global_avg_blocked_f32(const float *x, float *y, int64_t n, i
  * [dirs, batch, hidden] or NULL (zeros); lens [batch] in [0, seq] or NULL (seq each).
  * Writes y [seq, dirs, batch, hidden] (zero past a row's length), yh and yc [dirs, batch, hidden];
  * each may be NULL.  acts, alphas, betas: 3 per direction (f, g, h of the ONNX op; activation codes
- * of simd.h); flags: 1 input_forget, 2 linear_before_reset, 4 clip pre-activations to +-clip. */
-OPT_API int optcli_recurrent_f32(int cell, const float *xp, const float *rt, const float *rbh, const float *p,
-                                 const float *h0, const float *c0, const int32_t *lens, float *y, float *yh, float *yc,
+ * of simd.h); flags: 1 input_forget, 2 linear_before_reset, 4 clip pre-activations to +-clip, 8 (LSTM)
+ * quantized h, onnxruntime's DynamicQuantizeLSTM: rt holds R's 8-bit integers less their zero point,
+ * qscale [dirs, 4 * hidden] their scale per column, and each step adds float(q @ rt) * (h_scale *
+ * qscale[col]) for q = h(t-1) quantized to uint8 less its zero point (per row: the whole batch where
+ * batch is 1).  The caller keeps hidden * 255 * max|rt| under 2**24: float32 sums those integers
+ * exactly.  qscale is NULL without the flag. */
+OPT_API int optcli_recurrent_f32(int cell, const float *xp, const float *rt, const float *rbh, const float *qscale,
+                                 const float *p, const float *h0, const float *c0, const int32_t *lens, float *y, float *yh, float *yc,
                                  const int64_t *geom, const int32_t *acts, const float *alphas, const float *betas,
                                  float clip, int flags);
 /* For the tests: the size of R (floats) from which a layer whose rows leave cores idle splits each

@@ -15,7 +15,9 @@
  * LSTM of 64 units (or a GRU/RNN of 128), which is past L1, so it runs at L2's bandwidth, ~0.7 us
  * a step whatever the FMA scheduling; the default LSTM gates take one fused 8-lane pass
  * (lstm_default_gates).  What would go further is a smaller R: onnxruntime's DynamicQuantizeLSTM
- * keeps R in int8 (16 KiB, in L1) and quantizes h per step.
+ * keeps R in int8 (16 KiB, in L1) and quantizes h per step.  Its numerics run here with
+ * FLAG_QUANTIZE_H (`quantized_product`): R's integers less their zero point (exact float sums), h(t-1)
+ * quantized per step as its dynamic GEMM does, so the results are onnxruntime's, not the float LSTM's.
  *
  * Gates follow ONNX: LSTM i, o, f, c (peepholes i, o, f); GRU z, r, h; RNN one.  Activations are
  * the fused-epilogue codes of simd.h (the ONNX names with no code run in numpy).  A row whose
@@ -23,13 +25,14 @@
  * hold the state after its last step (zeros for a length of 0), and the reverse direction starts at
  * its last step.
  */
+#include <math.h>
 #include <stdlib.h>
 
 #include "optcli_native.h"
 #include "simd.h"
 
 enum { CELL_LSTM = 0, CELL_GRU = 1, CELL_RNN = 2 };
-enum { FLAG_INPUT_FORGET = 1, FLAG_LINEAR_BEFORE_RESET = 2, FLAG_CLIP = 4 };
+enum { FLAG_INPUT_FORGET = 1, FLAG_LINEAR_BEFORE_RESET = 2, FLAG_CLIP = 4, FLAG_QUANTIZE_H = 8 };
 enum { DIR_FORWARD = 0, DIR_REVERSE = 1, DIR_BIDIRECTIONAL = 2 };
 
 /* R's size in floats from which a layer splits its rows over the pool: 160K (640 KiB, about a
@@ -48,7 +51,7 @@ OPT_API int64_t optcli_recurrent_split_from(int64_t floats) {
 typedef struct {
     int cell, flags, direction;
     int64_t dirs, seq, batch, hidden, gates;
-    const float *xp, *rt, *rbh, *p, *h0, *c0;
+    const float *xp, *rt, *rbh, *qscale, *p, *h0, *c0;
     const int32_t *lens;
     float *y, *yh, *yc;
     const int32_t *acts;
@@ -138,12 +141,42 @@ static int lstm_default(const rnn_t *a, int64_t d) {
            act[2] == ACT_TANH;
 }
 
-/* One LSTM step. */
+/* FLAG_QUANTIZE_H's product: g[0:4H] += float(q @ rt) * (scale * qscale[col]), q = h(t-1) quantized to
+ * uint8 less its zero point, as onnxruntime's dynamic GEMM quantizes its operand (rnn_helpers.cc
+ * ComputeGemm, MLAS): range [min(h, 0), max(h, 0)], scale range / 255 (1 for all zeros), zero point
+ * rint(-min / scale), q = rint(clamp(h / scale, -zp, 255 - zp)).  q and rt hold integers, every partial
+ * sum under 2**24 (the caller's bound): exact in float32 in any order.  hq: H floats, acc: 4H. */
+HOT_CLONES static void quantized_product(const rnn_t *a, int64_t d, float *g, const float *hin, float *hq,
+                                         float *acc) {
+    const int64_t H = a->hidden, N = 4 * H;
+    float lo = 0.0f, hi = 0.0f;
+    for (int64_t i = 0; i < H; i++) {
+        lo = hin[i] < lo ? hin[i] : lo;
+        hi = hin[i] > hi ? hin[i] : hi;
+    }
+    const float scale = hi > lo ? (hi - lo) / 255.0f : 1.0f;
+    float z = 0.0f - lo / scale;
+    z = z < 0.0f ? 0.0f : z > 255.0f ? 255.0f : z;
+    const float zp = rintf(z), top = 255.0f - zp;
+    for (int64_t i = 0; i < H; i++) {
+        float v = hin[i] / scale;
+        v = v < -zp ? -zp : v > top ? top : v;
+        hq[i] = rintf(v);
+    }
+    memset(acc, 0, (size_t)N * sizeof(float));
+    gemv_rows(acc, hq, a->rt + d * H * N, H, N, N);
+    const float *qs = a->qscale + d * N;
+    for (int64_t j = 0; j < N; j++) g[j] += acc[j] * (scale * qs[j]);
+}
+
+/* One LSTM step (with FLAG_QUANTIZE_H, g already holds the product: `quantized_product`). */
 HOT_CLONES static void lstm_range(const rnn_t *a, int64_t d, float *g, const float *hin, float *hout, float *c,
                                   float *tmp, int64_t j0, int64_t j1) {
     const int64_t H = a->hidden, n = j1 - j0;
     const float *rt = a->rt + d * H * 4 * H, *p = a->p ? a->p + d * 3 * H : NULL;
-    if (n == H) {
+    if (a->flags & FLAG_QUANTIZE_H) {
+        /* added by quantized_product */
+    } else if (n == H) {
         gemv_rows(g, hin, rt, H, 4 * H, 4 * H); /* the four gates side by side: one product */
     } else {
         for (int q = 0; q < 4; q++) gemv_rows(g + q * H + j0, hin, rt + q * H + j0, H, n, 4 * H);
@@ -245,12 +278,12 @@ static void rnn_item(void *ctx, int64_t item) {
     const int64_t H = a->hidden, G = a->gates, B = a->batch, S = a->seq;
     const int64_t d = item / B, b = item % B;
     const int64_t len = a->lens ? a->lens[b] : S;
-    float *g = malloc((size_t)(G * H + 4 * H) * sizeof(float));
+    float *g = malloc((size_t)(G * H + 4 * H + (a->flags & FLAG_QUANTIZE_H ? 5 * H : 0)) * sizeof(float));
     if (!g) {
         __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
         return;
     }
-    float *h = g + G * H, *c = h + H, *tmp = c + H, *rh = tmp + H;
+    float *h = g + G * H, *c = h + H, *tmp = c + H, *rh = tmp + H, *hq = rh + H;
     const int64_t state = (d * B + b) * H;
     if (a->h0) memcpy(h, a->h0 + state, (size_t)H * sizeof(float));
     else memset(h, 0, (size_t)H * sizeof(float));
@@ -260,6 +293,7 @@ static void rnn_item(void *ctx, int64_t item) {
     for (int64_t s = 0; row_time(a, d, b, s, &t); s++) {
         memcpy(g, a->xp + ((d * S + t) * B + b) * G * H, (size_t)(G * H) * sizeof(float));
         if (a->cell == CELL_LSTM) {
+            if (a->flags & FLAG_QUANTIZE_H) quantized_product(a, d, g, h, hq, hq + H);
             lstm_range(a, d, g, h, h, c, tmp, 0, H);
         } else if (a->cell == CELL_GRU) {
             gru_gates(a, d, g, h, rh, 0, H);
@@ -374,6 +408,7 @@ static int run_split(rnn_t *a, int64_t chunks) {
  * and join per step (a few microseconds) pays; slices of 32 units or more. */
 static int64_t split_chunks(const rnn_t *a) {
     const int64_t rows = a->dirs * a->batch, threads = optcli_get_num_threads();
+    if (a->flags & FLAG_QUANTIZE_H) return 1; /* each step's product needs the whole row quantized first */
     if (a->split_min_floats == 0) return a->hidden < 3 ? a->hidden : 3; /* the tests: uneven slices, any size */
     if (a->split_min_floats < 0 || rows >= threads || a->gates * a->hidden * a->hidden < a->split_min_floats) return 1;
     int64_t chunks = threads / rows;
@@ -381,12 +416,12 @@ static int64_t split_chunks(const rnn_t *a) {
     return chunks;
 }
 
-OPT_API int optcli_recurrent_f32(int cell, const float *xp, const float *rt, const float *rbh, const float *p,
-                                 const float *h0, const float *c0, const int32_t *lens, float *y, float *yh, float *yc,
+OPT_API int optcli_recurrent_f32(int cell, const float *xp, const float *rt, const float *rbh, const float *qscale,
+                                 const float *p, const float *h0, const float *c0, const int32_t *lens, float *y, float *yh, float *yc,
                                  const int64_t *geom, const int32_t *acts, const float *alphas, const float *betas,
                                  float clip, int flags) {
     rnn_t a = {.cell = cell, .flags = flags, .direction = (int)geom[4], .dirs = geom[0], .seq = geom[1],
-               .batch = geom[2], .hidden = geom[3], .xp = xp, .rt = rt, .rbh = rbh, .p = p, .h0 = h0, .c0 = c0,
+               .batch = geom[2], .hidden = geom[3], .xp = xp, .rt = rt, .rbh = rbh, .qscale = qscale, .p = p, .h0 = h0, .c0 = c0,
                .lens = lens, .y = y, .yh = yh, .yc = yc, .acts = acts, .alphas = alphas, .betas = betas,
                .clip = clip, .split_min_floats = g_split_min_floats};
     if (cell < CELL_LSTM || cell > CELL_RNN || a.direction < DIR_FORWARD || a.direction > DIR_BIDIRECTIONAL) {
@@ -398,7 +433,8 @@ OPT_API int optcli_recurrent_f32(int cell, const float *xp, const float *rt, con
     if (a.hidden > (1 << 20) || a.seq > ((int64_t)1 << 40) || a.batch > ((int64_t)1 << 30)) return OPT_EINVAL;
     a.gates = cell == CELL_LSTM ? 4 : cell == CELL_GRU ? 3 : 1;
     if (cell == CELL_GRU && !rbh) return OPT_EINVAL;
-    if (cell != CELL_LSTM && (p || c0 || yc)) return OPT_EINVAL;
+    if (cell != CELL_LSTM && (p || c0 || yc || (flags & FLAG_QUANTIZE_H))) return OPT_EINVAL;
+    if (!(flags & FLAG_QUANTIZE_H) != !qscale) return OPT_EINVAL;
     if ((flags & FLAG_CLIP) && !(clip >= 0.0f)) return OPT_EINVAL;
     for (int64_t i = 0; i < 3 * a.dirs; i++) {
         if (acts[i] < ACT_NONE || acts[i] >= ACT_COUNT) return OPT_EINVAL;

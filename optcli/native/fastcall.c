@@ -79,8 +79,8 @@ INVOKER(ppqppppqqqqiff, (vp, vp, i64, vp, vp, vp, vp, i64, i64, i64, i64, int, f
         P(4), P(5), P(6), Q(7), Q(8), Q(9), Q(10), I(11), F(12), F(13))
 INVOKER(ppqq, (vp, vp, i64, i64), P(0), P(1), Q(2), Q(3))
 INVOKER(ppqqqq, (vp, vp, i64, i64, i64, i64), P(0), P(1), Q(2), Q(3), Q(4), Q(5))
-INVOKER(ippppppppppppppfi, (int, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, float, int), I(0), P(1),
-        P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), P(10), P(11), P(12), P(13), P(14), F(15), I(16))
+INVOKER(ipppppppppppppppfi, (int, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, float, int), I(0),
+        P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), P(10), P(11), P(12), P(13), P(14), P(15), F(16), I(17))
 
 static const struct {
     const char *sig;
@@ -90,7 +90,7 @@ static const struct {
     ROW(pppipp),     ROW(ppppiff),       ROW(pppppiff),  ROW(ppppppiff), ROW(ppppppp),
     ROW(ppppppqqqf), ROW(pppppqiff),     ROW(pppppqqqqiff), ROW(ppppqqqiff), ROW(pppqiff),
     ROW(pppqpp),     ROW(pppqqqq),   ROW(ppq),           ROW(ppqffff),   ROW(ppqfii),    ROW(ppqiff),
-    ROW(ppqppppqqqqiff), ROW(ppqq),      ROW(ppqqqq),    ROW(ippppppppppppppfi),
+    ROW(ppqppppqqqqiff), ROW(ppqq),      ROW(ppqqqq),    ROW(ipppppppppppppppfi),
 #undef ROW
 };
 

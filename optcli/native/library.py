@@ -92,7 +92,7 @@ _SIGNATURES = {
     "optcli_pool2d_blocked_f32": ([_vp, _vp, _vp, ctypes.c_int, _vp, _vp], ctypes.c_int),
     "optcli_global_avg_blocked_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64],
                                       ctypes.c_int),
-    "optcli_recurrent_f32": ([ctypes.c_int, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
+    "optcli_recurrent_f32": ([ctypes.c_int, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp,
                               ctypes.c_float, ctypes.c_int], ctypes.c_int),
     "optcli_recurrent_split_from": ([ctypes.c_int64], ctypes.c_int64),  # tests only
     "optcli_qconv2d_gemm": ([_vp, _vp, _vp, _vp, _vp, _vp, _vp], ctypes.c_int),

@@ -12,7 +12,7 @@ from optcli.native.library import _check, require
 CELLS = {"LSTM": 0, "GRU": 1, "RNN": 2}
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 DIRECTIONS = {"forward": 0, "reverse": 1, "bidirectional": 2}
-INPUT_FORGET, LINEAR_BEFORE_RESET, CLIP = 1, 2, 4
+INPUT_FORGET, LINEAR_BEFORE_RESET, CLIP, QUANTIZE_H = 1, 2, 4, 8
 _RESIDUAL_MAX = 1 << 16  # floats of a layer's projection up to which prepared_layer keeps its biases broadcast
 
 
@@ -36,22 +36,27 @@ def recurrent(cell: str, xp: np.ndarray, rt: np.ndarray, rbh: np.ndarray | None,
 
 
 def prepared_recurrent(cell: str, rt: np.ndarray, rbh: np.ndarray | None, direction: str, acts: np.ndarray,
-                       alphas: np.ndarray, betas: np.ndarray, clip: float | None, flags: int):
+                       alphas: np.ndarray, betas: np.ndarray, clip: float | None, flags: int,
+                       qscale: np.ndarray | None = None):
     """``recurrent`` for one layer's weights and attributes, worked out once: a function of
     ``(xp, p, h0, c0, lens, want_y)``.  The weights' arrays are checked and made contiguous here;
     per call only the inputs are (a voice detector's 16-step LSTM spends ~25 us in its C loop, and
-    the per-call conversions of every argument took as long again)."""
+    the per-call conversions of every argument took as long again).  ``qscale`` [dirs, 4H] with
+    QUANTIZE_H in ``flags``: DynamicQuantizeLSTM's R scales per column, ``rt`` then R's integers less
+    their zero point (optcli_native.h)."""
     require(library._lib is not None and cell in CELLS and direction in DIRECTIONS and rt.ndim == 3, "recurrent")
     dirs, hidden, gh = rt.shape
     require(gh == GATES[cell] * hidden and hidden >= 1, "recurrent")
     rt = _f32(rt, (dirs, hidden, gh))
     rbh = _f32(rbh, (dirs, hidden))
+    require((qscale is not None) == bool(flags & QUANTIZE_H) and (qscale is None or cell == "LSTM"), "recurrent")
+    qscale = _f32(qscale, (dirs, gh))
     acts = np.ascontiguousarray(acts, dtype=np.int32)
     alphas = np.ascontiguousarray(alphas, dtype=np.float32)
     betas = np.ascontiguousarray(betas, dtype=np.float32)
     require(acts.shape == alphas.shape == betas.shape == (3 * dirs,), "recurrent")
     fn, code, way = library.function("optcli_recurrent_f32"), CELLS[cell], DIRECTIONS[direction]
-    fixed = (rt, rbh)
+    fixed = (rt, rbh, qscale)
     act_args = (acts, alphas, betas, 0.0 if clip is None else float(clip), flags | (CLIP if clip is not None else 0))
     lstm = cell == "LSTM"
 

@@ -313,6 +313,34 @@ def _native_activations(cell: Cell, acts: list[tuple[str, float, float]], dirs: 
     return codes, alphas, betas
 
 
+def gate_activation(acts: list, d: int, n: int, clip: float | None, work: type):
+    """Activation ``k`` of direction ``d`` as ``act(k, v)``: the ONNX function with its alpha and
+    beta, the gate pre-activations (k < 2; not LSTM's h(c)) clipped first where ``clip`` is set."""
+    def act(k: int, v: np.ndarray) -> np.ndarray:
+        name, alpha, beta = acts[d * n + k]
+        if clip is not None and k < 2:
+            v = np.clip(v, -clip, clip)
+        return np.asarray(ACTIVATIONS[name].fn(v, work(alpha), work(beta)), dtype=work)
+
+    return act
+
+
+def lstm_gates(g: np.ndarray, c: np.ndarray, p: np.ndarray | None, act: Any, flags: int):
+    """(h(t), c(t)) of LSTM rows from their gate pre-activations ``g`` [rows, 4H] (i, o, f, c:
+    x @ W^T + h(t-1) @ R^T + biases), c(t-1) and one direction's peepholes ``p`` [3H] or None."""
+    hidden = c.shape[-1]
+    gi, go, gf, gc = (g[:, k * hidden:(k + 1) * hidden] for k in range(4))
+    if p is not None:
+        gi = gi + p[:hidden] * c
+        gf = gf + p[2 * hidden:] * c
+    i = act(0, gi)
+    f = 1 - i if flags & native_recurrent.INPUT_FORGET else act(0, gf)
+    c_new = f * c + i * act(1, gc)
+    if p is not None:
+        go = go + p[hidden:2 * hidden] * c_new
+    return act(0, go) * act(2, c_new), c_new
+
+
 def _numpy_loop(cell, xp, rt, rbh, p, h0, c0, lens, direction, acts, clip, flags):
     """The time loop in numpy, all batch rows at once: what the native loop computes."""
     dirs, seq, batch, gh = xp.shape
@@ -324,12 +352,7 @@ def _numpy_loop(cell, xp, rt, rbh, p, h0, c0, lens, direction, acts, clip, flags
     n = cell.n_activations
 
     for d in range(dirs):
-        def act(k: int, v: np.ndarray, d=d) -> np.ndarray:
-            name, alpha, beta = acts[d * n + k]
-            if clip is not None and k < 2:  # gate pre-activations; not LSTM's h(c)
-                v = np.clip(v, -clip, clip)
-            return np.asarray(ACTIVATIONS[name].fn(v, work(alpha), work(beta)), dtype=work)
-
+        act = gate_activation(acts, d, n, clip, work)
         reverse = direction == "reverse" or (direction == "bidirectional" and d == 1)
         h = np.zeros((batch, hidden), work) if h0 is None else np.array(h0[d], dtype=work)
         c = np.zeros((batch, hidden), work) if c0 is None else np.array(c0[d], dtype=work)
@@ -337,16 +360,7 @@ def _numpy_loop(cell, xp, rt, rbh, p, h0, c0, lens, direction, acts, clip, flags
             g = xp[d, t].copy()
             if cell.op == "LSTM":
                 g += h @ rt[d]
-                gi, go, gf, gc = (g[:, k * hidden:(k + 1) * hidden] for k in range(4))
-                if p is not None:
-                    gi = gi + p[d, :hidden] * c
-                    gf = gf + p[d, 2 * hidden:] * c
-                i = act(0, gi)
-                f = 1 - i if flags & native_recurrent.INPUT_FORGET else act(0, gf)
-                c_new = f * c + i * act(1, gc)
-                if p is not None:
-                    go = go + p[d, hidden:2 * hidden] * c_new
-                h_new = act(0, go) * act(2, c_new)
+                h_new, c_new = lstm_gates(g, c, None if p is None else p[d], act, flags)
             elif cell.op == "GRU":
                 zr = act(0, g[:, :2 * hidden] + h @ rt[d][:, :2 * hidden])
                 z, rr = zr[:, :hidden], zr[:, hidden:]
@@ -396,51 +410,6 @@ def rnn(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarr
 
 
 # ---------------------------------------------------------------------------------------------
-# onnxruntime's dynamically quantized LSTM
-
-MS = "com.microsoft"
-
-
-def _dequantized_weight(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, what: str) -> np.ndarray:
-    """A DynamicQuantizeLSTM weight [dirs, k, 4H] (int8/uint8, scale and zero point per direction
-    [dirs] or per column [dirs, 4H]) as the float LSTM's [dirs, 4H, k]."""
-    q = np.asarray(q)
-    scale = np.asarray(scale, np.float32)
-    zp = np.zeros_like(scale, dtype=np.int32) if zero_point is None else np.asarray(zero_point).astype(np.int32)
-    dirs, _, cols = q.shape
-    if scale.shape not in ((dirs,), (dirs, cols)) or zp.shape != scale.shape:
-        raise IndexError(f"DynamicQuantizeLSTM {what}_scale has shape {list(scale.shape)} and its zero point "
-                         f"{list(zp.shape)}; [{dirs}] or [{dirs}, {cols}] are expected")
-    per_col = (lambda a: a[:, None, :]) if scale.ndim == 2 else (lambda a: a[:, None, None])
-    w = (q.astype(np.int32) - per_col(zp)).astype(np.float32) * per_col(scale)
-    return np.ascontiguousarray(w.transpose(0, 2, 1))
-
-
-def _cached_dequantized(q: np.ndarray, scale, zp, what: str) -> np.ndarray:
-    """The dequantized weight, made once per constant weight (a plan's weights are the same arrays
-    run after run; the cache keys on the quantized array, the scales are constants beside it)."""
-    def make(a: np.ndarray) -> np.ndarray:
-        return _dequantized_weight(a, scale, zp, what)
-
-    constant = all(a is None or (isinstance(a, np.ndarray) and not a.flags.writeable) for a in (q, scale, zp))
-    made = native.derived(q, f"dql_{what}_{id(scale)}_{id(zp)}", make) if constant and native.available() else None
-    return made if made is not None else make(q)
-
-
-@kernel("DynamicQuantizeLSTM", domain=MS)
-def dynamic_quantize_lstm(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
-    """onnxruntime's ``quantize_dynamic`` LSTM: int8 W and R dequantized (once per constant weight)
-    into the float LSTM.  onnxruntime also quantizes X and h per step to uint8; this keeps them
-    float, so the results differ from its by that rounding only (int8 tolerance)."""
-    def get(k: int) -> np.ndarray | None:
-        return inputs[k] if k < len(inputs) else None
-
-    w = _cached_dequantized(get(1), get(8), get(9), "W")
-    r = _cached_dequantized(get(2), get(10), get(11), "R")
-    return run_recurrent(CELLS["LSTM"], [get(0), w, r, *[get(k) for k in range(3, 8)]], attrs)
-
-
-# ---------------------------------------------------------------------------------------------
 # Shape rules
 
 
@@ -453,19 +422,6 @@ def _check_dims(what: str, shape: Shape, expected: tuple) -> None:
     for k, (have, want) in enumerate(zip(shape, expected)):
         if is_int(have) and is_int(want) and have != want:
             raise ShapeDerivationError(f"{what} has shape {list(shape)}: dim {k} should be {want}")
-
-
-@shape_fn("DynamicQuantizeLSTM", domain=MS)
-def dynamic_quantize_lstm_shape(args: ShapeArgs) -> list[Shape]:
-    """The LSTM's rule, with W [dirs, input, 4H] and R [dirs, H, 4H] stored transposed."""
-    def t(s: Shape) -> Shape:
-        return None if s is None or len(s) != 3 else (s[0], s[2], s[1])
-
-    shapes = list(args.shapes[:8]) + [None] * max(0, 8 - len(args.shapes))
-    shapes[1], shapes[2] = t(args.shape(1)), t(args.shape(2))
-    lstm_args = ShapeArgs(shapes, list(args.values[:8]), args.attrs, args.opset, list(args.present[:8]),
-                          list(args.dims[:8]), args.n_outputs, "LSTM")
-    return recurrent_shape(lstm_args)
 
 
 @shape_fn(["LSTM", "GRU", "RNN"])

@@ -26,13 +26,7 @@ ENTRIES = [e for e in load_manifest(FOLDER) if SUBSET == "all" or SUBSET in e.ge
 
 # Runs known to fail today, with why: {model: {run: reason}}, run being "arm", "opencl-fp32" or
 # "opencl-fp16".  Strict: a run that starts passing fails the suite until its line is removed.
-KNOWN_FAILURES: dict[str, dict[str, str]] = {
-    "qdyn_lstm_speech": dict.fromkeys(("arm", "opencl-fp32"), (
-        "DynamicQuantizeLSTM runs on dequantized weights with X and h in float; onnxruntime quantizes "
-        "X and h to uint8 every step, which alone moves its output 9.4e-2 of scale from the float "
-        "model's (optcli's is 7e-3 from the float model, 9.8e-2 from onnxruntime's): over the 5e-2 "
-        "int8 budget")),
-}
+KNOWN_FAILURES: dict[str, dict[str, str]] = {}
 
 
 def _expect(request, entry: dict, run: str) -> None:

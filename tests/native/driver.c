@@ -20,6 +20,9 @@
  * Kind 18 (upsample.c): geometry = the 8 values of optcli_upsample_taps_f32 (planes, channels, H, W, KH,
  * KW, plane stride, tap stride); arrays src [planes * plane stride], bias [channels].
  * Kind 19 (few-row fully connected, fc_rows.c): geometry = rows, k, n; arrays x [rows, k], w [k, n], bias [n].
+ * Kind 21 (recurrent.c, an LSTM in its quantized-h mode): geometry = dirs, seq, batch, hidden, direction and
+ * the f, g, h activation codes; arrays xp [dirs, seq, batch, 4H], rt [dirs, H, 4H], qscale [dirs, 4H];
+ * OUT: y, y_h, y_c.
  * Kinds 12-14, the channel-blocked layout (blocked_window.c): geometry = the 15 values of
  * optcli_dwconv2d_blocked_f32 (N, Cb, H, W, KH, KW, strides, dilations, pad_top, pad_left, OH, OW, B).
  * 12 (depthwise): arrays x [N, Cb, H, W, B], packed w [Cb, KH, KW, B], bias [Cb * B];
@@ -226,6 +229,20 @@ static int run_case(const char *in, const char *out) {
         y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
         rc = optcli_fc_rows_f32(x, w, b, y, rows, k, n, act, alpha, beta);
         free(x), free(w), free(b);
+    } else if (h[0] == 21) {
+        const int64_t dirs = g[0], seq = g[1], batch = g[2], hid = g[3];
+        float *xp = read_floats(f, dirs * seq * batch * 4 * hid), *rt = read_floats(f, dirs * hid * 4 * hid);
+        float *qs = read_floats(f, dirs * 4 * hid);
+        const int64_t geom[5] = {dirs, seq, batch, hid, g[4]};
+        int32_t acts[6];
+        float ab0[6] = {0};
+        for (int i = 0; i < 6; i++) acts[i] = (int32_t)g[5 + i % 3];
+        const int64_t ns = dirs * batch * hid;
+        ny = seq * ns + 2 * ns;
+        y = malloc((size_t)ny * sizeof(float));
+        rc = optcli_recurrent_f32(0, xp, rt, NULL, qs, NULL, NULL, NULL, NULL, y, y + seq * ns, y + seq * ns + ns, geom,
+                                  acts, ab0, ab0, 0.0f, 8);
+        free(xp), free(rt), free(qs);
     } else if (h[0] == 20) { /* PRelu with a slope per channel: g = n, c, hw, lanes */
         ny = g[0] * g[1] * g[2] * g[3];
         float *x = read_floats(f, ny), *s = read_floats(f, g[1] * g[3]);

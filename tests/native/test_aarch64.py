@@ -232,6 +232,33 @@ def _elementwise_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
         with open(src, "wb") as f:
             f.write(np.array(head, np.int64).tobytes() + x.tobytes() + s.tobytes() + b.tobytes())
         cases.append((src, dst, want, f"layer norm {outer}x{c}x{inner}"))
+    return cases + _quantized_lstm_cases(tmp, rng)
+
+
+def _quantized_lstm_cases(tmp: Path, rng) -> list[tuple[Path, Path, np.ndarray, str]]:
+    """DynamicQuantizeLSTM's time loop (recurrent.c, QUANTIZE_H) against the numpy loop of
+    optcli/ops/recurrent_quant.py, on a projection that loop's layer made."""
+    from optcli.ops.recurrent_quant import QuantizedLSTM
+
+    cases = []
+    for i, (seq, size, hidden, direction) in enumerate([(1, 1, 1, "forward"), (5, 3, 7, "reverse"),
+                                                        (9, 5, 33, "bidirectional")]):
+        dirs = 2 if direction == "bidirectional" else 1
+        w = rng.integers(-127, 128, (dirs, size, 4 * hidden)).astype(np.int8)
+        r = rng.integers(-127, 128, (dirs, hidden, 4 * hidden)).astype(np.int8)
+        scales = [np.full(dirs, 0.004, np.float32), rng.uniform(0.001, 0.01, (dirs, 4 * hidden)).astype(np.float32)]
+        inputs = [None, w, r, rng.uniform(-0.3, 0.3, (dirs, 8 * hidden)).astype(np.float32), None, None, None, None,
+                  scales[0], np.zeros(dirs, np.int8), scales[i % 2], np.zeros(scales[i % 2].shape, np.int8)]
+        layer = QuantizedLSTM(inputs, {"hidden_size": hidden, "direction": direction})
+        xp = layer.projection(rng.uniform(-1, 1, (seq, 1, size)).astype(np.float32), seq, use_native=False)
+        want = np.concatenate([v.ravel() for v in layer.numpy_loop(xp, None, None, None, None)])
+        codes = [native.ACTIVATION_CODES[n] for n in ("sigmoid", "tanh", "tanh")]
+        head = [21, 0, 0, dirs, seq, 1, hidden, ("forward", "reverse", "bidirectional").index(direction), *codes,
+                *[0] * 9]
+        src, dst = tmp / f"qlstm{i}.in", tmp / f"qlstm{i}.out"
+        with open(src, "wb") as f:
+            f.write(np.array(head, np.int64).tobytes() + xp.tobytes() + layer.rc.tobytes() + layer.rscale.tobytes())
+        cases.append((src, dst, want, f"quantized-h LSTM {seq}x{size}x{hidden} {direction}"))
     return cases
 
 

@@ -216,12 +216,12 @@ def _lstm_model(seq=7, batch=2, size=10, hidden=12, direction="bidirectional"):
 
 
 @pytest.mark.parametrize("per_channel", [False, True])
-def test_dynamic_quantize_lstm(tmp_path, per_channel):
-    """onnxruntime's quantize_dynamic writes com.microsoft.DynamicQuantizeLSTM: optcli runs it as the
-    float LSTM of the dequantized weights (exactly, checked against that LSTM).  onnxruntime also
-    rounds X and h to uint8 at each step, which moves its result further from the float model's
-    than the int8 budget (6% of the scale here), so the checks are: optcli within the int8 budget
-    of the float model, and within --verify's int8 noise rule (20 dB) of onnxruntime's run."""
+def test_dynamic_quantize_lstm_of_8_bit_weights(tmp_path, per_channel):
+    """quantize_dynamic's default (8-bit weights): optcli follows onnxruntime's integer numerics
+    (tests/ops/test_recurrent_quant.py checks them to float32 rounding on 7-bit weights), but
+    onnxruntime's x86 AVX2 / AVX-512 uint8 x int8 kernel saturates pairs of products to int16 with
+    8-bit weights (its ARM and VNNI kernels do not), so the checks here are: optcli within the int8
+    budget of the float model, and within --verify's int8 noise rule (20 dB) of onnxruntime's run."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -236,17 +236,7 @@ def test_dynamic_quantize_lstm(tmp_path, per_channel):
     got = predictor.run({"X": x})
     quantized_ort = run_ort(quantized, {"X": x})
     float_ort = run_ort(model, {"X": x})
-    consts = {t.name: onnx.numpy_helper.to_array(t) for t in quantized.graph.initializer}
-    node = quantized.graph.node[0]
-    names = list(node.input) + [""] * (12 - len(node.input))
-    from optcli.ops.recurrent import _dequantized_weight
-
-    w = _dequantized_weight(consts[names[1]], consts[names[8]], consts.get(names[9]), "W")
-    r = _dequantized_weight(consts[names[2]], consts[names[10]], consts.get(names[11]), "R")
-    exact = run_recurrent(CELLS["LSTM"], [x, w, r, consts.get(names[3])], {"hidden_size": 12,
-                                                                          "direction": "bidirectional"})
     for k, name in enumerate(("Y", "Y_h", "Y_c")):
-        assert_close(got[name], exact[k], what=f"{name} against the float LSTM of the dequantized weights")
         assert_close(got[name], float_ort[k], precision="int8", what=f"{name} against the float model")
         noise = np.sqrt(np.mean((got[name] - quantized_ort[k]) ** 2) / np.mean(quantized_ort[k] ** 2))
         assert noise <= VERIFY_NOISE["int8"], f"{name}: RMS difference {noise:.3f} of onnxruntime's quantized run"
