@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from optcli import native
+from optcli.errors import ModelError
 from optcli.native import recurrent as native_recurrent
 from optcli.ops.quant import _FLOAT32_EXACT, _params_of_range
 from optcli.ops.recurrent import (
@@ -56,6 +57,8 @@ from optcli.ops.registry import kernel
 from optcli.ops.shape_functions import Shape, ShapeArgs, shape_fn
 
 MS = "com.microsoft"
+# What a DynamicQuantizeLSTM whose weights do not fit each other can do about it.
+_FIX = ": the model's quantized LSTM weights are inconsistent; quantize or export the model again"
 
 
 def quantized_operand(a: np.ndarray, seen: np.ndarray | None = None) -> tuple[np.ndarray, np.float32]:
@@ -74,17 +77,17 @@ def centred_weight(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | No
                    what: str) -> tuple[np.ndarray, np.ndarray]:
     """A DynamicQuantizeLSTM weight [dirs, k, 4H] (int8 / uint8; scale and zero point per direction
     [dirs] or per column [dirs, 4H]) as (q - zp in float32 [dirs, k, 4H], the scale per column
-    [dirs, 4H] float32).  A scale or zero point of another shape is the model's fault: IndexError."""
+    [dirs, 4H] float32).  A scale or zero point of another shape is the model's fault: ModelError."""
     q = np.asarray(q)
     scale = np.asarray(scale, np.float32)
     zp = np.zeros(scale.shape, np.int32) if zero_point is None else np.asarray(zero_point).astype(np.int32)
     if q.ndim != 3 or q.dtype not in (np.int8, np.uint8):
-        raise IndexError(f"DynamicQuantizeLSTM {what} is {q.dtype} of shape {list(q.shape)}; [dirs, k, 4H] "
-                         "int8 or uint8 is expected")
+        raise ModelError(f"DynamicQuantizeLSTM {what} is {q.dtype} of shape {list(q.shape)}; [dirs, k, 4H] "
+                         f"int8 or uint8 is expected{_FIX}")
     dirs, _, cols = q.shape
     if scale.shape not in ((dirs,), (dirs, cols)) or zp.shape != scale.shape:
-        raise IndexError(f"DynamicQuantizeLSTM {what}_scale has shape {list(scale.shape)} and its zero point "
-                         f"{list(zp.shape)}; [{dirs}] or [{dirs}, {cols}] are expected")
+        raise ModelError(f"DynamicQuantizeLSTM {what}_scale has shape {list(scale.shape)} and its zero point "
+                         f"{list(zp.shape)}; [{dirs}] or [{dirs}, {cols}] are expected{_FIX}")
     per_col = (lambda a: a[:, None, :]) if scale.ndim == 2 else (lambda a: a[:, None, None])
     centred = (q.astype(np.int32) - per_col(zp)).astype(np.float32)
     return np.ascontiguousarray(centred), np.ascontiguousarray(np.broadcast_to(per_col(scale)[:, 0], (dirs, cols)))
@@ -111,11 +114,12 @@ class QuantizedLSTM:
         dirs, size, gh = self.wc.shape
         self.hidden = gh // 4
         if self.rc.shape != (dirs, self.hidden, gh) or dirs != self.dirs or gh != 4 * self.hidden:
-            raise IndexError(f"DynamicQuantizeLSTM W has shape {list(self.wc.shape)} and R {list(self.rc.shape)}; "
-                             f"[{self.dirs}, input, 4H] and [{self.dirs}, H, 4H] are expected")
+            raise ModelError(f"DynamicQuantizeLSTM W has shape {list(self.wc.shape)} and R {list(self.rc.shape)}; "
+                             f"[{self.dirs}, input, 4H] and [{self.dirs}, H, 4H] are expected{_FIX}")
         bias = np.zeros((dirs, 2 * gh), np.float32) if b is None else np.asarray(b, np.float32)
         if bias.shape != (dirs, 2 * gh):
-            raise IndexError(f"DynamicQuantizeLSTM B has shape {list(bias.shape)}; [{dirs}, {2 * gh}] is expected")
+            raise ModelError(f"DynamicQuantizeLSTM B has shape {list(bias.shape)}; [{dirs}, {2 * gh}] is "
+                             f"expected{_FIX}")
         self.folded = np.ascontiguousarray(bias[:, :gh] + bias[:, gh:])
         self.acts = resolve_activations(CELLS["LSTM"], attrs, dirs)
         clip = attrs.get("clip")

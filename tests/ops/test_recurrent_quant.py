@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from optcli import native
-from optcli.ops.recurrent_quant import QuantizedLSTM, quantized_operand
+from optcli.errors import ModelError
+from optcli.ops.recurrent_quant import QuantizedLSTM, centred_weight, quantized_operand
 from tests.helpers import run_ort
 
 SEQ, SIZE = 6, 5
@@ -137,3 +138,14 @@ def test_quantized_operand_is_onnxruntimes():
     q, scale = quantized_operand(np.array([[-3.0, 7.0, 300.0]], np.float32), seen=np.array([0.0, 255.0], np.float32))
     assert scale == 1
     np.testing.assert_array_equal(q, [[0.0, 7.0, 255.0]])
+
+
+@pytest.mark.parametrize("scale_shape, zp_shape", [((4,), (2,)), ((2, 7), (2, 7)), ((2,), (2, 8))])
+def test_weights_that_do_not_fit_are_the_models_fault(scale_shape, zp_shape):
+    """A scale or zero point of the wrong shape is a ModelError (exit 2, "quantize or export the model
+    again"), not an IndexError the runtime would report as an index in the input."""
+    q = np.zeros((2, 5, 8), np.int8)
+    with pytest.raises(ModelError, match="inconsistent"):
+        centred_weight(q, np.ones(scale_shape, np.float32), np.zeros(zp_shape, np.int8), "W")
+    with pytest.raises(ModelError, match="int8 or uint8"):
+        centred_weight(q.astype(np.int16), np.ones(2, np.float32), None, "W")
