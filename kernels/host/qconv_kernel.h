@@ -44,6 +44,11 @@ extern int opt_qconv_avx2;
  * summed in float32 with FMA (qdepthwise_lanes.c; AVX2 machines with FMA), 0 where they take qdepthwise.c's
  * vpmaddwd or plain path. */
 extern int opt_qdw_fma;
+/* 1 where the CPU has AVX-512 with VNNI (variant 4): the 1x1 convs multiply u8 by s8 with vpdpbusd, exact in
+ * int32 with no weight split (qpointwise.c).  Implies opt_qconv_avx2 and opt_qdw_fma. */
+extern int opt_qconv_vnni512;
+
+#define VNNI512_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma"
 
 /* Whether the channels-in-lanes depthwise kernel (qdepthwise_lanes.c) takes a depthwise call, and the call:
  * 0, or OPT_ENOMEM (q->failed set where a work item's scratch was refused). */

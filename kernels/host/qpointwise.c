@@ -33,6 +33,7 @@
 
 typedef struct {
     qconv_t q;
+    int whole;           /* the blob's format: 1 the whole weights (no residual), 0 split for vpmaddubsw */
     const int32_t *wq;   /* [M][Q] main weights, 4 bytes each */
     const int32_t *rptr; /* [M + 1]: row m's residual entries are rent[2 * rptr[m] .. 2 * rptr[m + 1]) */
     const int32_t *rent; /* (quad index, 4 residual weight bytes) pairs */
@@ -184,6 +185,82 @@ __attribute__((target("avx2"), noinline)) static void pw_tile8_avx2(const pw_t *
 }
 #endif
 
+#ifdef QG_X86
+/* The requantization of 16 accumulators of one output channel in a zmm, the same integers as rq_16 and
+ * rq_store2: float(acc + bias) * multiplier clamped in float to [qmin - zp, qmax - zp] (both ends: a value
+ * past int32 converts to INT32_MIN, which adding a negative zero point would wrap), rounded to nearest even
+ * by cvtps, the zero point added and the low bytes of the n <= 16 first stored (vpmovdb). */
+typedef struct {
+    __m512 lo, hi;
+    __m512i zp;
+} rq512_t;
+
+__attribute__((target(VNNI512_TARGET), always_inline)) static inline void rq512_store(const rq512_t *r, __m512i acc,
+                                                                                    int32_t b, float m, uint8_t *dst,
+                                                                                    int64_t n) {
+    const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc, _mm512_set1_epi32(b))), _mm512_set1_ps(m));
+    const __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(f, r->hi), r->lo)), r->zp);
+    _mm512_mask_cvtepi32_storeu_epi8(dst, (__mmask16)(n >= TILE ? 0xFFFF : (1u << n) - 1u), v);
+}
+
+/* Rows [m0, m0 + rows) (rows <= 8) by T (1 or 2, a constant) packed tiles (xa, and xa + tstride) of na and nb
+ * columns, the whole weights: vpdpbusd adds the four u8 x s8 products of a quad to each int32 lane exactly
+ * (no int16 step, so no split).  8 rows x 2 tiles of accumulators: 16 of the 32 zmm registers. */
+__attribute__((target(VNNI512_TARGET), always_inline)) static inline void vnni_body(const pw_t *p, int64_t m0, int rows,
+                                                                                  const uint8_t *xa, uint8_t *y,
+                                                                                  int64_t ystride, int64_t na,
+                                                                                  int64_t nb, const int T) {
+    const qconv_t *q = &p->q;
+    const int64_t Q = p->Q, ts = p->tstride;
+    const int32_t *w0 = p->wq + m0 * Q;
+    int64_t off[8]; /* each row's weights from row 0's (a missing row repeats row 0: computed, never stored) */
+    for (int r = 0; r < 8; r++) off[r] = r < rows ? r * Q : 0;
+    const int32_t *w1 = w0 + off[1], *w2 = w0 + off[2], *w3 = w0 + off[3], *w4 = w0 + off[4], *w5 = w0 + off[5],
+                  *w6 = w0 + off[6], *w7 = w0 + off[7];
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    __m512i b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0;
+#define VN_STEP(w, a, b)                                                                                         \
+    do {                                                                                                       \
+        const __m512i s = _mm512_set1_epi32(w[qd]);                                                            \
+        a = _mm512_dpbusd_epi32(a, x0, s);                                                                     \
+        if (T == 2) b = _mm512_dpbusd_epi32(b, x1, s);                                                         \
+    } while (0)
+    for (int64_t qd = 0; qd < Q; qd++) {
+        const __m512i x0 = _mm512_loadu_si512((const void *)(xa + qd * 64));
+        const __m512i x1 = T == 2 ? _mm512_loadu_si512((const void *)(xa + ts + qd * 64)) : x0;
+        VN_STEP(w0, a0, b0);
+        VN_STEP(w1, a1, b1);
+        VN_STEP(w2, a2, b2);
+        VN_STEP(w3, a3, b3);
+        VN_STEP(w4, a4, b4);
+        VN_STEP(w5, a5, b5);
+        VN_STEP(w6, a6, b6);
+        VN_STEP(w7, a7, b7);
+    }
+#undef VN_STEP
+    const rq512_t rq = {.lo = _mm512_set1_ps((float)(q->qmin - q->yzp)), .hi = _mm512_set1_ps((float)(q->qmax - q->yzp)),
+                        .zp = _mm512_set1_epi32(q->yzp)};
+    const __m512i as[8] = {a0, a1, a2, a3, a4, a5, a6, a7}, bs[8] = {b0, b1, b2, b3, b4, b5, b6, b7};
+    for (int r = 0; r < rows; r++) {
+        const int64_t m = m0 + r;
+        rq512_store(&rq, as[r], q->bias[m], q->mult[m], y + r * ystride, na);
+        if (T == 2) rq512_store(&rq, bs[r], q->bias[m], q->mult[m], y + r * ystride + TILE, nb);
+    }
+}
+
+__attribute__((target(VNNI512_TARGET), noinline)) static void vnni_tile2(const pw_t *p, int64_t m0, int rows,
+                                                                         const uint8_t *xa, uint8_t *y,
+                                                                         int64_t ystride, int64_t na, int64_t nb) {
+    vnni_body(p, m0, rows, xa, y, ystride, na, nb, 2);
+}
+
+__attribute__((target(VNNI512_TARGET), noinline)) static void vnni_tile1(const pw_t *p, int64_t m0, int rows,
+                                                                         const uint8_t *xa, uint8_t *y,
+                                                                         int64_t ystride, int64_t na) {
+    vnni_body(p, m0, rows, xa, y, ystride, na, 0, 1);
+}
+#endif
+
 /* The plain C tile: the same integers (main and residual weights summed per quad) and epilogue. */
 static void tile_plain(const pw_t *p, int64_t m0, int rows, const uint8_t *xp, uint8_t *y, int64_t ystride,
                        int64_t n) {
@@ -224,6 +301,24 @@ static void gemm_item(void *ctx, int64_t it) {
     const int64_t mbase = g * q->mg + m0;
     uint8_t *yb = q->y + (b * q->M + mbase) * q->P + c0;
     const uint8_t *xb = p->xq + (bg * p->tiles + c0 / TILE) * p->tstride;
+#ifdef QG_X86
+    if (opt_qconv_vnni512 == 1 && p->whole) { /* two tiles at a time, 8 rows */
+        for (int64_t t = 0; t * TILE < nc; t += 2) {
+            const int64_t na = pw_min(TILE, nc - t * TILE), nb = pw_min(TILE, nc - (t + 1) * TILE);
+            const uint8_t *xa = xb + t * p->tstride;
+            for (int64_t r = 0; r < mrows; r += 8) {
+                const int rows = (int)pw_min(8, mrows - r);
+                uint8_t *dst = yb + r * q->P + t * TILE;
+                if (nb > 0)
+                    vnni_tile2(p, mbase + r, rows, xa, dst, q->P, na, nb);
+                else
+                    vnni_tile1(p, mbase + r, rows, xa, dst, q->P, na);
+            }
+        }
+        return;
+    }
+    const int avx2 = opt_qconv_avx2 == 1 && !p->whole; /* the whole weights would clip vpmaddubsw's sums */
+#endif
     for (int64_t t = 0; t * TILE < nc; t++) {
         const int64_t n = pw_min(TILE, nc - t * TILE);
         const uint8_t *xp = xb + t * p->tstride;
@@ -231,7 +326,7 @@ static void gemm_item(void *ctx, int64_t it) {
             const int rows = (int)pw_min(PW_MR, mrows - r);
             uint8_t *dst = yb + r * q->P + t * TILE;
 #ifdef QG_X86
-            if (opt_qconv_avx2 == 1) {
+            if (avx2) {
                 (n > 8 ? pw_tile_avx2 : pw_tile8_avx2)(p, mbase + r, rows, xp, dst, q->P, n);
                 continue;
             }
@@ -251,11 +346,14 @@ OPT_API int optcli_qconv2d_pointwise(const void *x, const int32_t *wq, const int
         q->OW != q->W)
         return OPT_EINVAL;
     p.Q = (q->K + 3) / 4;
-    p.rptr = wq + q->M * p.Q;
+    if (wq[0] != 0 && wq[0] != 1) return OPT_EINVAL;
+    p.whole = wq[0];
+    p.wq = wq + 1;
+    p.rptr = p.wq + q->M * p.Q;
     p.rent = p.rptr + q->M + 1;
     /* the residual lists in order (checked first: their ends bound what the second loop reads), each
      * entry's quad within K */
-    if (p.rptr[0] != 0) return OPT_EINVAL;
+    if (p.rptr[0] != 0 || (p.whole && p.rptr[q->M] != 0)) return OPT_EINVAL;
     for (int64_t m = 0; m < q->M; m++)
         if (p.rptr[m + 1] < p.rptr[m]) return OPT_EINVAL;
     for (int64_t e = 0; e < p.rptr[q->M]; e++)
@@ -278,7 +376,8 @@ OPT_API int optcli_qconv2d_pointwise(const void *x, const int32_t *wq, const int
     const int64_t items = q->N * q->G * q->nn, want = cap || threads == 1 ? 1 : 4 * (int64_t)threads;
     const int64_t split = items < want ? (want + items - 1) / items : 1;
     q->mb = (q->mg + split - 1) / split;
-    q->mb = (q->mb + PW_MR - 1) / PW_MR * PW_MR;
+    const int64_t mr = opt_qconv_vnni512 == 1 && p.whole ? 8 : PW_MR; /* the register tile's rows */
+    q->mb = (q->mb + mr - 1) / mr * mr;
     q->nm = (q->mg + q->mb - 1) / q->mb;
     opt_parallel(gemm_item, &p, items * q->nm, cap);
     free(p.xq);

@@ -29,15 +29,17 @@ def pack_pairs(w: np.ndarray) -> np.ndarray:
 
 
 def pack_quads(w: np.ndarray, bias: np.ndarray | None, x_zero_point: int, x_signed: bool,
-               group: int = 1) -> tuple[np.ndarray, np.ndarray]:
+               group: int = 1, whole: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The weights and bias optcli_qconv2d_pointwise reads (kernels/host/qpointwise.c): int8 ``w`` [M, K, 1, 1]
     split into a main part whose byte pairs (k even, k + 1) cannot make vpmaddubsw's saturating int16 sum
     clip (positive parts summing to at most 128, negative parts to at least -128: 255 * 128 < 2**15) and
     a residual holding the rest of each pair that could (its halves, |w| - 64 at most, meet the same
     bound), so that the kernel's two sums add up to the exact integer sum; and the bias less
     ``zp * sum(w[m])`` (zp the zero point, plus 128 for s8 inputs, which the kernel reads as u8 by
-    flipping their top bit), wrapped to int32 as the kernel's int32 sums wrap.  Returns (the int32 blob:
-    main quads [M, Q], row starts [M + 1], (quad, residual quad) pairs; the bias)."""
+    flipping their top bit), wrapped to int32 as the kernel's int32 sums wrap.  ``whole``: no split (the
+    weights as they are, no residual), for CPUs with VNNI, whose vpdpbusd sums a quad's four products
+    exactly into int32.  Returns (the int32 blob: its format, 1 whole or 0 split; main quads [M, Q], row
+    starts [M + 1], (quad, residual quad) pairs; the bias)."""
     m = w.shape[0]
     k = int(np.prod(w.shape[1:]))
     q = -(-k // 4)
@@ -45,7 +47,7 @@ def pack_quads(w: np.ndarray, bias: np.ndarray | None, x_zero_point: int, x_sign
     flat[:, :k] = w.reshape(m, k)
     a, b = flat[:, 0::2], flat[:, 1::2]
     pos, neg = np.maximum(a, 0) + np.maximum(b, 0), np.minimum(a, 0) + np.minimum(b, 0)
-    unsafe = np.repeat((pos > 128) | (neg < -128), 2, axis=1)  # both values of a pair that could clip
+    unsafe = np.repeat((pos > 128) | (neg < -128), 2, axis=1) & (not whole)  # both values of a pair that could clip
     main = np.where(unsafe, np.clip(flat, -64, 64), flat)
     rest = flat - main  # within [-64, 63]: a pair's parts sum to 126 or -128 at most
     def quads(v: np.ndarray) -> np.ndarray:  # each 4 bytes as one int32, the first the lowest (any byte order)
@@ -57,7 +59,8 @@ def pack_quads(w: np.ndarray, bias: np.ndarray | None, x_zero_point: int, x_sign
     starts = np.zeros(m + 1, np.int64)
     np.add.at(starts, rows + 1, 1)
     entries = np.stack([quads.astype(np.int32), rest_q[rows, quads]], axis=1)
-    blob = np.concatenate([main_q.ravel(), np.cumsum(starts).astype(np.int32), entries.ravel()]).astype(np.int32)
+    blob = np.concatenate([[int(whole)], main_q.ravel(), np.cumsum(starts).astype(np.int32), entries.ravel()])
+    blob = blob.astype(np.int32)
     zp = int(x_zero_point) + (128 if x_signed else 0)
     full = (np.zeros(m, np.int64) if bias is None else bias.astype(np.int64)) - zp * flat.sum(axis=1, dtype=np.int64)
     wrapped = ((full + 2**31) % 2**32 - 2**31).astype(np.int32)
@@ -83,18 +86,19 @@ def prepared_weights(w: np.ndarray, bias: np.ndarray | None, geom: tuple[int, ..
     if kind == "depthwise":
         return kind, np.ascontiguousarray(w.reshape(w.shape[0], -1)), bias
     if kind == "pointwise":
-        blob, b = pack_quads(w, bias, int(qp[0]), bool(qp[4]))
+        blob, b = pack_quads(w, bias, int(qp[0]), bool(qp[4]), whole=variant() == 4)
         m, quads = w.shape[0], -(-int(np.prod(w.shape[1:])) // 4)
-        if blob[m * quads + m] <= MAX_RESIDUAL * m * quads:
+        if blob[1 + m * quads + m] <= MAX_RESIDUAL * m * quads:
             return kind, blob, b
     return "gemm", pack_pairs(w), bias
 
 
 def variant(which: int = -1) -> int:
     """The dot-product path in use (1 plain C, 2 AVX2, 3 AVX2 with the depthwise convs run channels in
-    lanes and summed exactly in float32 by FMA, kernels/host/qdepthwise_lanes.c); ``which`` 1, 2 or 3 forces
-    one (tests, A/B timings), 0 picks by the CPU again (3 where it has AVX2 and FMA).  -1 where refused or
-    without the library."""
+    lanes and summed exactly in float32 by FMA, kernels/host/qdepthwise_lanes.c; 4 as 3 with the 1x1 convs
+    by AVX-512 VNNI's vpdpbusd, kernels/host/qpointwise.c); ``which`` 1 to 4 forces one (tests, A/B
+    timings), 0 picks by the CPU again (the highest it has).  -1 where refused or without the library.
+    A step's weights are packed for the path in use when it is prepared (``prepared_weights``)."""
     return library._lib.optcli_qgemm_variant(int(which)) if library._lib is not None else -1
 
 

@@ -1,7 +1,8 @@
 """The integer 1x1 convs' vpmaddubsw kernel (kernels/host/qpointwise.c) and its weight split
 (optcli/native/qgemm.py: pack_quads): exact against the numpy integer reference on odd shapes, on the
-plain C and AVX2 paths and 1 to 3 threads, with weights and inputs chosen so that vpmaddubsw's
-saturating int16 pair sums would clip without the split."""
+plain C, AVX2 and AVX-512 VNNI paths and 1 to 3 threads, with weights and inputs chosen so that
+vpmaddubsw's saturating int16 pair sums would clip without the split (the VNNI path reads the whole
+weights: vpdpbusd has no int16 step)."""
 
 from __future__ import annotations
 
@@ -34,10 +35,10 @@ def case(shape, seed, x_signed=0, y_signed=0, xzp=None):
     return make((n, c, h, w, m, (1, 1), 1, [0, 0, 0, 0], 1, g), seed, x_signed, y_signed, xzp)
 
 
-@pytest.fixture(params=[1, 2], ids=["plain-C", "AVX2"])
+@pytest.fixture(params=[1, 2, 4], ids=["plain-C", "AVX2", "AVX512-VNNI"])
 def path(request, native_lib):
     if qgemm.variant(request.param) != request.param:
-        pytest.skip("this CPU has no AVX2")
+        pytest.skip("this CPU has no " + ("AVX2" if request.param == 2 else "AVX-512 VNNI"))
     yield request.param
     qgemm.variant(0)
 
@@ -53,13 +54,15 @@ def ptr(a):
     return a.ctypes.data_as(ctypes.c_void_p)
 
 
-def pointwise(x, w, b, attrs):
+def pointwise(x, w, b, attrs, whole=None):
     """The pointwise kernel called directly (the plan's routing sends convs with many residual quads to the
-    GEMM instead, which the tests here must not)."""
+    GEMM instead, which the tests here must not), the weights packed for the path in use unless ``whole``
+    says how."""
+    whole = qgemm.variant() == 4 if whole is None else whole
     m, (n, _, h, wd) = w.shape[0], x.shape
     qp = np.array([attrs[k] for k in ("x_zero_point", "y_zero_point", "qmin", "qmax", "x_signed", "y_signed")],
                   np.int32)
-    blob, bias = qgemm.pack_quads(w, b, int(qp[0]), bool(qp[4]))
+    blob, bias = qgemm.pack_quads(w, b, int(qp[0]), bool(qp[4]), whole=whole)
     geom = np.array([*x.shape, m, 1, 1, 1, 1, 1, 1, 0, 0, h, wd, attrs["group"]], np.int64)
     mult = multiplier(attrs, m)
     y = np.empty((n, m, h, wd), np.int8 if attrs["y_signed"] else np.uint8)
@@ -71,6 +74,7 @@ def pointwise(x, w, b, attrs):
 def unpack(blob, m, k):
     """pack_quads' blob back to the main and residual weights [M, 4 * Q] (int32)."""
     q = -(-k // 4)
+    blob = blob[1:]  # the format
 
     def as_bytes(v):
         return v.astype(np.int32).view(np.int8).reshape(*v.shape, 4).astype(np.int32)
@@ -107,10 +111,27 @@ def test_the_split_adds_up_and_no_pair_can_clip(x_signed):
     np.testing.assert_array_equal(main + rest, flat)
     assert pair_sums_fit_int16(main) and pair_sums_fit_int16(rest)
     assert not pair_sums_fit_int16(flat)  # the case needs the split
-    assert 0 < len(blob) - 23 * 10 - 24 < 2 * 23 * 10  # some quads, not all, carry a residual
+    assert blob[0] == 0 and 0 < len(blob) - 1 - 23 * 10 - 24 < 2 * 23 * 10  # some quads, not all, carry a residual
     zp = 201 + 128 * x_signed
     want = (bias.astype(np.int64) - zp * flat.sum(axis=1)) % 2**32
     np.testing.assert_array_equal(folded.astype(np.int64) % 2**32, want)
+    whole, folded_whole = qgemm.pack_quads(w, bias, 201, bool(x_signed), whole=True)
+    main, rest = unpack(whole, 23, 37)
+    assert whole[0] == 1 and not rest.any() and len(whole) == 1 + 23 * 10 + 24
+    np.testing.assert_array_equal(main, flat)
+    np.testing.assert_array_equal(folded_whole, folded)
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["split", "whole"])
+def test_either_format_is_exact_on_every_path(path, whole):
+    """A blob packed for another path (the variant changed after the step was prepared) still gives the
+    exact sums: whole weights on a path without VNNI run the plain C tile, never vpmaddubsw (which would
+    clip them), split ones on the VNNI path the AVX2 tile."""
+    x, w, b, attrs = case(SHAPES["K 161, 7x7, 2 images"], 4, 0, 0)
+    w[:] = np.where(np.arange(w.size).reshape(w.shape) % 2, 127, -128).astype(np.int8)
+    x[:] = 255
+    attrs.update(y_scale=attrs["y_scale"] * 30)
+    np.testing.assert_array_equal(pointwise(x, w, b, attrs, whole=whole), reference(x, w, b, attrs))
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
@@ -152,8 +173,18 @@ def test_routing(native_lib):
     assert qgemm.route(w1, geom(1, 1, 1, 8)) == "gemm"  # padded
     assert qgemm.route(w3, geom(3, 1, 1, 6)) == "gemm"
     qp = (0, 0, 0, 255, 0, 0)
-    assert qgemm.prepared_weights(w1 + 64, None, geom(1, 1, 0, 6), qp)[0] == "pointwise"  # pairs of 128: safe
-    assert qgemm.prepared_weights(w1 + 65, None, geom(1, 1, 0, 6), qp)[0] == "gemm"  # every quad split
+    if qgemm.variant(2) == 2:
+        try:
+            assert qgemm.prepared_weights(w1 + 64, None, geom(1, 1, 0, 6), qp)[0] == "pointwise"  # pairs of 128
+            assert qgemm.prepared_weights(w1 + 65, None, geom(1, 1, 0, 6), qp)[0] == "gemm"  # every quad split
+        finally:
+            qgemm.variant(0)
+    if qgemm.variant(4) == 4:  # no split with VNNI: every 1x1 conv takes the pointwise kernel, whole
+        try:
+            kind, blob, _ = qgemm.prepared_weights(w1 + 65, None, geom(1, 1, 0, 6), qp)
+            assert kind == "pointwise" and blob[0] == 1
+        finally:
+            qgemm.variant(0)
 
 
 def test_refuses_residual_lists_out_of_order_or_range(native_lib):
@@ -162,19 +193,27 @@ def test_refuses_residual_lists_out_of_order_or_range(native_lib):
     x, w, b, attrs = case(SHAPES["K 13, 7x7"], 1)
     m, q = w.shape[0], 4
     blob, bias = qgemm.pack_quads(w, b, attrs["x_zero_point"], False)
+    blob = blob[1:]  # the format word, set below
     geom = np.array([*x.shape, m, 1, 1, 1, 1, 1, 1, 0, 0, 7, 7, 1], np.int64)
     qp = np.array([attrs["x_zero_point"], 0, 0, 255, 0, 0], np.int32)
     mult = np.ones(m, np.float32)
     y = np.empty((1, m, 7, 7), np.uint8)
     fn = native_lib._lib.optcli_qconv2d_pointwise
-    assert fn(ptr(x), ptr(blob), ptr(bias), ptr(mult), ptr(y), ptr(geom), ptr(qp)) == 0
+
+    def call(body, fmt=0, g=geom):
+        whole = np.concatenate([[fmt], body]).astype(np.int32)
+        return fn(ptr(x), ptr(whole), ptr(bias), ptr(mult), ptr(y), ptr(g), ptr(qp))
+
+    assert call(blob) == 0
     assert blob[m * q + m] > 1  # the case has residuals to corrupt
     backwards = blob.copy()
     backwards[m * q + 1] = backwards[m * q + m] + 1
     past = blob.copy()
     past[m * q + m + 1] = q
     for bad in (backwards, past):
-        assert fn(ptr(x), ptr(bad), ptr(bias), ptr(mult), ptr(y), ptr(geom), ptr(qp)) == -1
+        assert call(bad) == -1
+    assert call(blob, fmt=1) == -1  # "whole" weights with residual lists
+    assert call(blob, fmt=2) == -1  # no such format
     padded = geom.copy()
     padded[11:15] = [1, 1, 9, 9]
-    assert fn(ptr(x), ptr(blob), ptr(bias), ptr(mult), ptr(y), ptr(padded), ptr(qp)) == -1
+    assert call(blob, g=padded) == -1
