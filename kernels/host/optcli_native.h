@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 14 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 15 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -189,15 +189,21 @@ OPT_API int optcli_qconv2d_depthwise(const void *x, const int8_t *w, const int32
                                      const int64_t *geom, const int32_t *qp);
 /* Integer 1x1 convs with unit strides and no padding (qpointwise.c, vpmaddubsw where AVX2 is): the same
  * integers as optcli_qconv2d_gemm from weights split so that no u8 x s8 pair sum can clip (see there),
- * built by optcli/native/qgemm.py's pack_quads.  wq: [M, Q] int32 (Q = ceil(K / 4); each the bytes of
+ * built by optcli/native/qgemm.py's pack_quads.  wq: int32 format (0 split as above; 1 the whole weights, no
+ * residual, for the VNNI path, whose vpdpbusd has no int16 step), then [M, Q] int32 (Q = ceil(K / 4); each the bytes of
  * w[m, 4q .. 4q + 3], zero past K), then int32 rptr[M + 1] (rptr[0] = 0, non-decreasing), then rptr[M]
  * pairs (quad index < Q, 4 residual weight bytes) in row order.  bias [M] (required): the model's bias
  * less x_zp' * sum(w[m]), modulo 2^32, where x_zp' is the zero point (u8 inputs) or the zero point + 128
  * (s8 inputs, read as u8 by flipping their top bit).  The rest as optcli_qconv2d_gemm. */
 OPT_API int optcli_qconv2d_pointwise(const void *x, const int32_t *wq, const int32_t *bias, const float *mult,
                                      void *y, const int64_t *geom, const int32_t *qp);
-/* For the tests: the dot-product path, 1 plain C, 2 AVX2 (x86-64 with AVX2 only); 0 picks by the CPU
- * again, -1 changes nothing.  Returns the path now in use, or -1 if refused. */
+/* MaxPool of 8-bit NCHW x (u8, or s8 where is_signed) into y [N, C, OH, OW] (qpool.c).  geom: N, C, H, W, KH, KW,
+ * stride_h, stride_w (at most 8), dil_h, dil_w, pad_top, pad_left, OH, OW; padding never wins (the dtype's
+ * lowest value).  OPT_EINVAL where an output's window would start past the input. */
+OPT_API int optcli_maxpool2d_q8(const uint8_t *x, uint8_t *y, const int64_t *geom, int is_signed);
+/* For the tests: the dot-product path, 1 plain C, 2 AVX2, 3 AVX2 with FMA depthwise lanes, 4 as 3 with the
+ * 1x1 convs by AVX-512 VNNI (x86-64 CPUs that have them); 0 picks by the CPU again, -1 changes nothing.
+ * Returns the path now in use, or -1 if refused. */
 OPT_API int optcli_qgemm_variant(int which);
 /* Quantized Add (qelementwise.c), onnxruntime's QLinearAdd arithmetic: y[i] = rint(clamp(fma(a[i], p[0],
  * fma(b[i], p[1], p[2])), p[3], p[4])) over n elements of the same shape; p: a_scale / y_scale,

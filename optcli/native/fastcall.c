@@ -54,6 +54,7 @@ typedef int (*invoke_fn)(void *fn, const arg_t *a);
 typedef void *vp;
 typedef int64_t i64;
 
+INVOKER(pppi, (vp, vp, vp, int), P(0), P(1), P(2), I(3))
 INVOKER(pppipp, (vp, vp, vp, int, vp, vp), P(0), P(1), P(2), I(3), P(4), P(5))
 INVOKER(ppppiff, (vp, vp, vp, vp, int, float, float), P(0), P(1), P(2), P(3), I(4), F(5), F(6))
 INVOKER(pppppiff, (vp, vp, vp, vp, vp, int, float, float), P(0), P(1), P(2), P(3), P(4), I(5), F(6), F(7))
@@ -87,7 +88,7 @@ static const struct {
     invoke_fn fn;
 } INVOKERS[] = {
 #define ROW(sig) {#sig, invoke_##sig}
-    ROW(pppipp),     ROW(ppppiff),       ROW(pppppiff),  ROW(ppppppiff), ROW(ppppppp),
+    ROW(pppi),       ROW(pppipp),     ROW(ppppiff),       ROW(pppppiff),  ROW(ppppppiff), ROW(ppppppp),
     ROW(ppppppqqqf), ROW(pppppqiff),     ROW(pppppqqqqiff), ROW(ppppqqqiff), ROW(pppqiff),
     ROW(pppqpp),     ROW(pppqqqq),   ROW(ppq),           ROW(ppqffff),   ROW(ppqfii),    ROW(ppqiff),
     ROW(ppqppppqqqqiff), ROW(ppqq),      ROW(ppqqqq),    ROW(ipppppppppppppppfi),

@@ -126,3 +126,34 @@ def pool2d(x: np.ndarray, op: str, kernel: tuple[int, int], strides: tuple[int, 
     k = None if rcol is None else np.ascontiguousarray(rcol, dtype=np.float32)
     _check(library.function("optcli_pool2d_f32")(x, y, geom, POOL_OPS[op], r, k), f"{op} pooling")
     return y
+
+
+Q8_MAX_STRIDE = 8  # QPOOL_MAX_STRIDE in kernels/host/qpool.c: a column phase per stride
+
+
+def prepared_maxpool2d_q8(xshape: tuple[int, ...], dtype: np.dtype, kernel: tuple[int, int],
+                          strides: tuple[int, int], dilations: tuple[int, int], pad_begin: tuple[int, int],
+                          out: tuple[int, int]):
+    """MaxPool of an 8-bit NCHW tensor of ``xshape`` and ``dtype`` (u8 or s8: an integer plan's pool,
+    kernels/host/qpool.c) worked out once: a function of ``x``.  Padding never wins, as the float pool's
+    -inf."""
+    dtype = np.dtype(dtype)
+    require(library._lib is not None and len(xshape) == 4 and dtype in (np.dtype(np.uint8), np.dtype(np.int8)),
+            'prepared 8-bit max pool')
+    require(max(strides) <= Q8_MAX_STRIDE, 'prepared 8-bit max pool')
+    xshape = tuple(int(d) for d in xshape)
+    n, c, h, wd = xshape
+    geom_array = np.array((n, c, h, wd, *kernel, *strides, *dilations, *pad_begin, *out), dtype=np.int64)
+    fn, signed = library.function("optcli_maxpool2d_q8"), int(dtype == np.int8)
+    shape, empty = (n, c, out[0], out[1]), np.empty
+
+    def call(x: np.ndarray) -> np.ndarray:
+        require(type(x) is np.ndarray and x.shape == xshape and x.dtype == dtype and x.flags.c_contiguous,
+                '8-bit max pool')
+        y = empty(shape, dtype)
+        rc = fn(x, y, geom_array, signed)
+        if rc:
+            _check(rc, "8-bit max pooling")
+        return y
+
+    return call

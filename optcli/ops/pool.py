@@ -83,14 +83,39 @@ def _prepared_pool(attrs: dict[str, Any], x: Any) -> Any:
     return hit[1] if hit is not None and hit[0] == x.shape else None
 
 
+def _q8_pool(attrs: dict[str, Any], x: Any, win: Window | None) -> Any:
+    """The native 8-bit max pool for this step and input (an integer plan's pool: fuse_qdq_movement),
+    made once per input shape and kept in the step's memo; None where it does not run."""
+    if type(x) is not np.ndarray or x.dtype not in _BYTES or x.ndim != 4 or not x.size or not x.flags.c_contiguous:
+        return None
+    memo = attrs.memo if type(attrs) is StepAttrs else {}
+    hit = memo.get("prepared q8 pool")
+    if hit is not None and hit[0] == (x.shape, x.dtype):
+        return hit[1]
+    if win is None or not native.available() or max(win.strides) > native.window.Q8_MAX_STRIDE \
+            or not native.depthwise_fits(win.kernel, win.strides):
+        return None
+    call = native.window.prepared_maxpool2d_q8(x.shape, x.dtype, win.kernel, win.strides, win.dilations,
+                                               win.pad_begin, win.out)
+    memo["prepared q8 pool"] = ((x.shape, x.dtype), call)
+    return call
+
+
+_BYTES = (np.dtype(np.uint8), np.dtype(np.int8))
+
+
 @kernel("MaxPool", max_outputs=1)
 def max_pool(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
-    """Max over the kernel taps of a -inf padded input (returns Y only, never Indices)."""
+    """Max over the kernel taps of a -inf padded input (returns Y only, never Indices); 8-bit inputs (an
+    integer plan's) in the native library's byte pool."""
     x = inputs[0]
-    fast = _prepared_pool(attrs, x)
+    fast = _prepared_pool(attrs, x) or _q8_pool(attrs, x, None)
     if fast is not None:
         return [fast(x)]
     win = _window(x, attrs)
+    q8 = _q8_pool(attrs, x, win)
+    if q8 is not None:
+        return [q8(x)]
     y = _native_pool(x, win, "max", attrs=attrs)
     if y is not None:
         return [y]

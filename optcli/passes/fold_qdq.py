@@ -125,6 +125,16 @@ def _fold_pair(graph: Graph, q: Node, consumers: dict, names: Names, edits: _Edi
 _MOVERS = {"Pad", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "MaxPool", "Identity"}
 
 
+def _from_integer_step(producers: dict, name: str) -> bool:
+    """Whether ``name`` is an integer step's output (optcli.QConv, QAdd: fuse_qdq_conv and its kind), through
+    data movers: there the movers run on the bytes (fuse_qdq_movement) and hoisting the DequantizeLinear
+    above them would only make them float again, with no QuantizeLinear to fold it into."""
+    node = producers.get(name)
+    while node is not None and node.op_type in _MOVERS and node.domain in ("", "ai.onnx") and node.inputs:
+        node = producers.get(node.input(0))
+    return node is not None and node.domain == OPTCLI_DOMAIN
+
+
 def _hoist_dequantize(graph: Graph, dq: Node, producers: dict, consumers: dict, names: Names,
                       edits: _Edits) -> Node | None:
     """M(x_q) -> DequantizeLinear  becomes  DequantizeLinear(x_q) -> M, for a data-movement M on
@@ -140,7 +150,7 @@ def _hoist_dequantize(graph: Graph, dq: Node, producers: dict, consumers: dict, 
         return None
     if len([o for o in mover.outputs if o]) != 1 or mover.outputs[0] in graph.output_names():
         return None
-    if graph.dtype_of(mover.input(0)) not in _QRANGE:
+    if graph.dtype_of(mover.input(0)) not in _QRANGE or _from_integer_step(producers, mover.input(0)):
         return None
     # every reader a DequantizeLinear with the same parameters (a MaxPool feeding a conv and a
     # residual Add): one hoisted DequantizeLinear serves them all

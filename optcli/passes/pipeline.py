@@ -44,6 +44,7 @@ from optcli.passes import (
     fuse_matmul_add,
     fuse_qdq_add,
     fuse_qdq_conv,
+    fuse_qdq_movement,
     inline_constant_if,
     insert_copies,
     keep_small_islands_on_host,
@@ -61,6 +62,7 @@ PASSES: list[ModuleType] = [
     qoperator_to_qdq,
     fuse_qdq_conv,  # host-only plans: quantized convs become integer steps, before fold_qdq makes FakeQuants
     fuse_qdq_add,  # and the residual Adds between them
+    fuse_qdq_movement,  # and the pools, pads and reshapes that only move their bytes
     fold_qdq,
     # cleanup
     fold_constants,

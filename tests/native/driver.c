@@ -36,7 +36,8 @@
  * size in bytes; then bytes x, the weights (int32 pairs, int8 for depthwise, pack_quads' blob for pointwise),
  * int32 bias [M] (if any), float32 multipliers [M].  16
  * (qelementwise.c): e = n, a signed, b signed, y signed; then float32 params[5], bytes a [n], b [n].  Their
- * u8 / s8 outputs are written as float32 values.
+ * u8 / s8 outputs are written as float32 values.  Kind 22 (qpool.c's 8-bit MaxPool): e = the 14 geometry values
+ * of optcli_maxpool2d_q8 and its signed flag; then bytes x.
  * OUT receives the output as float32 (layer norm: y, then mean and 1 / std).  Exit status 0 when
  * every kernel returned 0.  OPTCLI_LANES=4|8|16 in the environment forces that vector width (see
  * optcli_gemm_variant), for runs on the host under a sanitizer.
@@ -93,6 +94,13 @@ static int run_int8_case(FILE *f, int64_t kind, int has_bias, float **y, int64_t
                      : optcli_qconv2d_gemm(x, w, b, mult, yq, e, qp);
         *y = bytes_to_floats(yq, *ny, qp[5]);
         free(x), free(w), free(b), free(mult);
+    } else if (kind == 22) { /* qpool.c: e = N, C, the 12 window values, signed */
+        uint8_t *x = read_bytes(f, e[0] * e[1] * e[2] * e[3]);
+        *ny = e[0] * e[1] * e[12] * e[13];
+        yq = malloc((size_t)(*ny > 0 ? *ny : 1));
+        rc = optcli_maxpool2d_q8(x, yq, e, (int)e[14]);
+        *y = bytes_to_floats(yq, *ny, (int)e[14]);
+        free(x);
     } else {
         const int32_t flags[2] = {(int32_t)e[1], (int32_t)e[2]};
         float *p = read_floats(f, 5);
@@ -121,7 +129,7 @@ static int run_case(const char *in, const char *out) {
     float *y = NULL;
     int64_t ny;
     int rc;
-    if (h[0] == 15 || h[0] == 16) { /* the integer conv and add */
+    if (h[0] == 15 || h[0] == 16 || h[0] == 22) { /* the integer conv, add and max pool */
         rc = run_int8_case(f, h[0], has_bias, &y, &ny);
     } else if (h[0] == 0 || h[0] == 8) { /* depthwise: w [M, 1, KH, KW]; stem: w [M, C, KH, KW] */
         int64_t nx = g[0] * g[1] * g[2] * g[3], nw = g[4] * (h[0] == 8 ? g[1] : 1) * g[5] * g[6];

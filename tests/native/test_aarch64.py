@@ -481,6 +481,19 @@ def _int8_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
             f.write(np.array([*geom, *qp, 2, blob.nbytes], np.int64).tobytes())
             f.write(x.tobytes() + blob.tobytes() + bias.tobytes() + qconv.multiplier(attrs, w.shape[0]).tobytes())
         cases.append((src, dst, qconv.reference(x, w, b, attrs).astype(np.float32), f"qpointwise {name}"))
+    from tests.native.test_qpool import CASES as QPOOL_CASES
+    from tests.native.test_qpool import reference as qpool_reference
+    for i, name in enumerate(QPOOL_CASES):  # the 8-bit max pool, u8 and s8 in turn
+        shape, *geom = QPOOL_CASES[name]
+        dtype = (np.uint8, np.int8)[i % 2]
+        x = np.random.default_rng(i).integers(np.iinfo(dtype).min, np.iinfo(dtype).max + 1, shape, dtype=dtype)
+        src, dst = tmp / f"qpool{i}.in", tmp / f"qpool{i}.out"
+        with open(src, "wb") as f:
+            f.write(np.array([22, 0, 0, *[0] * 17], np.int64).tobytes())
+            e = [*shape, *[v for pair in geom for v in pair], int(dtype == np.int8)]
+            f.write(np.array(e + [0] * (24 - len(e)), np.int64).tobytes())
+            f.write(x.tobytes())
+        cases.append((src, dst, qpool_reference(x, *geom).astype(np.float32), f"qpool {name}"))
     for i, signs in enumerate([(0, 0, 0), (1, 1, 1), (0, 1, 1), (1, 0, 0)]):
         a, b, attrs = make_qadd(i, (1, 5, 37, 41), *signs)
         src, dst = tmp / f"qadd{i}.in", tmp / f"qadd{i}.out"

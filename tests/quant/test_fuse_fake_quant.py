@@ -19,7 +19,8 @@ from tests.quant.quantized_models import feeds, ort_extended_nodes, ort_run, qua
 
 FUSIONS = {"fuse_fake_quant", "drop_redundant_fake_quant"}
 WHOLE_GPU = {"keep_small_islands_on_host"}  # these models are too small to be worth a GPU otherwise
-INTEGER_CONVS = {"fuse_qdq_conv", "fuse_qdq_add"}  # host plans' integer QConv / QAdd steps (tests/quant/test_q*.py)
+# host plans' integer steps (tests/quant/test_q*.py, test_qdq_movement.py)
+INTEGER_CONVS = {"fuse_qdq_conv", "fuse_qdq_add", "fuse_qdq_movement"}
 
 
 @pytest.fixture(scope="module")
