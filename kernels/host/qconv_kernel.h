@@ -48,7 +48,12 @@ extern int opt_qdw_fma;
  * int32 with no weight split (qpointwise.c).  Implies opt_qconv_avx2 and opt_qdw_fma. */
 extern int opt_qconv_vnni512;
 
+/* 1 where the CPU has AVX-VNNI but not AVX-512 VNNI (variant 5): the 1x1 convs by the 8-lane vpdpbusd, whole
+ * weights as on variant 4; everything else as variant 3. */
+extern int opt_qconv_vnni256;
+
 #define VNNI512_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma"
+#define VNNI256_TARGET "avxvnni,avx2,fma"
 
 /* Whether the channels-in-lanes depthwise kernel (qdepthwise_lanes.c) takes a depthwise call, and the call:
  * 0, or OPT_ENOMEM (q->failed set where a work item's scratch was refused). */

@@ -38,12 +38,18 @@
 int opt_qconv_avx2 = -1;
 int opt_qdw_fma = 0;
 int opt_qconv_vnni512 = 0;
+int opt_qconv_vnni256 = 0;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 #ifdef QG_X86
 /* AVX-512 with VNNI (F, BW, VL, DQ, VNNI; FMA for the depthwise lanes): vpdpbusd on 16 int32 lanes. */
 static int cpu_vnni512(void) {
     return opt_cpu_has_avx512() && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2");
+}
+
+/* AVX-VNNI (the VEX vpdpbusd on 8 lanes: Intel's client CPUs from Alder Lake on, which have no AVX-512). */
+static int cpu_vnni256(void) {
+    return __builtin_cpu_supports("avxvnni") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 #endif
 
@@ -53,10 +59,12 @@ static void pick(void) {
     opt_qconv_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
     opt_qdw_fma = opt_qconv_avx2 && __builtin_cpu_supports("fma");
     opt_qconv_vnni512 = opt_qdw_fma && cpu_vnni512();
+    opt_qconv_vnni256 = !opt_qconv_vnni512 && opt_qdw_fma && cpu_vnni256();
 #else
     opt_qconv_avx2 = 0;
     opt_qdw_fma = 0;
     opt_qconv_vnni512 = 0;
+    opt_qconv_vnni256 = 0;
 #endif
 }
 
@@ -68,21 +76,23 @@ OPT_API int optcli_qgemm_variant(int which) {
         opt_qconv_avx2 = 0;
         opt_qdw_fma = 0;
         opt_qconv_vnni512 = 0;
-    } else if (which >= 2 && which <= 4) {
+        opt_qconv_vnni256 = 0;
+    } else if (which >= 2 && which <= 5) {
 #ifdef QG_X86
         if (!__builtin_cpu_supports("avx2") || (which >= 3 && !__builtin_cpu_supports("fma")) ||
-            (which == 4 && !cpu_vnni512()))
+            (which == 4 && !cpu_vnni512()) || (which == 5 && !cpu_vnni256()))
             return -1;
         opt_qconv_avx2 = 1;
         opt_qdw_fma = which >= 3;
         opt_qconv_vnni512 = which == 4;
+        opt_qconv_vnni256 = which == 5;
 #else
         return -1;
 #endif
     } else if (which != -1) {
         return -1;
     }
-    return opt_qconv_vnni512 ? 4 : opt_qconv_avx2 ? (opt_qdw_fma ? 3 : 2) : 1;
+    return opt_qconv_vnni256 ? 5 : opt_qconv_vnni512 ? 4 : opt_qconv_avx2 ? (opt_qdw_fma ? 3 : 2) : 1;
 }
 
 static inline int32_t centred(const qconv_t *q, const uint8_t *p) {

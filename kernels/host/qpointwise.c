@@ -261,6 +261,45 @@ __attribute__((target(VNNI512_TARGET), noinline)) static void vnni_tile1(const p
 }
 #endif
 
+#ifdef QG_X86
+/* Rows [m0, m0 + rows) (rows <= 6) by one packed tile of n columns, the whole weights, on CPUs with AVX-VNNI and
+ * no AVX-512: the 8-lane vpdpbusd (exact, as vnni_body), each 64-byte quad two ymm operands (columns 0-7 and
+ * 8-15), 6 rows x 16 columns of accumulators (12 of the 16 ymm registers). */
+__attribute__((target(VNNI256_TARGET), noinline)) static void vnni256_tile(const pw_t *p, int64_t m0, int rows,
+                                                                          const uint8_t *xp, uint8_t *y,
+                                                                          int64_t ystride, int64_t n) {
+    const qconv_t *q = &p->q;
+    const int64_t Q = p->Q;
+    const int32_t *w0 = p->wq + m0 * Q;
+    int64_t off[6];
+    for (int r = 0; r < 6; r++) off[r] = r < rows ? r * Q : 0;
+    const int32_t *w1 = w0 + off[1], *w2 = w0 + off[2], *w3 = w0 + off[3], *w4 = w0 + off[4], *w5 = w0 + off[5];
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+    __m256i b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0;
+#define V8_STEP(w, a, b)                                                                                         \
+    do {                                                                                                       \
+        const __m256i s = _mm256_set1_epi32(w[qd]);                                                            \
+        a = _mm256_dpbusd_avx_epi32(a, x0, s);                                                                 \
+        b = _mm256_dpbusd_avx_epi32(b, x1, s);                                                                 \
+    } while (0)
+    for (int64_t qd = 0; qd < Q; qd++) {
+        const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xp + qd * 64));
+        const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xp + qd * 64 + 32));
+        V8_STEP(w0, a0, b0);
+        V8_STEP(w1, a1, b1);
+        V8_STEP(w2, a2, b2);
+        V8_STEP(w3, a3, b3);
+        V8_STEP(w4, a4, b4);
+        V8_STEP(w5, a5, b5);
+    }
+#undef V8_STEP
+    const rq_t rq = rq_init(q);
+    pw_store2(q, &rq, m0, rows, a0, b0, a1, b1, y, ystride, n);
+    if (rows > 2) pw_store2(q, &rq, m0 + 2, rows - 2, a2, b2, a3, b3, y + 2 * ystride, ystride, n);
+    if (rows > 4) pw_store2(q, &rq, m0 + 4, rows - 4, a4, b4, a5, b5, y + 4 * ystride, ystride, n);
+}
+#endif
+
 /* The plain C tile: the same integers (main and residual weights summed per quad) and epilogue. */
 static void tile_plain(const pw_t *p, int64_t m0, int rows, const uint8_t *xp, uint8_t *y, int64_t ystride,
                        int64_t n) {
@@ -314,6 +353,15 @@ static void gemm_item(void *ctx, int64_t it) {
                 else
                     vnni_tile1(p, mbase + r, rows, xa, dst, q->P, na);
             }
+        }
+        return;
+    }
+    if (opt_qconv_vnni256 == 1 && p->whole) { /* 6 rows of one tile */
+        for (int64_t t = 0; t * TILE < nc; t++) {
+            const int64_t n = pw_min(TILE, nc - t * TILE);
+            for (int64_t r = 0; r < mrows; r += 6)
+                vnni256_tile(p, mbase + r, (int)pw_min(6, mrows - r), xb + t * p->tstride, yb + r * q->P + t * TILE,
+                             q->P, n);
         }
         return;
     }
@@ -376,7 +424,7 @@ OPT_API int optcli_qconv2d_pointwise(const void *x, const int32_t *wq, const int
     const int64_t items = q->N * q->G * q->nn, want = cap || threads == 1 ? 1 : 4 * (int64_t)threads;
     const int64_t split = items < want ? (want + items - 1) / items : 1;
     q->mb = (q->mg + split - 1) / split;
-    const int64_t mr = opt_qconv_vnni512 == 1 && p.whole ? 8 : PW_MR; /* the register tile's rows */
+    const int64_t mr = !p.whole ? PW_MR : opt_qconv_vnni512 == 1 ? 8 : opt_qconv_vnni256 == 1 ? 6 : PW_MR; /* tile rows */
     q->mb = (q->mb + mr - 1) / mr * mr;
     q->nm = (q->mg + q->mb - 1) / q->mb;
     opt_parallel(gemm_item, &p, items * q->nm, cap);

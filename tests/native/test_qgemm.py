@@ -89,11 +89,11 @@ def make(case: tuple, seed: int, x_signed: int = 0, y_signed: int = 0, xzp: int 
     return x, w, b, attrs
 
 
-@pytest.fixture(params=[1, 2, 3, 4], ids=["plain-C", "AVX2", "AVX2-FMA-depthwise", "AVX512-VNNI"])
+@pytest.fixture(params=[1, 2, 3, 4, 5], ids=["plain-C", "AVX2", "AVX2-FMA-depthwise", "AVX512-VNNI", "AVX-VNNI"])
 def path(request, native_lib):
     if qgemm.variant(request.param) != request.param:
-        pytest.skip({2: "this CPU has no AVX2", 3: "this CPU has no AVX2 with FMA"}.get(request.param,
-                                                                                      "this CPU has no AVX-512 VNNI"))
+        pytest.skip({2: "this CPU has no AVX2", 3: "this CPU has no AVX2 with FMA", 4: "this CPU has no AVX-512 VNNI",
+                     5: "this CPU has no AVX-VNNI"}[request.param])
     yield request.param
     qgemm.variant(0)
 
@@ -213,8 +213,8 @@ def test_within_one_step_of_onnxruntime_qlinearconv(name, native_lib):
 
 def test_fma_depthwise_is_the_default_where_the_cpu_has_it(native_lib):
     """On x86 with AVX2 and FMA the depthwise convs run channels in lanes, summed in float32 (exact): the
-    CPU's pick is path 3, or 4 where it also has AVX-512 with VNNI (the 1x1 convs by vpdpbusd); elsewhere 2
-    (AVX2 only) or 1."""
+    CPU's pick is path 3, or 4 where it also has AVX-512 with VNNI (the 1x1 convs by vpdpbusd), or 5 where it
+    has AVX-VNNI without AVX-512; elsewhere 2 (AVX2 only) or 1."""
     flags = ""
     if os.path.exists("/proc/cpuinfo"):
         with open("/proc/cpuinfo") as f:
@@ -223,6 +223,8 @@ def test_fma_depthwise_is_the_default_where_the_cpu_has_it(native_lib):
     want = 3 if {"avx2", "fma"} <= words else 2 if "avx2" in words else 1
     if want == 3 and {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= words:
         want = 4
+    elif want == 3 and "avx_vnni" in words:
+        want = 5
     if platform.machine() not in ("x86_64", "AMD64"):
         want = 1
     assert qgemm.variant(0) == want

@@ -1,7 +1,7 @@
 """The integer 1x1 convs' vpmaddubsw kernel (kernels/host/qpointwise.c) and its weight split
 (optcli/native/qgemm.py: pack_quads): exact against the numpy integer reference on odd shapes, on the
-plain C, AVX2 and AVX-512 VNNI paths and 1 to 3 threads, with weights and inputs chosen so that
-vpmaddubsw's saturating int16 pair sums would clip without the split (the VNNI path reads the whole
+plain C, AVX2, AVX-512 VNNI and AVX-VNNI paths and 1 to 3 threads, with weights and inputs chosen so that
+vpmaddubsw's saturating int16 pair sums would clip without the split (the VNNI paths read the whole
 weights: vpdpbusd has no int16 step)."""
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ def case(shape, seed, x_signed=0, y_signed=0, xzp=None):
     return make((n, c, h, w, m, (1, 1), 1, [0, 0, 0, 0], 1, g), seed, x_signed, y_signed, xzp)
 
 
-@pytest.fixture(params=[1, 2, 4], ids=["plain-C", "AVX2", "AVX512-VNNI"])
+@pytest.fixture(params=[1, 2, 4, 5], ids=["plain-C", "AVX2", "AVX512-VNNI", "AVX-VNNI"])
 def path(request, native_lib):
     if qgemm.variant(request.param) != request.param:
-        pytest.skip("this CPU has no " + ("AVX2" if request.param == 2 else "AVX-512 VNNI"))
+        pytest.skip("this CPU has no " + {2: "AVX2", 4: "AVX-512 VNNI", 5: "AVX-VNNI"}[request.param])
     yield request.param
     qgemm.variant(0)
 
@@ -58,7 +58,7 @@ def pointwise(x, w, b, attrs, whole=None):
     """The pointwise kernel called directly (the plan's routing sends convs with many residual quads to the
     GEMM instead, which the tests here must not), the weights packed for the path in use unless ``whole``
     says how."""
-    whole = qgemm.variant() == 4 if whole is None else whole
+    whole = qgemm.variant() in (4, 5) if whole is None else whole
     m, (n, _, h, wd) = w.shape[0], x.shape
     qp = np.array([attrs[k] for k in ("x_zero_point", "y_zero_point", "qmin", "qmax", "x_signed", "y_signed")],
                   np.int32)
@@ -179,12 +179,13 @@ def test_routing(native_lib):
             assert qgemm.prepared_weights(w1 + 65, None, geom(1, 1, 0, 6), qp)[0] == "gemm"  # every quad split
         finally:
             qgemm.variant(0)
-    if qgemm.variant(4) == 4:  # no split with VNNI: every 1x1 conv takes the pointwise kernel, whole
-        try:
-            kind, blob, _ = qgemm.prepared_weights(w1 + 65, None, geom(1, 1, 0, 6), qp)
-            assert kind == "pointwise" and blob[0] == 1
-        finally:
-            qgemm.variant(0)
+    for vnni in (4, 5):  # no split with VNNI: every 1x1 conv takes the pointwise kernel, whole
+        if qgemm.variant(vnni) == vnni:
+            try:
+                kind, blob, _ = qgemm.prepared_weights(w1 + 65, None, geom(1, 1, 0, 6), qp)
+                assert kind == "pointwise" and blob[0] == 1
+            finally:
+                qgemm.variant(0)
 
 
 def test_refuses_residual_lists_out_of_order_or_range(native_lib):
