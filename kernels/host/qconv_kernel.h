@@ -51,6 +51,9 @@ extern int opt_qconv_vnni512;
 /* 1 where the CPU has AVX-VNNI but not AVX-512 VNNI (variant 5): the 1x1 convs by the 8-lane vpdpbusd, whole
  * weights as on variant 4; everything else as variant 3. */
 extern int opt_qconv_vnni256;
+/* 1 on aarch64 CPUs with the dot product extension (variant 6): the 1x1 convs by sdot on whole weights, x read
+ * as s8 (u8 inputs flipped by an xor with 0x80, 128 * sum(w) added back to each row). */
+extern int opt_qconv_sdot;
 
 #define VNNI512_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma"
 #define VNNI256_TARGET "avxvnni,avx2,fma"

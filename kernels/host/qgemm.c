@@ -39,7 +39,19 @@ int opt_qconv_avx2 = -1;
 int opt_qdw_fma = 0;
 int opt_qconv_vnni512 = 0;
 int opt_qconv_vnni256 = 0;
+int opt_qconv_sdot = 0;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1UL << 20)
+#endif
+/* The Armv8.2 dot product (sdot / udot), optional before Armv8.4: asked of the kernel, not assumed. */
+static int cpu_sdot(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
+#else
+static int cpu_sdot(void) { return 0; }
+#endif
 
 #ifdef QG_X86
 /* AVX-512 with VNNI (F, BW, VL, DQ, VNNI; FMA for the depthwise lanes): vpdpbusd on 16 int32 lanes. */
@@ -66,6 +78,7 @@ static void pick(void) {
     opt_qconv_vnni512 = 0;
     opt_qconv_vnni256 = 0;
 #endif
+    opt_qconv_sdot = cpu_sdot();
 }
 
 OPT_API int optcli_qgemm_variant(int which) {
@@ -77,6 +90,10 @@ OPT_API int optcli_qgemm_variant(int which) {
         opt_qdw_fma = 0;
         opt_qconv_vnni512 = 0;
         opt_qconv_vnni256 = 0;
+        opt_qconv_sdot = 0;
+    } else if (which == 6) {
+        if (!cpu_sdot()) return -1;
+        opt_qconv_sdot = 1;
     } else if (which >= 2 && which <= 5) {
 #ifdef QG_X86
         if (!__builtin_cpu_supports("avx2") || (which >= 3 && !__builtin_cpu_supports("fma")) ||
@@ -92,7 +109,7 @@ OPT_API int optcli_qgemm_variant(int which) {
     } else if (which != -1) {
         return -1;
     }
-    return opt_qconv_vnni256 ? 5 : opt_qconv_vnni512 ? 4 : opt_qconv_avx2 ? (opt_qdw_fma ? 3 : 2) : 1;
+    return opt_qconv_sdot ? 6 : opt_qconv_vnni256 ? 5 : opt_qconv_vnni512 ? 4 : opt_qconv_avx2 ? (opt_qdw_fma ? 3 : 2) : 1;
 }
 
 static inline int32_t centred(const qconv_t *q, const uint8_t *p) {

@@ -34,6 +34,8 @@
 typedef struct {
     qconv_t q;
     int whole;           /* the blob's format: 1 the whole weights (no residual), 0 split for vpmaddubsw */
+    int sdot;            /* aarch64's sdot path: x packed as s8 (see opt_qconv_sdot), wsum added per row */
+    int32_t *wsum;       /* sdot: 128 * sum(w[m]), the flip's correction (wraps as the sums do) */
     const int32_t *wq;   /* [M][Q] main weights, 4 bytes each */
     const int32_t *rptr; /* [M + 1]: row m's residual entries are rent[2 * rptr[m] .. 2 * rptr[m + 1]) */
     const int32_t *rent; /* (quad index, 4 residual weight bytes) pairs */
@@ -46,7 +48,7 @@ static inline int64_t pw_min(int64_t a, int64_t b) { return a < b ? a : b; }
 /* Quad q of the 16-column tile at column c (n columns valid) into dst (64 bytes), portable. */
 static void pack_quad_plain(const pw_t *p, const uint8_t *xg, int64_t hw, int64_t c, int64_t n, int64_t qd,
                             uint8_t *dst) {
-    const uint8_t flip = p->q.xs ? 0x80 : 0;
+    const uint8_t flip = (p->q.xs ? 0x80 : 0) ^ (p->sdot ? 0x80 : 0); /* u8 for the x86 paths, s8 for sdot */
     memset(dst, 0, 64);
     for (int i = 0; i < 4; i++) {
         const int64_t k = 4 * qd + i;
@@ -300,6 +302,40 @@ __attribute__((target(VNNI256_TARGET), noinline)) static void vnni256_tile(const
 }
 #endif
 
+#if defined(__aarch64__)
+#include <arm_neon.h>
+/* Rows [m0, m0 + rows) (rows <= 4) by one packed tile, whole weights, on aarch64 with the dot product: x packed
+ * as s8 (x - 128 for u8 inputs), so each sdot adds the four s8 x s8 products of a quad to a lane exactly; a
+ * 64-byte quad is four vectors of 4 columns; 128 * sum(w[m]) puts back what the flip took.  The plain
+ * epilogue. */
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void sdot_tile(const pw_t *p, int64_t m0, int rows, const uint8_t *xp,
+                                                         uint8_t *y, int64_t ystride, int64_t n) {
+    const int64_t Q = p->Q;
+    const int32_t *w[4];
+    for (int r = 0; r < 4; r++) w[r] = p->wq + (m0 + (r < rows ? r : 0)) * Q;
+    int32x4_t acc[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int v = 0; v < 4; v++) acc[r][v] = vdupq_n_s32(0);
+    for (int64_t qd = 0; qd < Q; qd++) {
+        const int8_t *x = (const int8_t *)(xp + qd * 64);
+        const int8x16_t x0 = vld1q_s8(x), x1 = vld1q_s8(x + 16), x2 = vld1q_s8(x + 32), x3 = vld1q_s8(x + 48);
+        for (int r = 0; r < 4; r++) {
+            const int8x16_t wv = vreinterpretq_s8_s32(vdupq_n_s32(w[r][qd]));
+            acc[r][0] = vdotq_s32(acc[r][0], x0, wv);
+            acc[r][1] = vdotq_s32(acc[r][1], x1, wv);
+            acc[r][2] = vdotq_s32(acc[r][2], x2, wv);
+            acc[r][3] = vdotq_s32(acc[r][3], x3, wv);
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        int32_t sums[TILE];
+        const int32x4_t corr = vdupq_n_s32(p->wsum[m0 + r]);
+        for (int v = 0; v < 4; v++) vst1q_s32(sums + 4 * v, vaddq_s32(acc[r][v], corr));
+        opt_requant_row(&p->q, sums, n, m0 + r, y + r * ystride);
+    }
+}
+#endif
+
 /* The plain C tile: the same integers (main and residual weights summed per quad) and epilogue. */
 static void tile_plain(const pw_t *p, int64_t m0, int rows, const uint8_t *xp, uint8_t *y, int64_t ystride,
                        int64_t n) {
@@ -367,6 +403,15 @@ static void gemm_item(void *ctx, int64_t it) {
     }
     const int avx2 = opt_qconv_avx2 == 1 && !p->whole; /* the whole weights would clip vpmaddubsw's sums */
 #endif
+#if defined(__aarch64__)
+    if (p->sdot) {
+        for (int64_t t = 0; t * TILE < nc; t++)
+            for (int64_t r = 0; r < mrows; r += PW_MR)
+                sdot_tile(p, mbase + r, (int)pw_min(PW_MR, mrows - r), xb + t * p->tstride, yb + r * q->P + t * TILE,
+                          q->P, pw_min(TILE, nc - t * TILE));
+        return;
+    }
+#endif
     for (int64_t t = 0; t * TILE < nc; t++) {
         const int64_t n = pw_min(TILE, nc - t * TILE);
         const uint8_t *xp = xb + t * p->tstride;
@@ -409,8 +454,24 @@ OPT_API int optcli_qconv2d_pointwise(const void *x, const int32_t *wq, const int
     if (q->N == 0 || q->P == 0) return 0;
     p.tiles = (q->P + TILE - 1) / TILE;
     p.tstride = p.Q * 64;
+    p.sdot = opt_qconv_sdot == 1 && p.whole;
+    if (p.sdot) { /* the flip's correction per row: 128 * the sum of its weight bytes */
+        p.wsum = malloc((size_t)q->M * sizeof(int32_t));
+        if (!p.wsum) return OPT_ENOMEM;
+        for (int64_t m = 0; m < q->M; m++) {
+            uint32_t sum = 0;
+            for (int64_t qd = 0; qd < p.Q; qd++) {
+                const uint32_t v = (uint32_t)p.wq[m * p.Q + qd];
+                for (int i = 0; i < 4; i++) sum += (uint32_t)(int32_t)(int8_t)(uint8_t)(v >> (8 * i));
+            }
+            p.wsum[m] = (int32_t)(sum * 128u);
+        }
+    }
     p.xq = malloc((size_t)(q->N * q->G * p.tiles * p.tstride));
-    if (!p.xq) return OPT_ENOMEM;
+    if (!p.xq) {
+        free(p.wsum);
+        return OPT_ENOMEM;
+    }
     const int threads = optcli_get_num_threads();
     const int64_t macs = q->N * q->M * q->K * q->P;
     const int cap = macs < (1 << 18) ? 1 : 0;
@@ -429,5 +490,6 @@ OPT_API int optcli_qconv2d_pointwise(const void *x, const int32_t *wq, const int
     q->nm = (q->mg + q->mb - 1) / q->mb;
     opt_parallel(gemm_item, &p, items * q->nm, cap);
     free(p.xq);
+    free(p.wsum);
     return 0;
 }

@@ -86,7 +86,7 @@ def prepared_weights(w: np.ndarray, bias: np.ndarray | None, geom: tuple[int, ..
     if kind == "depthwise":
         return kind, np.ascontiguousarray(w.reshape(w.shape[0], -1)), bias
     if kind == "pointwise":
-        blob, b = pack_quads(w, bias, int(qp[0]), bool(qp[4]), whole=variant() in (4, 5))
+        blob, b = pack_quads(w, bias, int(qp[0]), bool(qp[4]), whole=variant() in (4, 5, 6))
         m, quads = w.shape[0], -(-int(np.prod(w.shape[1:])) // 4)
         if blob[1 + m * quads + m] <= MAX_RESIDUAL * m * quads:
             return kind, blob, b
@@ -97,8 +97,8 @@ def variant(which: int = -1) -> int:
     """The dot-product path in use (1 plain C, 2 AVX2, 3 AVX2 with the depthwise convs run channels in
     lanes and summed exactly in float32 by FMA, kernels/host/qdepthwise_lanes.c; 4 as 3 with the 1x1 convs
     by AVX-512 VNNI's vpdpbusd, kernels/host/qpointwise.c; 5 as 3 with the 1x1 convs by AVX-VNNI's 8-lane
-    vpdpbusd, for CPUs that have it without AVX-512); ``which`` 1 to 5 forces one (tests, A/B timings), 0
-    picks by the CPU again (4 over 5 over 3).  -1 where refused or without the library.
+    vpdpbusd, for CPUs that have it without AVX-512; 6 on aarch64 with the dot product, the 1x1 convs by sdot);
+    ``which`` 1 to 6 forces one (tests, A/B timings), 0 picks by the CPU again (4 over 5 over 3).  -1 where refused or without the library.
     A step's weights are packed for the path in use when it is prepared (``prepared_weights``)."""
     return library._lib.optcli_qgemm_variant(int(which)) if library._lib is not None else -1
 

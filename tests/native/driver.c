@@ -37,7 +37,8 @@
  * int32 bias [M] (if any), float32 multipliers [M].  16
  * (qelementwise.c): e = n, a signed, b signed, y signed; then float32 params[5], bytes a [n], b [n].  Their
  * u8 / s8 outputs are written as float32 values.  Kind 22 (qpool.c's 8-bit MaxPool): e = the 14 geometry values
- * of optcli_maxpool2d_q8 and its signed flag; then bytes x.
+ * of optcli_maxpool2d_q8 and its signed flag; then bytes x.  Kind 23: no arrays; OUT holds the integer kernels'
+ * dot-product path (optcli_qgemm_variant(-1): 6 where the CPU has the dot product, else 1).
  * OUT receives the output as float32 (layer norm: y, then mean and 1 / std).  Exit status 0 when
  * every kernel returned 0.  OPTCLI_LANES=4|8|16 in the environment forces that vector width (see
  * optcli_gemm_variant), for runs on the host under a sanitizer.
@@ -94,6 +95,11 @@ static int run_int8_case(FILE *f, int64_t kind, int has_bias, float **y, int64_t
                      : optcli_qconv2d_gemm(x, w, b, mult, yq, e, qp);
         *y = bytes_to_floats(yq, *ny, qp[5]);
         free(x), free(w), free(b), free(mult);
+    } else if (kind == 23) { /* the integer kernels' dot-product path in use (optcli_qgemm_variant) */
+        *ny = 1;
+        *y = malloc(sizeof(float));
+        (*y)[0] = (float)optcli_qgemm_variant(-1);
+        return 0;
     } else if (kind == 22) { /* qpool.c: e = N, C, the 12 window values, signed */
         uint8_t *x = read_bytes(f, e[0] * e[1] * e[2] * e[3]);
         *ny = e[0] * e[1] * e[12] * e[13];
@@ -129,7 +135,7 @@ static int run_case(const char *in, const char *out) {
     float *y = NULL;
     int64_t ny;
     int rc;
-    if (h[0] == 15 || h[0] == 16 || h[0] == 22) { /* the integer conv, add and max pool */
+    if (h[0] == 15 || h[0] == 16 || h[0] == 22 || h[0] == 23) { /* the integer conv, add, max pool, variant */
         rc = run_int8_case(f, h[0], has_bias, &y, &ny);
     } else if (h[0] == 0 || h[0] == 8) { /* depthwise: w [M, 1, KH, KW]; stem: w [M, C, KH, KW] */
         int64_t nx = g[0] * g[1] * g[2] * g[3], nw = g[4] * (h[0] == 8 ? g[1] : 1) * g[5] * g[6];

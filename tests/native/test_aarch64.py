@@ -474,7 +474,8 @@ def _int8_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
         n, c, h, wd = x.shape
         geom = [n, c, h, wd, w.shape[0], 1, 1, 1, 1, 1, 1, 0, 0, h, wd, attrs["group"]]
         qp = [attrs[k] for k in ("x_zero_point", "y_zero_point", "qmin", "qmax", "x_signed", "y_signed")]
-        blob, bias = pack_quads(w, b, qp[0], bool(qp[4]))
+        # whole weights (the sdot tile where the CPU has the dot product) and split ones (the plain tile) in turn
+        blob, bias = pack_quads(w, b, qp[0], bool(qp[4]), whole=bool(i % 2))
         src, dst = tmp / f"qpointwise{i}.in", tmp / f"qpointwise{i}.out"
         with open(src, "wb") as f:
             f.write(np.array([15, 0, 1, *[0] * 17], np.int64).tobytes())
@@ -494,6 +495,10 @@ def _int8_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
             f.write(np.array(e + [0] * (24 - len(e)), np.int64).tobytes())
             f.write(x.tobytes())
         cases.append((src, dst, qpool_reference(x, *geom).astype(np.float32), f"qpool {name}"))
+    src, dst = tmp / "qvariant.in", tmp / "qvariant.out"
+    with open(src, "wb") as f:  # qemu's default CPU ("max") has the dot product: the sdot tile must be the one run
+        f.write(np.array([23, 0, 0, *[0] * 17], np.int64).tobytes() + np.zeros(24, np.int64).tobytes())
+    cases.append((src, dst, np.array([6], np.float32), "the integer kernels' path is aarch64's sdot (variant 6)"))
     for i, signs in enumerate([(0, 0, 0), (1, 1, 1), (0, 1, 1), (1, 0, 0)]):
         a, b, attrs = make_qadd(i, (1, 5, 37, 41), *signs)
         src, dst = tmp / f"qadd{i}.in", tmp / f"qadd{i}.out"
