@@ -98,8 +98,9 @@ def variant(which: int = -1) -> int:
     lanes and summed exactly in float32 by FMA, kernels/host/qdepthwise_lanes.c; 4 as 3 with the 1x1 convs
     by AVX-512 VNNI's vpdpbusd, kernels/host/qpointwise.c; 5 as 3 with the 1x1 convs by AVX-VNNI's 8-lane
     vpdpbusd, for CPUs that have it without AVX-512; 6 on aarch64 with the dot product, the 1x1 convs by sdot);
-    ``which`` 1 to 6 forces one (tests, A/B timings), 0 picks by the CPU again (4 over 5 over 3).  -1 where refused or without the library.
-    A step's weights are packed for the path in use when it is prepared (``prepared_weights``)."""
+    ``which`` 1 to 6 forces one (tests, A/B timings), 0 picks by the CPU again (4 over 5 over 3).  -1 where
+    refused or without the library.  A step's weights are packed for the path in use when it is prepared
+    (``prepared_weights``)."""
     return library._lib.optcli_qgemm_variant(int(which)) if library._lib is not None else -1
 
 
