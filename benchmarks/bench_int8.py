@@ -116,7 +116,10 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--steps", type=int, default=0, metavar="N",
                     help="also time each step of both optcli plans N times and print their minimums by kind")
+    ap.add_argument("--write-docs", action="store_true",
+                    help="also write the summary table into docs/benchmarks-int8.md (its block for this thread count)")
     args = ap.parse_args()
+    summary = []
     for label in args.models.split(","):
         model = build(MODELS[label], resolution=224)
         inp = model.graph.input[0]
@@ -166,6 +169,9 @@ def main() -> None:
         # a busy neighbour slows a whole round alike: the ratio within each round is steadier than either time
         ratios = [i / f for i, f in zip(times["optcli arm int8 (QDQ model)"], times["optcli arm fp32"])]
         print(f"optcli int8 / fp32, median of per-round ratios: {statistics.median(ratios):.2f}")
+        vs_ort = [i / o for i, o in zip(times["optcli arm int8 (QDQ model)"], times["onnxruntime QDQ model"])]
+        summary.append((label, {k: min(v) for k, v in times.items()}, statistics.median(ratios),
+                        statistics.median(vs_ort), peak[1] / peak[0]))
         if args.steps:
             kinds = [step_kinds(p, feeds, args.steps) for p in predictors]
             print(f"\nper-step minimums of {args.steps} runs, summed by kind (ms)")
@@ -174,6 +180,36 @@ def main() -> None:
             for kind in by_size:
                 print(f"| {kind} | {kinds[0].get(kind, 0):.3f} | {kinds[1].get(kind, 0):.3f} |")
             print(f"| all | {sum(kinds[0].values()):.2f} | {sum(kinds[1].values()):.2f} |")
+    if args.write_docs:
+        write_docs(summary, args)
+
+
+def write_docs(summary: list, args) -> None:
+    """The summary table (minimums, per-round ratio medians, peak memory) into docs/benchmarks-int8.md, between
+    the markers for this thread count (added at the top of the figures if absent)."""
+    import platform
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    head = ("| model | optcli fp32 | optcli int8 (QDQ) | onnxruntime fp32 | onnxruntime QDQ | int8 / fp32 | "
+            "int8 / onnxruntime QDQ | peak memory int8 / fp32 |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+    rows = [f"| {label} | {t['optcli arm fp32']:.2f} | {t['optcli arm int8 (QDQ model)']:.2f} | "
+            f"{t['onnxruntime fp32']:.2f} | {t['onnxruntime QDQ model']:.2f} | {r:.2f} | {o:.2f} | {m:.2f} |"
+            for label, t, r, o, m in summary]
+    marker = f"<!-- bench_int8 threads={args.threads}"
+    begin, end = f"{marker}: begin -->", f"{marker}: end -->"
+    block = "\n".join([begin, f"{args.threads} thread{'s' * (args.threads > 1)}, {args.runs} interleaved rounds, "
+                        f"ms minimums; ratios are medians of per-round ratios ({cpu}, "
+                        f"`bench_int8.py --threads {args.threads} --runs {args.runs} --write-docs`):", "",
+                        head, *rows, end])
+    path = ROOT / "docs" / "benchmarks-int8.md"
+    text = path.read_text()
+    if begin in text and end in text:
+        text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
+    else:
+        anchor = "\n## "
+        at = text.index(anchor) if anchor in text else len(text)
+        text = text[:at] + "\n" + block + "\n" + text[at:]
+    path.write_text(text)
 
 
 if __name__ == "__main__":
