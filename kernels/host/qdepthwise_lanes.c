@@ -10,7 +10,10 @@
  * Exact: each product of an uncentred x (|x| <= 255) and a weight (|w| <= 128) is an integer below 2**15
  * and every partial sum of at most 64 taps stays below 2**24, so float32 holds each sum exactly whatever
  * the order; zero_point * sum(w) is folded into the bias in wrapping int32 (qdepthwise.c's argument), and
- * the requantization is rq_half's (qconv_kernel.h), onnxruntime's arithmetic. */
+ * the requantization is rq_half's (qconv_kernel.h), onnxruntime's arithmetic.
+ *
+ * Where the CPU has AVX-512 with VNNI (opt_qconv_vnni512, variant 4) the same walk runs 16 channels a work
+ * item with vpdpbusd in place of the FMAs, summing in int32 (the section below says how). */
 #include <stdlib.h>
 
 #include "optcli_native.h"
@@ -197,6 +200,7 @@ typedef struct {
     __m256 init;    /* the accumulators' start: the bias where float32 holds every partial sum with it, else 0 */
     __m256i bias;   /* the bias added in int32 where it is not in init */
     __m256 mul;
+    rq_t rq;        /* the requantization's bounds and zero point */
     uint8_t *y[LB];
     int nc, exact;  /* channels in use; whether init holds the bias */
 } blk_t;
@@ -248,32 +252,28 @@ __attribute__((target("avx2"))) static inline void lanes_store(const rq_t *rq, c
     for (int j = 0; j < k->nc; j++) memcpy(k->y[j] + p0, j % 2 ? ch[j - 1] + 8 : ch[j], (size_t)n);
 }
 
-/* One band of one block, output rows [oh0, oh1): 8 output pixels at a time, each tap one FMA per pixel.
- * Rows of 8 or more go 8 columns at a time (the last 8 overlapping the ones before), narrower ones 8
- * pixels of the plane at a time across rows (their places from L->dst).  TAPS and SW constants where the
- * common windows inline them (the loops unrolled, the pixels' offsets immediates), 0 for the call's own. */
-__attribute__((target("avx2,fma"))) ALWAYS_INLINE void lanes_rows(const lanes_t *L, const blk_t *k, const float *F,
-                                                                   int64_t oh0, int64_t oh1, const int TAPS,
-                                                                   const int SW) {
+/* A group's output pixels, for group_fn: each one's first tap's place in the tile. */
+typedef void (*group_fn)(const lanes_t *L, const void *k, const uint32_t *const *b, int64_t p0, int64_t n,
+                         int64_t taps);
+
+/* One band of one block, output rows [oh0, oh1), PX output pixels at a time (group: their sums, requantized
+ * and stored from output p0, n of them).  Rows of PX or more go PX columns at a time (the last PX
+ * overlapping the ones before), narrower ones PX pixels of the plane at a time across rows (their places
+ * from L->dst).  lb, sw and taps constants where the kernels' common windows inline them (the loops
+ * unrolled, the pixels' offsets immediates); inlined into each kernel's target, group with it. */
+ALWAYS_INLINE void walk_groups(const lanes_t *L, const void *k, const uint32_t *F, int64_t oh0, int64_t oh1,
+                               const int64_t lb, const int64_t sw, const int64_t taps, group_fn group) {
     const qconv_t *q = L->q;
-    const rq_t rq = rq_init(q);
-    const int64_t taps = TAPS ? TAPS : L->taps, sw = SW ? SW : q->sw, OW = q->OW;
-    const int32_t *toff = L->toff;
+    const int64_t OW = q->OW;
+    const uint32_t *b[PX];
     if (OW >= PX) {
         for (int64_t oh = oh0; oh < oh1; oh++) {
-            const float *row = F + (oh - oh0) * q->sh * L->WF * LB;
+            const uint32_t *row = F + (oh - oh0) * q->sh * L->WF * lb;
             for (int64_t ow = 0;; ow += PX) {
                 const int last = ow + PX >= OW;
                 if (last) ow = OW - PX;
-                const float *b = row + ow * sw * LB;
-                __m256 acc[PX];
-                for (int i = 0; i < PX; i++) acc[i] = k->init;
-                for (int64_t t = 0; t < taps; t++) {
-                    const __m256 w = k->wv[t];
-                    const float *bt = b + toff[t];
-                    for (int i = 0; i < PX; i++) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(bt + i * sw * LB), w, acc[i]);
-                }
-                lanes_store(&rq, acc, k, oh * OW + ow, PX);
+                for (int i = 0; i < PX; i++) b[i] = row + (ow + i) * sw * lb;
+                group(L, k, b, oh * OW + ow, PX, taps);
                 if (last) break;
             }
         }
@@ -283,23 +283,31 @@ __attribute__((target("avx2,fma"))) ALWAYS_INLINE void lanes_rows(const lanes_t 
     for (int64_t p0 = pa;; p0 += PX) {
         const int last = p0 + PX >= pb;
         if (last && n == PX) p0 = pb - PX;
-        const float *b[PX];
-        for (int i = 0; i < PX; i++) b[i] = F + (L->dst[p0 + i < pb ? p0 + i : pb - 1] - base) * LB;
-        __m256 acc[PX];
-        for (int i = 0; i < PX; i++) acc[i] = k->init;
-        for (int64_t t = 0; t < taps; t++) {
-            const __m256 w = k->wv[t];
-            for (int i = 0; i < PX; i++) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(b[i] + toff[t]), w, acc[i]);
-        }
-        lanes_store(&rq, acc, k, p0, n);
+        for (int i = 0; i < PX; i++) b[i] = F + (L->dst[p0 + i < pb ? p0 + i : pb - 1] - base) * lb;
+        group(L, k, b, p0, n, taps);
         if (last) break;
     }
+}
+
+/* 8 pixels of 8 channels: one FMA a tap and pixel. */
+__attribute__((target("avx2,fma"))) ALWAYS_INLINE void lanes_group(const lanes_t *L, const void *kv,
+                                                                    const uint32_t *const *b, int64_t p0, int64_t n,
+                                                                    int64_t taps) {
+    const blk_t *k = kv;
+    __m256 acc[PX];
+    for (int i = 0; i < PX; i++) acc[i] = k->init;
+    for (int64_t t = 0; t < taps; t++) {
+        const __m256 w = k->wv[t];
+        for (int i = 0; i < PX; i++)
+            acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps((const float *)(b[i] + L->toff[t])), w, acc[i]);
+    }
+    lanes_store(&k->rq, acc, k, p0, n);
 }
 
 #define LANES_ROWS(name, TAPS, SW)                                                                                     \
     __attribute__((target("avx2,fma"))) static void name(const lanes_t *L, const blk_t *k, const float *F, int64_t oh0, \
                                                          int64_t oh1) {                                                \
-        lanes_rows(L, k, F, oh0, oh1, TAPS, SW);                                                                       \
+        walk_groups(L, k, (const uint32_t *)F, oh0, oh1, LB, SW ? SW : L->q->sw, TAPS ? TAPS : L->taps, lanes_group); \
     }
 LANES_ROWS(lanes_rows9s1, 9, 1)
 LANES_ROWS(lanes_rows9s2, 9, 2)
@@ -327,6 +335,7 @@ __attribute__((target("avx2,fma"))) static void lanes_item(void *ctx, int64_t it
     k.init = k.exact ? _mm256_loadu_ps(p.fb) : _mm256_setzero_ps();
     k.bias = _mm256_loadu_si256((const __m256i *)p.bi);
     k.mul = _mm256_loadu_ps(p.ml);
+    k.rq = rq_init(q);
     lanes_fill(L, p.plane, pl.pr0, pl.R, F);
     const int64_t sw = q->sw, oh0 = pl.oh0, oh1 = pl.oh1;
     if (taps == 9 && sw == 1) lanes_rows9s1(L, &k, F, oh0, oh1);
@@ -379,13 +388,17 @@ __attribute__((target(VNNI512_TARGET))) static void lanes16_fill(const lanes_t *
     const __m512i zero = _mm512_setzero_si512();
     for (int64_t r = 0; r < R; r++) {
         uint32_t *row = F + r * WF * LB16;
-        if (d == 1 && step == 1) {
+        if (d == 1) { /* the window slides by step (1 or 2) columns: step new loads */
             __m512i a = _mm512_loadu_si512(row), b = WF > 1 ? _mm512_loadu_si512(row + LB16) : zero;
             __m512i c = WF > 2 ? _mm512_loadu_si512(row + 2 * LB16) : zero;
-            for (int64_t j = 0; j < WF; j++) {
+            for (int64_t j = 0; j < WF; j += step) {
                 const __m512i e = j + 3 < WF ? _mm512_loadu_si512(row + (j + 3) * LB16) : zero;
                 _mm512_storeu_si512(row + j * LB16, join4(a, b, c, e));
-                a = b, b = c, c = e;
+                if (step == 1) {
+                    a = b, b = c, c = e;
+                } else {
+                    a = c, b = e, c = j + 4 < WF ? _mm512_loadu_si512(row + (j + 4) * LB16) : zero;
+                }
             }
             continue;
         }
@@ -408,9 +421,11 @@ typedef struct {
 } blk16_t;
 
 /* The block of 16 channels from c0 of image b: its planes (lanes past the last channel repeat it, with
- * weights 0: computed, never stored), each tap's 16 weights gathered from a copy of the block's
- * [channel][tap] bytes (zero past the last channel, room for the gathers' 4-byte reads) into their quad's
- * byte and summed for the zero point's term, the bias and multipliers under the channels' mask. */
+ * weights 0: computed, never stored), each quad's weights (4 bytes of a window row read from a copy of the
+ * block's [channel][tap] bytes, zero past the last channel, with room for the last 4-byte read; the bytes
+ * past KW masked off) summed by vpdpbusd against ones for the zero point's term, the bias and multipliers
+ * under the channels' mask.  Per block, so cheap: 25 gathers and a division a tap (as floats, this once
+ * was) took a quarter of a 7x7 layer's time. */
 __attribute__((target(VNNI512_TARGET))) static void block16_params(const lanes_t *L, int64_t b, int64_t c0,
                                                                    blk16_t *k, const uint8_t **plane) {
     const qconv_t *q = L->q;
@@ -421,19 +436,24 @@ __attribute__((target(VNNI512_TARGET))) static void block16_params(const lanes_t
         plane[j] = q->x + (b * q->C + c) * q->H * q->W;
         k->y[j] = q->y + (b * q->M + c) * P;
     }
-    int8_t wb[64 * LB16 + 4];
+    uint8_t wb[64 * LB16 + 4];
     memcpy(wb, q->wd + c0 * taps, (size_t)(k->nc * taps));
     memset(wb + k->nc * taps, 0, (size_t)((LB16 - k->nc) * taps + 4));
-    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                           _mm512_set1_epi32((int)taps));
+    uint32_t wq[64][LB16];
+    for (int64_t i = 0; i < L->taps; i++) {
+        const int64_t kh = i / qw, kw0 = i % qw * 4, n = q->KW - kw0 < 4 ? q->KW - kw0 : 4;
+        const uint32_t mask = n == 4 ? 0xFFFFFFFFu : (1u << (8 * n)) - 1u;
+        for (int j = 0; j < LB16; j++) {
+            uint32_t v;
+            memcpy(&v, wb + j * taps + kh * q->KW + kw0, sizeof v);
+            wq[i][j] = v & mask;
+        }
+    }
     __m512i wsum = _mm512_setzero_si512();
-    for (int64_t i = 0; i < L->taps; i++) k->wq[i] = _mm512_setzero_si512();
-    for (int64_t t = 0; t < taps; t++) {
-        const __m512i g = _mm512_i32gather_epi32(idx, (const void *)(wb + t), 1);
-        wsum = _mm512_add_epi32(wsum, _mm512_srai_epi32(_mm512_slli_epi32(g, 24), 24)); /* the byte, signed */
-        const int64_t kw = t % q->KW, i = t / q->KW * qw + kw / 4;
-        const __m512i byte = _mm512_and_si512(g, _mm512_set1_epi32(0xFF));
-        k->wq[i] = _mm512_or_si512(k->wq[i], _mm512_sllv_epi32(byte, _mm512_set1_epi32((int)(8 * (kw % 4)))));
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int64_t i = 0; i < L->taps; i++) {
+        k->wq[i] = _mm512_loadu_si512(wq[i]);
+        wsum = _mm512_dpbusd_epi32(wsum, ones, k->wq[i]);
     }
     const __mmask16 m = (__mmask16)((1u << k->nc) - 1u);
     const __m512i bias = q->bias ? _mm512_maskz_loadu_epi32(m, q->bias + c0) : _mm512_setzero_si512();
@@ -486,55 +506,24 @@ __attribute__((target(VNNI512_TARGET))) ALWAYS_INLINE void lanes16_store(const _
     for (int j = 0; j < k->nc; j++) memcpy(k->y[j] + p0, ch[j % 4 / 2] + 16 * (j / 4) + 8 * (j % 2), (size_t)n);
 }
 
-/* lanes_rows for the quad kernel: a vpdpbusd a quad (QUADS of them, 0 for the call's own) and pixel. */
-__attribute__((target(VNNI512_TARGET))) ALWAYS_INLINE void lanes16_rows(const lanes_t *L, const blk16_t *k,
-                                                                     const uint32_t *F, int64_t oh0, int64_t oh1,
-                                                                     const int QUADS, const int SW) {
-    const qconv_t *q = L->q;
-    const int64_t quads = QUADS ? QUADS : L->taps, sw = SW ? SW : q->sw, OW = q->OW;
-    const int32_t *toff = L->toff;
-    if (OW >= PX) {
-        for (int64_t oh = oh0; oh < oh1; oh++) {
-            const uint32_t *row = F + (oh - oh0) * q->sh * L->WF * LB16;
-            for (int64_t ow = 0;; ow += PX) {
-                const int last = ow + PX >= OW;
-                if (last) ow = OW - PX;
-                const uint32_t *b = row + ow * sw * LB16;
-                __m512i acc[PX];
-                for (int i = 0; i < PX; i++) acc[i] = k->bias;
-                for (int64_t t = 0; t < quads; t++) {
-                    const __m512i w = k->wq[t];
-                    const uint32_t *bt = b + toff[t];
-                    for (int i = 0; i < PX; i++)
-                        acc[i] = _mm512_dpbusd_epi32(acc[i], _mm512_loadu_si512(bt + i * sw * LB16), w);
-                }
-                lanes16_store(acc, k, oh * OW + ow, PX);
-                if (last) break;
-            }
-        }
-        return;
+/* 8 pixels of 16 channels: one vpdpbusd a quad and pixel. */
+__attribute__((target(VNNI512_TARGET))) ALWAYS_INLINE void lanes16_group(const lanes_t *L, const void *kv,
+                                                                      const uint32_t *const *b, int64_t p0,
+                                                                      int64_t n, int64_t quads) {
+    const blk16_t *k = kv;
+    __m512i acc[PX];
+    for (int i = 0; i < PX; i++) acc[i] = k->bias;
+    for (int64_t t = 0; t < quads; t++) {
+        const __m512i w = k->wq[t];
+        for (int i = 0; i < PX; i++) acc[i] = _mm512_dpbusd_epi32(acc[i], _mm512_loadu_si512(b[i] + L->toff[t]), w);
     }
-    const int64_t pa = oh0 * OW, pb = oh1 * OW, n = pb - pa < PX ? pb - pa : PX, base = oh0 * q->sh * L->WF;
-    for (int64_t p0 = pa;; p0 += PX) {
-        const int last = p0 + PX >= pb;
-        if (last && n == PX) p0 = pb - PX;
-        const uint32_t *b[PX];
-        for (int i = 0; i < PX; i++) b[i] = F + (L->dst[p0 + i < pb ? p0 + i : pb - 1] - base) * LB16;
-        __m512i acc[PX];
-        for (int i = 0; i < PX; i++) acc[i] = k->bias;
-        for (int64_t t = 0; t < quads; t++) {
-            const __m512i w = k->wq[t];
-            for (int i = 0; i < PX; i++) acc[i] = _mm512_dpbusd_epi32(acc[i], _mm512_loadu_si512(b[i] + toff[t]), w);
-        }
-        lanes16_store(acc, k, p0, n);
-        if (last) break;
-    }
+    lanes16_store(acc, k, p0, n);
 }
 
 #define LANES16_ROWS(name, QUADS, SW)                                                                                  \
     __attribute__((target(VNNI512_TARGET))) static void name(const lanes_t *L, const blk16_t *k, const uint32_t *F,   \
                                                              int64_t oh0, int64_t oh1) {                               \
-        lanes16_rows(L, k, F, oh0, oh1, QUADS, SW);                                                                    \
+        walk_groups(L, k, F, oh0, oh1, LB16, SW ? SW : L->q->sw, QUADS ? QUADS : L->taps, lanes16_group);             \
     }
 LANES16_ROWS(lanes16_rows3s1, 3, 1) /* 3x3: a quad a window row */
 LANES16_ROWS(lanes16_rows3s2, 3, 2)
