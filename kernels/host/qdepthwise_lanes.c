@@ -34,8 +34,8 @@ typedef struct {
     int64_t WF;          /* tile row width in pixels: the taps' reach and every input column */
     int64_t band, nbands, nblocks, taps; /* taps: the window's, or its quads for LB16 */
     int32_t toff[64];    /* each tap's (quad's) offset in the tile, in words */
-    const int32_t *src;  /* each input pixel's tile place from padded row 0, in pixels [H * W] */
-    const int32_t *dst;  /* each output pixel's first tap's tile place from padded row 0 [OH * OW] */
+    const int32_t *src;  /* each input pixel's tile place from padded row 0, in pixels [H * W] (W < 8 only) */
+    const int32_t *dst;  /* each output pixel's first tap's tile place from padded row 0 [OH * OW] (OW < PX) */
 } lanes_t;
 
 /* 8 input pixels of 8 channel planes (8 bytes each, at p[j] + q0) transposed: v[i] holds pixels 2i and 2i + 1,
@@ -111,12 +111,13 @@ ALWAYS_INLINE void fill_body(const lanes_t *L, const uint8_t *const *plane, int6
     const int32_t *src = L->src;
     if (qb - qa < 8) { /* fewer than 8 input pixels: one at a time */
         for (int64_t i = qa; i < qb; i++)
-            for (int64_t j = 0; j < lb; j++) F[(src[i] - base) * lb + j] = tile_word(q, plane[j][i], quad);
+            for (int64_t j = 0; j < lb; j++)
+                F[((i / W + pt) * WF + i % W + pl - base) * lb + j] = tile_word(q, plane[j][i], quad);
         return;
     }
     if (W >= 8) { /* row by row: 8 columns at a time, the last 8 overlapping the ones before */
         for (int64_t ih = ih0; ih < ih1; ih++) {
-            uint32_t *row = F + (src[ih * W] - base) * lb;
+            uint32_t *row = F + ((ih + pt) * WF + pl - base) * lb;
             for (int64_t iw = 0;; iw += 8) {
                 const int last = iw + 8 >= W;
                 if (last) iw = W - 8;
@@ -586,13 +587,14 @@ int opt_qdw_lanes(const qconv_t *q) {
     }
     L.band = band;
     L.nbands = (q->OH + band - 1) / band;
-    int32_t *tab = malloc((size_t)(q->H * q->W + q->OH * q->OW) * sizeof(int32_t));
-    if (!tab) return OPT_ENOMEM;
-    for (int64_t ih = 0; ih < q->H; ih++)
-        for (int64_t iw = 0; iw < q->W; iw++) tab[ih * q->W + iw] = (int32_t)((ih + q->pt) * L.WF + iw + q->pl);
-    int32_t *dst = tab + q->H * q->W;
-    for (int64_t oh = 0; oh < q->OH; oh++)
-        for (int64_t ow = 0; ow < q->OW; ow++) dst[oh * q->OW + ow] = (int32_t)(oh * q->sh * L.WF + ow * q->sw);
+    /* the places of the pixels that narrow planes take across rows (input rows under 8 wide, output rows
+     * under PX): computed once per call, and only for those (a 112x112 plane's took about 5 us) */
+    const int64_t nsrc = q->W < 8 ? q->H * q->W : 0, ndst = q->OW < PX ? q->OH * q->OW : 0;
+    int32_t *tab = nsrc + ndst ? malloc((size_t)(nsrc + ndst) * sizeof(int32_t)) : NULL;
+    if (nsrc + ndst && !tab) return OPT_ENOMEM;
+    for (int64_t i = 0; i < nsrc; i++) tab[i] = (int32_t)((i / q->W + q->pt) * L.WF + i % q->W + q->pl);
+    int32_t *dst = tab ? tab + nsrc : NULL;
+    for (int64_t i = 0; i < ndst; i++) dst[i] = (int32_t)(i / q->OW * q->sh * L.WF + i % q->OW * q->sw);
     L.src = tab;
     L.dst = dst;
     const int64_t macs = q->N * q->M * q->KH * q->KW * q->OH * q->OW;
