@@ -39,11 +39,8 @@ typedef struct {
     const int32_t *dst;  /* each output pixel's first tap's tile place from padded row 0 [OH * OW] (OW < PX) */
 } lanes_t;
 
-/* 8 input pixels of 8 channel planes (8 bytes each, at p[j] + q0) transposed: v[i] holds pixels 2i and 2i + 1,
- * 8 channel bytes each. */
-__attribute__((target("avx2"))) ALWAYS_INLINE void bytes8x8(const uint8_t *const *p, int64_t q0, __m128i *v) {
-    __m128i r[8];
-    for (int j = 0; j < 8; j++) r[j] = _mm_loadl_epi64((const __m128i *)(p[j] + q0));
+/* 8 rows of 8 bytes (8 channels' 8 pixels) transposed: v[i] holds pixels 2i and 2i + 1, 8 channel bytes each. */
+__attribute__((target("avx2"))) ALWAYS_INLINE void transpose8x8(const __m128i *r, __m128i *v) {
     const __m128i t0 = _mm_unpacklo_epi8(r[0], r[1]), t1 = _mm_unpacklo_epi8(r[2], r[3]);
     const __m128i t2 = _mm_unpacklo_epi8(r[4], r[5]), t3 = _mm_unpacklo_epi8(r[6], r[7]);
     const __m128i u0 = _mm_unpacklo_epi16(t0, t1), u1 = _mm_unpackhi_epi16(t0, t1); /* pixels 0-3, 4-7: c0-3 */
@@ -52,6 +49,13 @@ __attribute__((target("avx2"))) ALWAYS_INLINE void bytes8x8(const uint8_t *const
     v[1] = _mm_unpackhi_epi32(u0, u2);
     v[2] = _mm_unpacklo_epi32(u1, u3);
     v[3] = _mm_unpackhi_epi32(u1, u3);
+}
+
+/* 8 input pixels of 8 channel planes (8 bytes each, at p[j] + q0) transposed (transpose8x8). */
+__attribute__((target("avx2"))) ALWAYS_INLINE void bytes8x8(const uint8_t *const *p, int64_t q0, __m128i *v) {
+    __m128i r[8];
+    for (int j = 0; j < 8; j++) r[j] = _mm_loadl_epi64((const __m128i *)(p[j] + q0));
+    transpose8x8(r, v);
 }
 
 /* 8 input pixels of 8 channel planes (8 bytes each, at p[j] + q0) as 8 vectors of 8 channels, floats,
@@ -357,13 +361,17 @@ __attribute__((target("avx2,fma"))) static void lanes_item(void *ctx, int64_t it
  * int32.  Per layer on this project's AMD EPYC (Zen 5) 0.56-0.73x the 8-lane float kernel's time at
  * stride 1, 0.7-0.9x at stride 2 (docs/quantization.md). */
 
-/* 8 input pixels of 16 channel planes (at p[j] + q0), two 8 x 8 byte transposes: pixel i's 16 bytes, s8
- * flipped to u8 where xs. */
+/* 8 input pixels of 16 channel planes (at p[j] + q0; only the first w < 8 read where w < 8, by masked loads:
+ * a 7-wide plane's rows one at a time), two 8 x 8 byte transposes: pixel i's 16 bytes, s8 flipped to u8
+ * where xs. */
 __attribute__((target(VNNI512_TARGET))) ALWAYS_INLINE void bytes16x8(const uint8_t *const *p, int64_t q0, int xs,
-                                                                  __m128i *px) {
-    __m128i v[4], u[4];
-    bytes8x8(p, q0, v);
-    bytes8x8(p + 8, q0, u);
+                                                                  int64_t w, __m128i *px) {
+    __m128i r[16], v[4], u[4];
+    const __mmask16 m = (__mmask16)(w < 8 ? (1u << w) - 1u : 0xFFu);
+    for (int j = 0; j < 16; j++)
+        r[j] = w < 8 ? _mm_maskz_loadu_epi8(m, p[j] + q0) : _mm_loadl_epi64((const __m128i *)(p[j] + q0));
+    transpose8x8(r, v);
+    transpose8x8(r + 8, u);
     const __m128i flip = _mm_set1_epi8(xs ? (char)0x80 : 0);
     for (int i = 0; i < 4; i++) {
         px[2 * i] = _mm_xor_si128(_mm_unpacklo_epi64(v[i], u[i]), flip);
@@ -375,7 +383,7 @@ __attribute__((target(VNNI512_TARGET))) ALWAYS_INLINE void bytes16x8(const uint8
 __attribute__((target(VNNI512_TARGET))) ALWAYS_INLINE void lanes16_in8(const uint8_t *const *p, int64_t q0, int xs,
                                                                     uint32_t *const *out) {
     __m128i px[8];
-    bytes16x8(p, q0, xs, px);
+    bytes16x8(p, q0, xs, 8, px);
     for (int i = 0; i < 8; i++) _mm512_storeu_si512(out[i], _mm512_cvtepu8_epi32(px[i]));
 }
 
@@ -385,11 +393,11 @@ __attribute__((target(VNNI512_TARGET))) ALWAYS_INLINE __m512i join4(__m512i a, _
     return _mm512_ternarylogic_epi32(a, _mm512_slli_epi32(b, 8), hi, 0xFE); /* a | b | hi */
 }
 
-/* The band's tile of quads: the words filled as fill_body does, then each word's bytes 1-3 set from the
- * words dw, 2 dw and 3 dw columns on (left to right, so those still hold one byte; past the row's end 0:
- * they meet the weights past KW, which are 0).  Quads start at columns ow * sw + 4 dw i only: where those
- * are all multiples of sw (stride 2) only those columns are joined.  Unit steps slide a window of loads
- * along the row (one a column: the 4 loads of the general loop cost the 14x14 layers a tenth). */
+/* The band's tile of quads where lanes16_fill_vbmi does not take it (dilated windows; CPUs without VBMI):
+ * the words filled as fill_body does, then each word's bytes 1-3 set from the words dw, 2 dw and 3 dw
+ * columns on (left to right, so those still hold one byte; past the row's end 0: they meet the weights
+ * past KW, which are 0).  Quads start at columns ow * sw + 4 dw i only: where those are all multiples of
+ * sw (stride 2) only those columns are joined. */
 __attribute__((target(VNNI512_TARGET))) static void lanes16_fill(const lanes_t *L, const uint8_t *const *plane,
                                                                  int64_t pr0, int64_t R, uint32_t *F) {
     fill_body(L, plane, pr0, R, F, LB16, lanes16_in8, 1);
@@ -397,20 +405,6 @@ __attribute__((target(VNNI512_TARGET))) static void lanes16_fill(const lanes_t *
     const __m512i zero = _mm512_setzero_si512();
     for (int64_t r = 0; r < R; r++) {
         uint32_t *row = F + r * WF * LB16;
-        if (d == 1) { /* the window slides by step (1 or 2) columns: step new loads */
-            __m512i a = _mm512_loadu_si512(row), b = WF > 1 ? _mm512_loadu_si512(row + LB16) : zero;
-            __m512i c = WF > 2 ? _mm512_loadu_si512(row + 2 * LB16) : zero;
-            for (int64_t j = 0; j < WF; j += step) {
-                const __m512i e = j + 3 < WF ? _mm512_loadu_si512(row + (j + 3) * LB16) : zero;
-                _mm512_storeu_si512(row + j * LB16, join4(a, b, c, e));
-                if (step == 1) {
-                    a = b, b = c, c = e;
-                } else {
-                    a = c, b = e, c = j + 4 < WF ? _mm512_loadu_si512(row + (j + 4) * LB16) : zero;
-                }
-            }
-            continue;
-        }
         for (int64_t j = 0; j < WF; j += step) {
             __m512i x[4];
             for (int i = 0; i < 4; i++) x[i] = j + i * d < WF ? _mm512_loadu_si512(row + (j + i * d) * LB16) : zero;
@@ -421,8 +415,8 @@ __attribute__((target(VNNI512_TARGET))) static void lanes16_fill(const lanes_t *
 
 #define VBMI_TARGET VNNI512_TARGET ",avx512vbmi"
 
-/* lanes16_fill for input rows of 8 or more and undilated windows where the CPU has AVX512-VBMI (every AVX-512
- * CPU with VNNI but Cascade Lake): each input row is transposed into a row of bytes brow (16 channels a
+/* lanes16_fill for undilated windows where the CPU has AVX512-VBMI (every AVX-512 CPU with VNNI but Cascade
+ * Lake): each input row is transposed into a row of bytes brow (16 channels a
  * pixel, the zero point's byte in its pads; WF + 3 pixels), and each tile word of quads is one vpermb of the
  * 4 pixels from its column (byte 16 l + c to 4 c + l): no widened words to join.  Pad rows are the zero
  * point's byte throughout.  0.76-0.9x lanes16_fill's layer times (stride 2: 0.76-0.79x). */
@@ -450,12 +444,12 @@ __attribute__((target(VBMI_TARGET))) static void lanes16_fill_vbmi(const lanes_t
             for (int64_t j = 0; j < WF; j++) _mm512_storeu_si512(row + j * LB16, zq);
             continue;
         }
-        for (int64_t iw = 0;; iw += 8) {
+        for (int64_t iw = 0;; iw += 8) { /* the last 8 overlapping the ones before; a row under 8: its own */
             const int last = iw + 8 >= W;
-            if (last) iw = W - 8;
+            if (last && W >= 8) iw = W - 8;
             __m128i px[8];
-            bytes16x8(plane, ih * W + iw, q->xs, px);
-            for (int i = 0; i < 8; i++) _mm_storeu_si128((__m128i *)(brow + 16 * (pl + iw + i)), px[i]);
+            bytes16x8(plane, ih * W + iw, q->xs, W - iw, px);
+            for (int i = 0; i < 8 && i < W; i++) _mm_storeu_si128((__m128i *)(brow + 16 * (pl + iw + i)), px[i]);
             if (last) break;
         }
         for (int64_t j = 0; j < WF; j += step)
@@ -619,7 +613,7 @@ int opt_qdw_lanes_takes(const qconv_t *q) {
 int opt_qdw_lanes(const qconv_t *q) {
     const int wide = opt_qconv_vnni512 == 1;
     lanes_t L = {.q = q, .taps = q->KH * q->KW, .lb = wide ? LB16 : LB};
-    L.vbmi = wide && q->W >= 8 && (q->dw == 1 || q->KW == 1) && __builtin_cpu_supports("avx512vbmi");
+    L.vbmi = wide && (q->dw == 1 || q->KW == 1) && __builtin_cpu_supports("avx512vbmi");
     const int64_t WP = (q->OW - 1) * q->sw + (q->KW - 1) * q->dw + 1;
     L.WF = WP > q->pl + q->W ? WP : q->pl + q->W;
     if (wide) { /* a quad a window row and 4 columns: [kh][kw / 4] */

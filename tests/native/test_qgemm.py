@@ -65,9 +65,9 @@ CASES = {
     "depthwise 3x5 stride 3": (1, 9, 16, 20, 9, (3, 5), 3, [1, 2, 1, 2], 1, 9),
     # the AVX-512 quad kernel (path 4): blocks of 16 channels (1, 13: one partial block; 17, 24, 40: a partial
     # last one), quads of 4 window columns (3x3: one a row; 5x5, 7x7: a second with 1 or 3 taps; 5x1: 1 tap;
-    # dilation 2: every other column), stored 8 pixels at a time (a 1x1 plane: 1); rows of 8 or more by
-    # vpermb where the CPU has VBMI, narrower ones and dilated windows joined from widened words (stride 1
-    # and 2 by sliding loads, dilation by 4 loads)
+    # dilation 2: every other column), stored 8 pixels at a time (a 1x1 plane: 1); quads by vpermb from rows of
+    # bytes where the CPU has VBMI (rows under 8 wide by masked loads), dilated windows joined from widened
+    # words (rows under 8 wide filled across rows; stride 2: every other column)
     "depthwise 3x3, 1 channel, 7x7": (1, 1, 7, 7, 1, (3, 3), 1, [1, 1, 1, 1], 1, 1),
     "depthwise 3x3, 17 channels, 14x14": (1, 17, 14, 14, 17, (3, 3), 1, [1, 1, 1, 1], 1, 17),
     "depthwise 3x3 stride 2, 24 channels, 15x16, 2 images": (2, 24, 15, 16, 24, (3, 3), 2, [0, 1, 1, 0], 1, 24),
@@ -79,6 +79,8 @@ CASES = {
     "depthwise 3x3, 16 channels, 28x28, 2 images": (2, 16, 28, 28, 16, (3, 3), 1, [1, 1, 1, 1], 1, 16),
     "depthwise 3x3 stride 2, 20 channels, 7x7": (1, 20, 7, 7, 20, (3, 3), 2, [1, 1, 1, 1], 1, 20),
     "depthwise 5x5 stride 2, 18 channels, 6x9, pads right": (1, 18, 6, 9, 18, (5, 5), 2, [0, 0, 2, 3], 1, 18),
+    "depthwise 3x3 dilation 2, 17 channels, 7x7": (1, 17, 7, 7, 17, (3, 3), 1, [2, 2, 2, 2], 2, 17),
+    "depthwise 3x3 stride 2 dilation 2, 20 channels, 12x15": (1, 20, 12, 15, 20, (3, 3), 2, [2, 2, 2, 2], 2, 20),
 }
 
 
