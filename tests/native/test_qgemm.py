@@ -81,6 +81,8 @@ CASES = {
     "depthwise 5x5 stride 2, 18 channels, 6x9, pads right": (1, 18, 6, 9, 18, (5, 5), 2, [0, 0, 2, 3], 1, 18),
     "depthwise 3x3 dilation 2, 17 channels, 7x7": (1, 17, 7, 7, 17, (3, 3), 1, [2, 2, 2, 2], 2, 17),
     "depthwise 3x3 stride 2 dilation 2, 20 channels, 12x15": (1, 20, 12, 15, 20, (3, 3), 2, [2, 2, 2, 2], 2, 20),
+    "depthwise 3x3 dilation 2, 7 channels, 2x3 plane (pixels one at a time)": (1, 7, 2, 3, 7, (3, 3), 1,
+                                                                                [2, 2, 2, 2], 2, 7),
 }
 
 
