@@ -1,8 +1,8 @@
 """Per-layer A/B of the int8 plans' depthwise convs between two qgemm variants (3: AVX2 float lanes, 4: AVX-512
 VNNI quads, kernels/host/qdepthwise_lanes.c), beside the fp32 plan's depthwise steps, in one process.
 
-The models are those of ``bench_int8.py`` (the zoo's MobileNetV2 and EfficientNet-Lite0, 224x224, quantized
-with ``quantize_static``).  Each plan is run once in order to give every depthwise step its own inputs; then
+The models are ``bench_int8.py``'s (by default the zoo's MobileNetV2 and EfficientNet-Lite0, 224x224,
+quantized with ``quantize_static``).  Each plan is run once in order to give every depthwise step its own inputs; then
 each step is called ``--calls`` times, variant A, variant B and the fp32 plan's step in turn, so a busy
 neighbour slows all three alike; minimums and medians per layer (us) and summed by stride.  The two variants'
 outputs are checked equal first (each variant computes the same integers).
@@ -89,7 +89,7 @@ def main() -> None:
     ap.add_argument("--threads", default="1", help="comma-separated thread counts")
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--variants", default="3,4", help="the two qgemm variants to compare")
-    ap.add_argument("--models", default=",".join(bench_int8.MODELS))
+    ap.add_argument("--models", default="MobileNetV2,EfficientNet-Lite0", help=f"of {', '.join(bench_int8.MODELS)}")
     args = ap.parse_args()
     variants = tuple(int(v) for v in args.variants.split(","))
     for v in variants:
@@ -104,6 +104,9 @@ def main() -> None:
             plans = [optcli.optimize(model_file=str(p), valid_targets="arm") for p in (fp32, qdq)]
         feeds = {inp.name: np.random.default_rng(1).standard_normal(shape).astype(np.float32)}
         steps32, steps8 = (depthwise_steps(optcli.load(p.data, threads=1), feeds) for p in plans)
+        if not steps8 or len(steps8) != len(steps32):
+            print(f"\n## {label}: {len(steps8)} int8 and {len(steps32)} fp32 depthwise steps: nothing to compare")
+            continue
         for step, fn, xs in steps8:
             outs = []
             for v in variants:
