@@ -45,7 +45,8 @@ extern int opt_qconv_avx2;
  * vpmaddwd or plain path. */
 extern int opt_qdw_fma;
 /* 1 where the CPU has AVX-512 with VNNI (variant 4): the 1x1 convs multiply u8 by s8 with vpdpbusd, exact in
- * int32 with no weight split (qpointwise.c).  Implies opt_qconv_avx2 and opt_qdw_fma. */
+ * int32 with no weight split (qpointwise.c), and so do the channels-in-lanes depthwise convs, 16 channels and
+ * four taps of a window row at a time (qdepthwise_lanes.c).  Implies opt_qconv_avx2 and opt_qdw_fma. */
 extern int opt_qconv_vnni512;
 
 /* 1 where the CPU has AVX-VNNI but not AVX-512 VNNI (variant 5): the 1x1 convs by the 8-lane vpdpbusd, whole

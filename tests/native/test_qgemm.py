@@ -63,6 +63,26 @@ CASES = {
     "depthwise 3x3 stride 2, 24x301, wide pads": (1, 6, 24, 301, 6, (3, 3), 2, [2, 3, 0, 1], 1, 6),
     "depthwise 7x7 (49 taps), dilation 2": (1, 10, 19, 17, 10, (7, 7), 1, [6, 5, 6, 7], 2, 10),
     "depthwise 3x5 stride 3": (1, 9, 16, 20, 9, (3, 5), 3, [1, 2, 1, 2], 1, 9),
+    # the AVX-512 quad kernel (path 4): blocks of 16 channels (1, 13: one partial block; 17, 24, 40: a partial
+    # last one), quads of 4 window columns (3x3: one a row; 5x5, 7x7: a second with 1 or 3 taps; 5x1: 1 tap;
+    # dilation 2: every other column), stored 8 pixels at a time (a 1x1 plane: 1); quads by vpermb from rows of
+    # bytes where the CPU has VBMI (rows under 8 wide by masked loads), dilated windows joined from widened
+    # words (rows under 8 wide filled across rows; stride 2: every other column)
+    "depthwise 3x3, 1 channel, 7x7": (1, 1, 7, 7, 1, (3, 3), 1, [1, 1, 1, 1], 1, 1),
+    "depthwise 3x3, 17 channels, 14x14": (1, 17, 14, 14, 17, (3, 3), 1, [1, 1, 1, 1], 1, 17),
+    "depthwise 3x3 stride 2, 24 channels, 15x16, 2 images": (2, 24, 15, 16, 24, (3, 3), 2, [0, 1, 1, 0], 1, 24),
+    "depthwise 5x5, 40 channels, 7x7": (1, 40, 7, 7, 40, (5, 5), 1, [2, 2, 2, 2], 1, 40),
+    "depthwise 5x5 stride 2, 13 channels, 1x1 plane": (1, 13, 1, 1, 13, (5, 5), 2, [2, 2, 2, 2], 1, 13),
+    "depthwise 7x7, 17 channels, 9x12": (1, 17, 9, 12, 17, (7, 7), 1, [3, 3, 3, 3], 1, 17),
+    "depthwise 5x1 stride 2, 19 channels": (1, 19, 11, 10, 19, (5, 1), 2, [2, 0, 2, 0], 1, 19),
+    "depthwise 3x3 dilation 2, 24 channels, 13x19": (1, 24, 13, 19, 24, (3, 3), 1, [2, 2, 2, 2], 2, 24),
+    "depthwise 3x3, 16 channels, 28x28, 2 images": (2, 16, 28, 28, 16, (3, 3), 1, [1, 1, 1, 1], 1, 16),
+    "depthwise 3x3 stride 2, 20 channels, 7x7": (1, 20, 7, 7, 20, (3, 3), 2, [1, 1, 1, 1], 1, 20),
+    "depthwise 5x5 stride 2, 18 channels, 6x9, pads right": (1, 18, 6, 9, 18, (5, 5), 2, [0, 0, 2, 3], 1, 18),
+    "depthwise 3x3 dilation 2, 17 channels, 7x7": (1, 17, 7, 7, 17, (3, 3), 1, [2, 2, 2, 2], 2, 17),
+    "depthwise 3x3 stride 2 dilation 2, 20 channels, 12x15": (1, 20, 12, 15, 20, (3, 3), 2, [2, 2, 2, 2], 2, 20),
+    "depthwise 3x3 dilation 2, 7 channels, 2x3 plane (pixels one at a time)": (1, 7, 2, 3, 7, (3, 3), 1,
+                                                                                [2, 2, 2, 2], 2, 7),
 }
 
 
@@ -122,11 +142,12 @@ def test_equals_the_integer_reference(name, path, threads):
             assert np.any((want != attrs["qmin"]) & (want != attrs["qmax"]))
 
 
+@pytest.mark.parametrize("name", ["dense 3x3, primes", "depthwise 5x5, 40 channels, 7x7"])
 @pytest.mark.parametrize("xzp", [0, 255])
-def test_saturating_sums_and_extreme_zero_points(path, xzp):
+def test_saturating_sums_and_extreme_zero_points(path, xzp, name):
     """x at 0 or 255 against weights at -128 / 127: every pair of products sums past int16 (what
-    vpmaddubsw would clip), and a zero point at either end of u8."""
-    case = CASES["dense 3x3, primes"]
+    vpmaddubsw would clip), and a zero point at either end of u8 (the depthwise kernels' padding)."""
+    case = CASES[name]
     x, w, b, attrs = make(case, 7, xzp=xzp)
     x[:] = 255 - xzp
     w[:] = np.where(np.arange(w.size).reshape(w.shape) % 3 == 0, -128, 127).astype(np.int8)
@@ -152,23 +173,26 @@ def test_requantization_past_int32(path, name, signs):
             assert (want == lo).any() and (want == hi).any()
 
 
+@pytest.mark.parametrize("name, ch", [("depthwise 3x3, 13 channels, 14x14", 5),
+                                      ("depthwise 3x3, 17 channels, 14x14", 16)])
 @pytest.mark.parametrize("bias", [2**24 - 9 * 255 * 128 - 1, 2**24 - 9 * 255 * 128, 2**30])
-def test_depthwise_bias_at_float32s_reach(path, bias):
+def test_depthwise_bias_at_float32s_reach(path, bias, name, ch):
     """The channels-in-lanes kernel starts its float32 sums at the bias (less zero_point * sum(w)) where every
     partial sum stays below 2**24 (exact), and adds it in int32 otherwise: that bias just within the bound,
     at it and far past it, on one channel of a block of 8 (x at 255 against weights of 127: the largest
     sums), its multiplier putting the sum mid-range, so an output that lost or doubled the bias would sit
-    at a bound."""
-    x, w, b, attrs = make(CASES["depthwise 3x3, 13 channels, 14x14"], 17)
-    x[:, 5] = 255
-    w[5] = 127
-    b[5] = bias + attrs["x_zero_point"] * int(w[5].astype(np.int64).sum())
+    at a bound.  The quad kernel (path 4) sums in int32 from the bias: the same biases on a block's channel
+    and on the one channel of a last block of 16."""
+    x, w, b, attrs = make(CASES[name], 17)
+    x[:, ch] = 255
+    w[ch] = 127
+    b[ch] = bias + attrs["x_zero_point"] * int(w[ch].astype(np.int64).sum())
     scales = list(attrs["w_scale"])
-    scales[5] = 100 * attrs["y_scale"] / (attrs["x_scale"] * (bias + 9 * 255 * 127))
+    scales[ch] = 100 * attrs["y_scale"] / (attrs["x_scale"] * (bias + 9 * 255 * 127))
     attrs.update(w_scale=scales, y_zero_point=0)
     want = reference(x, w, b, attrs)
     np.testing.assert_array_equal(native_qconv(x, w, b, attrs), want)
-    assert 0 < want[:, 5].min() and want[:, 5].max() < 255
+    assert 0 < want[:, ch].min() and want[:, ch].max() < 255
 
 
 def test_relu_and_clip_bounds(path):
