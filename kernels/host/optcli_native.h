@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 15 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 16 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -216,5 +216,17 @@ OPT_API int optcli_quantize_f32(const float *x, void *y, int64_t n, float scale,
 /* DequantizeLinear per tensor (qelementwise.c): y[i] = (float)(x[i] - zp) * scale over n u8 (or s8 where x_signed)
  * values, in float32: the correctly rounded product, as the numpy kernel's float64 product cast to float32. */
 OPT_API int optcli_dequantize_f32(const void *x, float *y, int64_t n, float scale, int32_t zp, int32_t x_signed);
+/* Byte table lookup (qelementwise.c): y[i] = table[x[i]] over n bytes, table[256] indexed by the raw byte. */
+OPT_API int optcli_lookup_u8(const void *x, void *y, int64_t n, const uint8_t *table);
+/* For the tests: the lookup's path, 1 the portable loop; 0 picks by the CPU again (2: AVX-512 VBMI), -1
+ * changes nothing.  Returns the path now in use, or -1 if refused. */
+OPT_API int optcli_lookup_variant(int which);
+/* Quantized multiply of x [rows, inner] by a per-row gate g [rows] (qelementwise.c): y = clamp(rint(float((x - zp[0])
+ * * (g - zp[1])) * p[0]) + zp[2], p[1], p[2]); zp[3], zp[4]: x signed, g signed. */
+OPT_API int optcli_qmul_rows(const void *x, const void *g, void *y, int64_t rows, int64_t inner, const float *p,
+                             const int32_t *zp);
+/* Quantized mean of each row of x [rows, inner] (qelementwise.c): y[r] = clamp(rint(float(sum(x[r]) - zp[0] * inner)
+ * * p[0]) + zp[1], p[1], p[2]); zp[2]: x signed; inner <= 2^23. */
+OPT_API int optcli_qgap_rows(const void *x, void *y, int64_t rows, int64_t inner, const float *p, const int32_t *zp);
 
 #endif

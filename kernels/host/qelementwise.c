@@ -129,3 +129,182 @@ OPT_API int optcli_dequantize_f32(const void *x, float *y, int64_t n, float scal
     opt_parallel(dequantize_item, &q, (n + CHUNK - 1) / CHUNK, 0);
     return 0;
 }
+
+/* Byte table lookup (optcli.QLookup, optcli/ops/qlookup.py): y[i] = table[x[i]] over n bytes, the table
+ * indexed by the input's raw byte (an s8 value v at entry (uint8_t)v).  A "float island" of a quantized
+ * model (hard-swish, a hard-sigmoid gate: DequantizeLinear -> float ops -> QuantizeLinear) is an
+ * element-wise function of one byte; passes/fuse_qdq_lookup.py tabulates it at compile time.
+ * The portable loop is one load per byte; where the CPU has AVX-512 VBMI the 256-entry table is four
+ * 64-byte registers and vpermi2b picks from two of them at a time, 64 bytes per step. */
+typedef struct {
+    const uint8_t *x;
+    uint8_t *y;
+    int64_t n;
+    const uint8_t *table;
+} lookup_t;
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(OPTCLI_NO_VBMI)
+#include <immintrin.h>
+#define LOOKUP_VBMI 1
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static void lookup_vbmi(const uint8_t *x, uint8_t *y,
+                                                                               int64_t n, const uint8_t *table) {
+    const __m512i t0 = _mm512_loadu_si512(table), t1 = _mm512_loadu_si512(table + 64);
+    const __m512i t2 = _mm512_loadu_si512(table + 128), t3 = _mm512_loadu_si512(table + 192);
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        const __m512i v = _mm512_loadu_si512(x + i);
+        const __m512i lo = _mm512_permutex2var_epi8(t0, v, t1); /* entries v & 127 of the low half */
+        const __m512i hi = _mm512_permutex2var_epi8(t2, v, t3); /* and of the high half */
+        const __mmask64 top = _mm512_movepi8_mask(v);           /* v >= 128 */
+        _mm512_storeu_si512(y + i, _mm512_mask_blend_epi8(top, lo, hi));
+    }
+    if (i < n) {
+        const __mmask64 rest = (__mmask64)-1 >> (64 - (n - i));
+        const __m512i v = _mm512_maskz_loadu_epi8(rest, x + i);
+        const __m512i lo = _mm512_permutex2var_epi8(t0, v, t1), hi = _mm512_permutex2var_epi8(t2, v, t3);
+        _mm512_mask_storeu_epi8(y + i, rest, _mm512_mask_blend_epi8(_mm512_movepi8_mask(v), lo, hi));
+    }
+}
+static int lookup_has_vbmi(void) {
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512bw");
+    }
+    return known;
+}
+#endif
+
+static int lookup_path = 0; /* 0: by the CPU, 1: the portable loop (tests: optcli_lookup_variant) */
+
+static void lookup_item(void *ctx, int64_t it) {
+    const lookup_t *q = ctx;
+    const int64_t s = it * CHUNK, e = s + CHUNK < q->n ? s + CHUNK : q->n;
+#ifdef LOOKUP_VBMI
+    if (lookup_path == 0 && lookup_has_vbmi()) {
+        lookup_vbmi(q->x + s, q->y + s, e - s, q->table);
+        return;
+    }
+#endif
+    const uint8_t *restrict x = q->x, *restrict table = q->table;
+    uint8_t *restrict y = q->y;
+    for (int64_t i = s; i < e; i++) y[i] = table[x[i]];
+}
+
+OPT_API int optcli_lookup_u8(const void *x, void *y, int64_t n, const uint8_t *table) {
+    if (n < 0 || (n > 0 && (x == NULL || y == NULL || table == NULL))) return OPT_EINVAL;
+    if (n == 0) return 0;
+    lookup_t q = {.x = x, .y = y, .n = n, .table = table};
+    opt_parallel(lookup_item, &q, (n + CHUNK - 1) / CHUNK, 0);
+    return 0;
+}
+
+OPT_API int optcli_lookup_variant(int which) {
+    if (which == 0 || which == 1) lookup_path = which;
+    else if (which != -1) return -1;
+#ifdef LOOKUP_VBMI
+    return lookup_path == 0 && lookup_has_vbmi() ? 2 : 1;
+#else
+    return 1;
+#endif
+}
+
+/* The squeeze-excite multiply (optcli.QMul, optcli/ops/qmul.py): a quantized feature map x [rows, inner]
+ * times a quantized gate g [rows] (one value per row: [N, C, 1, 1] against [N, C, H, W]), requantized:
+ *     y = clamp(rint(float32((x - x_zp) * (g - g_zp)) * m) + y_zp, qmin, qmax),  m = x_scale * g_scale / y_scale
+ * in float32, rounded half to even.  The integer product is exact (|.| <= 65536, exact in float32).
+ * p: m, qmin, qmax; zp: x_zp, g_zp, y_zp, x signed, g signed. */
+typedef struct {
+    const uint8_t *x, *g;
+    uint8_t *y;
+    int64_t rows, inner, per_item;
+    float m, lo, hi;
+    int32_t xz, gz, yz, xs, gs;
+} qmul_t;
+
+#define QMUL_ROW(TX)                                                                                     \
+    do {                                                                                                 \
+        const TX *restrict x = (const TX *)q->x + r * inner;                                             \
+        uint8_t *restrict y = q->y + r * inner;                                                          \
+        for (int64_t i = 0; i < inner; i++) {                                                            \
+            float v = (float)(((int32_t)x[i] - xz) * gv) * m;                                            \
+            v = rintf(v) + yz;                                                                           \
+            v = v > lo ? v : lo;                                                                         \
+            v = v < hi ? v : hi;                                                                         \
+            y[i] = (uint8_t)(int32_t)v;                                                                  \
+        }                                                                                                \
+    } while (0)
+
+HOT_CLONES static void qmul_item(void *ctx, int64_t it) {
+    const qmul_t *q = ctx;
+    const int64_t s = it * q->per_item, e = s + q->per_item < q->rows ? s + q->per_item : q->rows;
+    const int64_t inner = q->inner;
+    const float m = q->m, lo = q->lo, hi = q->hi, yz = (float)q->yz;
+    const int32_t xz = q->xz;
+    for (int64_t r = s; r < e; r++) {
+        const int32_t gv = (q->gs ? (int32_t)(int8_t)q->g[r] : (int32_t)q->g[r]) - q->gz;
+        if (q->xs) QMUL_ROW(int8_t);
+        else QMUL_ROW(uint8_t);
+    }
+}
+
+OPT_API int optcli_qmul_rows(const void *x, const void *g, void *y, int64_t rows, int64_t inner, const float *p,
+                             const int32_t *zp) {
+    if (rows < 0 || inner < 0 || !(p[0] > 0.0f) || !(p[1] <= p[2]) || p[1] < -128.0f || p[2] > 255.0f)
+        return OPT_EINVAL;
+    if (zp[0] < (zp[3] ? -128 : 0) || zp[0] > (zp[3] ? 127 : 255) || zp[1] < (zp[4] ? -128 : 0) ||
+        zp[1] > (zp[4] ? 127 : 255) || zp[2] < -128 || zp[2] > 255)
+        return OPT_EINVAL;
+    if (rows == 0 || inner == 0) return 0;
+    const int64_t per_item = inner >= CHUNK ? 1 : CHUNK / inner;
+    qmul_t q = {.x = x, .g = g, .y = y, .rows = rows, .inner = inner, .per_item = per_item, .m = p[0], .lo = p[1],
+                .hi = p[2], .xz = zp[0], .gz = zp[1], .yz = zp[2], .xs = zp[3] != 0, .gs = zp[4] != 0};
+    opt_parallel(qmul_item, &q, (rows + per_item - 1) / per_item, 0);
+    return 0;
+}
+
+/* GlobalAveragePool on bytes (optcli.QGlobalAveragePool, optcli/ops/qmul.py), onnxruntime's
+ * QLinearGlobalAveragePool: per row the exact integer sum of x - x_zp over inner values, then
+ * y = clamp(rint(float32(sum) * m) + y_zp, qmin, qmax), m = x_scale / (y_scale * inner) in float32.
+ * p: m, qmin, qmax; zp: x_zp, y_zp, x signed.  inner <= 2^23 keeps the sum (and its float) exact. */
+typedef struct {
+    const uint8_t *x;
+    uint8_t *y;
+    int64_t rows, inner, per_item;
+    float m, lo, hi;
+    int32_t xz, yz, xs;
+} qgap_t;
+
+HOT_CLONES static void qgap_item(void *ctx, int64_t it) {
+    const qgap_t *q = ctx;
+    const int64_t s = it * q->per_item, e = s + q->per_item < q->rows ? s + q->per_item : q->rows;
+    const int64_t inner = q->inner;
+    for (int64_t r = s; r < e; r++) {
+        int32_t sum = 0;
+        if (q->xs) {
+            const int8_t *restrict x = (const int8_t *)q->x + r * inner;
+            for (int64_t i = 0; i < inner; i++) sum += x[i];
+        } else {
+            const uint8_t *restrict x = q->x + r * inner;
+            for (int64_t i = 0; i < inner; i++) sum += x[i];
+        }
+        sum -= q->xz * (int32_t)inner;
+        float v = rintf((float)sum * q->m) + (float)q->yz;
+        v = v > q->lo ? v : q->lo;
+        v = v < q->hi ? v : q->hi;
+        q->y[r] = (uint8_t)(int32_t)v;
+    }
+}
+
+OPT_API int optcli_qgap_rows(const void *x, void *y, int64_t rows, int64_t inner, const float *p, const int32_t *zp) {
+    if (rows < 0 || inner < 0 || inner > (1 << 23) || !(p[0] > 0.0f) || !(p[1] <= p[2]) || p[1] < -128.0f ||
+        p[2] > 255.0f)
+        return OPT_EINVAL;
+    if (zp[0] < (zp[2] ? -128 : 0) || zp[0] > (zp[2] ? 127 : 255) || zp[1] < -128 || zp[1] > 255) return OPT_EINVAL;
+    if (rows == 0) return 0;
+    const int64_t per_item = inner >= CHUNK ? 1 : CHUNK / (inner ? inner : 1);
+    qgap_t q = {.x = x, .y = y, .rows = rows, .inner = inner, .per_item = per_item, .m = p[0], .lo = p[1],
+                .hi = p[2], .xz = zp[0], .yz = zp[1], .xs = zp[2] != 0};
+    opt_parallel(qgap_item, &q, (rows + per_item - 1) / per_item, 0);
+    return 0;
+}

@@ -78,7 +78,10 @@ INVOKER(ppqfii, (vp, vp, i64, float, int, int), P(0), P(1), Q(2), F(3), I(4), I(
 INVOKER(ppqiff, (vp, vp, i64, int, float, float), P(0), P(1), Q(2), I(3), F(4), F(5))
 INVOKER(ppqppppqqqqiff, (vp, vp, i64, vp, vp, vp, vp, i64, i64, i64, i64, int, float, float), P(0), P(1), Q(2), P(3),
         P(4), P(5), P(6), Q(7), Q(8), Q(9), Q(10), I(11), F(12), F(13))
+INVOKER(ppqp, (vp, vp, i64, vp), P(0), P(1), Q(2), P(3))
+INVOKER(pppqqpp, (vp, vp, vp, i64, i64, vp, vp), P(0), P(1), P(2), Q(3), Q(4), P(5), P(6))
 INVOKER(ppqq, (vp, vp, i64, i64), P(0), P(1), Q(2), Q(3))
+INVOKER(ppqqpp, (vp, vp, i64, i64, vp, vp), P(0), P(1), Q(2), Q(3), P(4), P(5))
 INVOKER(ppqqqq, (vp, vp, i64, i64, i64, i64), P(0), P(1), Q(2), Q(3), Q(4), Q(5))
 INVOKER(ipppppppppppppppfi, (int, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, float, int), I(0),
         P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), P(10), P(11), P(12), P(13), P(14), P(15), F(16), I(17))
@@ -91,7 +94,8 @@ static const struct {
     ROW(pppi),       ROW(pppipp),     ROW(ppppiff),       ROW(pppppiff),  ROW(ppppppiff), ROW(ppppppp),
     ROW(ppppppqqqf), ROW(pppppqiff),     ROW(pppppqqqqiff), ROW(ppppqqqiff), ROW(pppqiff),
     ROW(pppqpp),     ROW(pppqqqq),   ROW(ppq),           ROW(ppqffff),   ROW(ppqfii),    ROW(ppqiff),
-    ROW(ppqppppqqqqiff), ROW(ppqq),      ROW(ppqqqq),    ROW(ipppppppppppppppfi),
+    ROW(ppqppppqqqqiff), ROW(ppqp),      ROW(pppqqpp),   ROW(ppqq),      ROW(ppqqpp),    ROW(ppqqqq),
+    ROW(ipppppppppppppppfi),
 #undef ROW
 };
 

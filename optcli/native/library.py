@@ -37,7 +37,7 @@ import numpy as np
 
 LOG = logging.getLogger("optcli")
 
-ABI = 15  # OPTCLI_NATIVE_ABI in kernels/host/optcli_native.h
+ABI = 16  # OPTCLI_NATIVE_ABI in kernels/host/optcli_native.h
 LIB_PREFIX = "_optcli_native"  # the extension's file name starts with this (threadpoolctl matches it)
 LIBRARY_ENV = "OPTCLI_NATIVE_LIBRARY"  # a testing hook: load this file instead (sanitizer builds)
 
@@ -104,6 +104,10 @@ _SIGNATURES = {
     "optcli_quantize_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_float, ctypes.c_float, ctypes.c_float, ctypes.c_float],
                             ctypes.c_int),
     "optcli_dequantize_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_float, ctypes.c_int32, ctypes.c_int32], ctypes.c_int),
+    "optcli_lookup_u8": ([_vp, _vp, ctypes.c_int64, _vp], ctypes.c_int),
+    "optcli_lookup_variant": ([ctypes.c_int], ctypes.c_int),  # tests only
+    "optcli_qmul_rows": ([_vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, _vp, _vp], ctypes.c_int),
+    "optcli_qgap_rows": ([_vp, _vp, ctypes.c_int64, ctypes.c_int64, _vp, _vp], ctypes.c_int),
 }
 
 

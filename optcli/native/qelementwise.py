@@ -1,7 +1,8 @@
 """Quantized element-wise ops (kernels/host/qelementwise.c): per-tensor QuantizeLinear from float32 (the input of
 an integer plan) and DequantizeLinear to float32 (its output), optcli.QAdd's fast path, and its prepared call
 (``prepared_qadd``: the parameters made C arrays once per step; a residual Add of a small plane takes
-10-40 us, of which the per-call conversions took half)."""
+10-40 us, of which the per-call conversions took half); the prepared calls of optcli.QLookup (a byte table),
+optcli.QMul (a per-channel gate) and optcli.QGlobalAveragePool, made once per step for the same reason."""
 
 from __future__ import annotations
 
@@ -77,3 +78,89 @@ def dequantize(x: np.ndarray, scale: np.float32, zero_point: int) -> np.ndarray:
     _check(library.function("optcli_dequantize_f32")(x, y, x.size, float(np.float32(scale)), int(zero_point),
                                                      int(signed)), "dequantize")
     return y
+
+
+def lookup_variant(which: int) -> int:
+    """Tests: the lookup's path (1 the portable loop, 0 by the CPU, -1 asks); returns the path in use (2: VBMI)."""
+    require(library._lib is not None, "lookup variant")
+    return int(library.function("optcli_lookup_variant")(which))
+
+
+def prepared_lookup(shape: tuple[int, ...], x_dtype: np.dtype, table: np.ndarray):
+    """``lookup`` for one plan step: a function of a C-contiguous ``x`` of ``shape`` and ``x_dtype`` (a squeeze-
+    excite gate's lookup is 2 us of work and was 4 us of per-call checks and conversions)."""
+    x_dtype = np.dtype(x_dtype)
+    require(library._lib is not None and x_dtype in _BYTES and table.dtype in _BYTES and table.shape == (256,),
+            "prepared lookup")
+    table = np.array(table, order="C")  # its own copy: the step's table cannot change under the call
+    shape, n, fn, empty, y_dtype = tuple(shape), int(np.prod(shape)), library.function("optcli_lookup_u8"), \
+        np.empty, table.dtype
+
+    def call(x: np.ndarray) -> np.ndarray:
+        require(x.shape == shape and x.dtype == x_dtype and x.flags.c_contiguous, "lookup")
+        y = empty(shape, y_dtype)
+        rc = fn(x, y, n, table)
+        if rc:
+            _check(rc, "table lookup")
+        return y
+
+    return call
+
+
+def _requantization(params: np.ndarray, zps: np.ndarray, n_zps: int, y_dtype: np.dtype, what: str):
+    """The step's own C copies of float32 [multiplier, qmin, qmax] and int32 zero points and signs, checked:
+    the clamp within ``y_dtype`` (its bytes are the two's complement of the result)."""
+    require(y_dtype in _BYTES and params.dtype == np.float32 and params.shape == (3,) and zps.dtype == np.int32
+            and zps.shape == (n_zps,), what)
+    lo, hi = (-128, 127) if y_dtype == np.int8 else (0, 255)
+    require(lo <= params[1] <= params[2] <= hi, what)
+    return np.array(params, order="C"), np.array(zps, order="C")
+
+
+def prepared_qmul(shape: tuple[int, ...], x_dtype: np.dtype, g_dtype: np.dtype, params: np.ndarray,
+                  zps: np.ndarray, y_dtype: np.dtype):
+    """``qmul_rows`` for one plan step: a function of C-contiguous ``x`` [N, C, ...] of ``shape`` and its gate
+    ``g`` [N, C, 1...]."""
+    x_dtype, g_dtype, y_dtype = np.dtype(x_dtype), np.dtype(g_dtype), np.dtype(y_dtype)
+    require(library._lib is not None and x_dtype in _BYTES and g_dtype in _BYTES and len(shape) >= 2, "prepared qmul")
+    params, zps = _requantization(params, zps, 5, y_dtype, "prepared qmul")
+    shape = tuple(shape)
+    gate = (*shape[:2], *([1] * (len(shape) - 2)))
+    rows = shape[0] * shape[1]
+    inner = int(np.prod(shape[2:])) if rows else 0
+    fn, empty = library.function("optcli_qmul_rows"), np.empty
+
+    def call(x: np.ndarray, g: np.ndarray) -> np.ndarray:
+        require(x.shape == shape and g.shape == gate and x.dtype == x_dtype and g.dtype == g_dtype
+                and x.flags.c_contiguous and g.flags.c_contiguous, "qmul")
+        y = empty(shape, y_dtype)
+        rc = fn(x, g, y, rows, inner, params, zps)
+        if rc:
+            _check(rc, "quantized multiply")
+        return y
+
+    return call
+
+
+def prepared_qgap(shape: tuple[int, ...], x_dtype: np.dtype, params: np.ndarray, zps: np.ndarray,
+                  y_dtype: np.dtype):
+    """``qgap_rows`` for one plan step: a function of a C-contiguous ``x`` [N, C, ...] of ``shape``, giving
+    [N, C, 1...]."""
+    x_dtype, y_dtype = np.dtype(x_dtype), np.dtype(y_dtype)
+    require(library._lib is not None and x_dtype in _BYTES and len(shape) >= 2, "prepared qgap")
+    params, zps = _requantization(params, zps, 3, y_dtype, "prepared qgap")
+    shape = tuple(shape)
+    rows, inner = shape[0] * shape[1], int(np.prod(shape[2:]))
+    require(inner <= 1 << 23, "prepared qgap")  # (the int32 sum and its float32 stay exact)
+    out = (*shape[:2], *([1] * (len(shape) - 2)))
+    fn, empty = library.function("optcli_qgap_rows"), np.empty
+
+    def call(x: np.ndarray) -> np.ndarray:
+        require(x.shape == shape and x.dtype == x_dtype and x.flags.c_contiguous, "qgap")
+        y = empty(out, y_dtype)
+        rc = fn(x, y, rows, inner, params, zps)
+        if rc:
+            _check(rc, "quantized global average pool")
+        return y
+
+    return call

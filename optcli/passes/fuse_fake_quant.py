@@ -6,8 +6,9 @@ which requantize their result as part of the op, and drops the pairs around ops 
 values (MaxPool, Reshape, Transpose...).  This pass does both, in one walk in graph order:
 
 * a FakeQuant whose input is already on its grid (same scale, zero point and range) is
-  removed: its input came from a FakeQuant (or a fused one) with those parameters, possibly
-  through ops that only select, move or zero values (``_ON_GRID``).  Requantizing a value of
+  removed: its input came from a FakeQuant (or a fused one) or a per-tensor DequantizeLinear (the
+  integer steps of host plans: a QGlobalAveragePool's bytes dequantized for a float classifier) with
+  those parameters, possibly through ops that only select, move or zero values (``_ON_GRID``).  Requantizing a value of
   the grid gives it back bit for bit (``(q - zp) * s / s`` rounds to ``q - zp`` for every 8/16-bit
   ``q``), so the result is unchanged;
 * a FakeQuant that is the only reader of a Conv / ConvTranspose / Gemm / FullyConnected /
@@ -69,6 +70,27 @@ def _is_fake_quant(node: Node) -> bool:
 def _on_grid(value: np.ndarray | None, g: Grid) -> bool:
     return value is not None and value.dtype.kind == "f" and bool(
         np.array_equal(fake_quantize(value.astype(np.float32), *g), value.astype(np.float32)))
+
+
+_BYTE_RANGE = {"uint8": (0.0, 255.0), "int8": (-128.0, 127.0), "uint16": (0.0, 65535.0), "int16": (-32768.0, 32767.0)}
+
+
+def _dequantized_grid(graph: Graph, node: Node) -> Grid | None:
+    """The grid of a per-tensor DequantizeLinear's output (scale, zero point and range as ``fold_qdq`` gives
+    the FakeQuant of the same pair)."""
+    if node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx") or node.attrs.get("block_size"):
+        return None
+    scale = graph.const(node.input(1))
+    zp = graph.const(node.input(2)) if node.input(2) else None
+    dtype = graph.dtype_of(node.input(0))
+    if scale is None or scale.size != 1 or (node.input(2) and (zp is None or zp.size != 1)) or dtype not in _BYTE_RANGE:
+        return None
+    if zp is not None and zp.dtype.name != dtype:
+        return None
+    s = float(scale.reshape(-1)[0])
+    if not (np.isfinite(s) and s > 0):
+        return None
+    return (s, float(zp.reshape(-1)[0]) if zp is not None else 0.0, *_BYTE_RANGE[dtype])
 
 
 def _keeps_grid(graph: Graph, node: Node, grid: dict[str, Grid]) -> Grid | None:
@@ -160,7 +182,7 @@ def walk(graph: Graph, fuse: bool) -> dict[str, int]:
             if QUANT_ATTR in node.attrs and len(node.outputs) == 1:
                 grid[node.outputs[0]] = tuple(float(v) for v in node.attrs[QUANT_ATTR])  # type: ignore[assignment]
                 continue
-            g = _keeps_grid(graph, node, grid)
+            g = _keeps_grid(graph, node, grid) or _dequantized_grid(graph, node)
             if g is not None:
                 grid.update((o, g) for o in node.outputs if o)
             continue

@@ -44,7 +44,9 @@ from optcli.passes import (
     fuse_matmul_add,
     fuse_qdq_add,
     fuse_qdq_conv,
+    fuse_qdq_lookup,
     fuse_qdq_movement,
+    fuse_qdq_se,
     inline_constant_if,
     insert_copies,
     keep_small_islands_on_host,
@@ -63,6 +65,8 @@ PASSES: list[ModuleType] = [
     fuse_qdq_conv,  # host-only plans: quantized convs become integer steps, before fold_qdq makes FakeQuants
     fuse_qdq_add,  # and the residual Adds between them
     fuse_qdq_movement,  # and the pools, pads and reshapes that only move their bytes
+    fuse_qdq_lookup,  # float islands of one quantized tensor (hard-swish, gates): byte tables
+    fuse_qdq_se,  # then the squeeze-excite pool and per-channel Mul
     fold_qdq,
     # cleanup
     fold_constants,

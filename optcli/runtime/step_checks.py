@@ -56,8 +56,16 @@ OPTCLI_OPS: dict[str, tuple[int, int, dict[str, str]]] = {
 _QADD_ATTRS = ("a_scale", "a_zero_point", "b_scale", "b_zero_point", "y_scale", "y_zero_point", "qmin", "qmax")
 OPTCLI_OPS["QAdd"] = (2, 2, {**{k: "FLOAT" if k.endswith("scale") else "INT" for k in _QADD_ATTRS},
                              "a_signed": "INT", "b_signed": "INT", "y_signed": "INT"})
+_QGAP_ATTRS = ("x_scale", "x_zero_point", "y_scale", "y_zero_point", "qmin", "qmax")
+_QMUL_ATTRS = (*_QGAP_ATTRS, "g_scale", "g_zero_point")
+OPTCLI_OPS["QGlobalAveragePool"] = (1, 1, {**{k: "FLOAT" if k.endswith("scale") else "INT" for k in _QGAP_ATTRS},
+                                           "x_signed": "INT", "y_signed": "INT"})
+OPTCLI_OPS["QMul"] = (2, 2, {**{k: "FLOAT" if k.endswith("scale") else "INT" for k in _QMUL_ATTRS},
+                             "x_signed": "INT", "g_signed": "INT", "y_signed": "INT"})
+OPTCLI_OPS["QLookup"] = (2, 2, {})  # its table, a constant input: _constants_problem
 REQUIRED_ATTRS = {"QConv": frozenset({"x_scale", "x_zero_point", "w_scale", "y_scale", "y_zero_point", "qmin", "qmax"}),
-                  "QAdd": frozenset(_QADD_ATTRS)}
+                  "QAdd": frozenset(_QADD_ATTRS), "QGlobalAveragePool": frozenset(_QGAP_ATTRS),
+                  "QMul": frozenset(_QMUL_ATTRS)}
 
 
 def check_steps(plan: Plan, source: str) -> None:
@@ -78,9 +86,14 @@ def check_steps(plan: Plan, source: str) -> None:
 
 
 def _constants_problem(step, plan: Plan) -> str:
-    """A QConv's weight and bias are constants of the plan, made by optcli's pass: int8 [M, C/g, KH, KW]
+    """A QLookup's table is a constant uint8 / int8 tensor of 256 values (ops/qlookup.py).
+    A QConv's weight and bias are constants of the plan, made by optcli's pass: int8 [M, C/g, KH, KW]
     and int32 [M], with 1 or M weight scales.  A crafted file's other dtypes would otherwise reach the
     kernel (a uint8 or bool weight read as int8) and fail there as a bug of ours."""
+    if step.domain == "optcli" and step.op_type == "QLookup" and len(step.inputs) == 2:
+        from optcli.ops.qlookup import check_table
+
+        return check_table(plan.weights.get(step.inputs[1]))
     if step.domain != "optcli" or step.op_type != "QConv" or len(step.inputs) < 2:
         return ""
     w = plan.weights.get(step.inputs[1])
@@ -198,7 +211,7 @@ def _attrs_problem(step: Step, types: dict[str, str], required: set[str]) -> str
                 return f"attribute '{name}' {_describe(value)} is out of range ({WINDOW_LOW[name]} to {INT32_MAX})"
     if step.domain == "optcli" and step.op_type == "FakeQuant":
         return _fake_quant_problem(step.attrs)
-    if step.domain == "optcli" and step.op_type in ("QConv", "QAdd"):
+    if step.domain == "optcli" and step.op_type in ("QConv", "QAdd", "QMul", "QGlobalAveragePool"):
         return _quantized_problem(step.attrs, step.op_type)
     return ""
 
@@ -212,6 +225,10 @@ def _quantized_problem(attrs: dict, op: str) -> str:
         ins, scales = ("x",), [attrs["x_scale"], attrs["y_scale"], *attrs["w_scale"]]
         if not attrs["w_scale"]:
             return "QConv needs positive finite scales (x_scale, y_scale and one or more w_scale)"
+    elif op == "QMul":
+        ins, scales = ("x", "g"), [attrs["x_scale"], attrs["g_scale"], attrs["y_scale"]]
+    elif op == "QGlobalAveragePool":
+        ins, scales = ("x",), [attrs["x_scale"], attrs["y_scale"]]
     else:
         ins, scales = ("a", "b"), [attrs["a_scale"], attrs["b_scale"], attrs["y_scale"]]
     tiny = np.finfo(np.float32).tiny
@@ -223,6 +240,10 @@ def _quantized_problem(attrs: dict, op: str) -> str:
         f32 = np.float32
         if op == "QConv":
             ratios = f32(attrs["x_scale"]) * np.asarray(attrs["w_scale"], f32) / f32(attrs["y_scale"])
+        elif op == "QMul":
+            ratios = np.array([f32(attrs["x_scale"]) * f32(attrs["g_scale"]) / f32(attrs["y_scale"])])
+        elif op == "QGlobalAveragePool":  # (divided by the pixel count at run time: a tiny result is exact)
+            ratios = np.array([f32(attrs["x_scale"]) / f32(attrs["y_scale"])])
         else:
             ratios = np.array([f32(attrs["a_scale"]) / f32(attrs["y_scale"]),
                                f32(attrs["b_scale"]) / f32(attrs["y_scale"])])

@@ -37,8 +37,12 @@
  * int32 bias [M] (if any), float32 multipliers [M].  16
  * (qelementwise.c): e = n, a signed, b signed, y signed; then float32 params[5], bytes a [n], b [n].  Their
  * u8 / s8 outputs are written as float32 values.  Kind 22 (qpool.c's 8-bit MaxPool): e = the 14 geometry values
- * of optcli_maxpool2d_q8 and its signed flag; then bytes x.  Kind 23: no arrays; OUT holds the integer kernels'
- * dot-product path (optcli_qgemm_variant(-1): 6 where the CPU has the dot product, else 1).
+ * of optcli_maxpool2d_q8 and its signed flag; then bytes x.
+ * Kind 23 (optcli_lookup_u8): e = n, the table signed; then bytes
+ * table [256], x [n].  24 (optcli_qmul_rows): e = rows, inner, x_zp, g_zp, y_zp, x signed, g signed, y signed;
+ * then float32 params[3], bytes x [rows * inner], g [rows].  25 (optcli_qgap_rows): e = rows, inner, x_zp, y_zp,
+ * x signed, y signed; then float32 params[3], bytes x [rows * inner].  Kind 26: no arrays; OUT holds the integer
+ * kernels' dot-product path (optcli_qgemm_variant(-1): 6 where the CPU has the dot product, else 1).
  * OUT receives the output as float32 (layer norm: y, then mean and 1 / std).  Exit status 0 when
  * every kernel returned 0.  OPTCLI_LANES=4|8|16 in the environment forces that vector width (see
  * optcli_gemm_variant), for runs on the host under a sanitizer.
@@ -95,7 +99,7 @@ static int run_int8_case(FILE *f, int64_t kind, int has_bias, float **y, int64_t
                      : optcli_qconv2d_gemm(x, w, b, mult, yq, e, qp);
         *y = bytes_to_floats(yq, *ny, qp[5]);
         free(x), free(w), free(b), free(mult);
-    } else if (kind == 23) { /* the integer kernels' dot-product path in use (optcli_qgemm_variant) */
+    } else if (kind == 26) { /* the integer kernels' dot-product path in use (optcli_qgemm_variant) */
         *ny = 1;
         *y = malloc(sizeof(float));
         (*y)[0] = (float)optcli_qgemm_variant(-1);
@@ -107,6 +111,23 @@ static int run_int8_case(FILE *f, int64_t kind, int has_bias, float **y, int64_t
         rc = optcli_maxpool2d_q8(x, yq, e, (int)e[14]);
         *y = bytes_to_floats(yq, *ny, (int)e[14]);
         free(x);
+    } else if (kind == 23) {
+        uint8_t *table = read_bytes(f, 256), *x = read_bytes(f, e[0]);
+        *ny = e[0];
+        yq = malloc((size_t)(*ny > 0 ? *ny : 1));
+        rc = optcli_lookup_u8(x, yq, e[0], table);
+        *y = bytes_to_floats(yq, *ny, (int)e[1]);
+        free(table), free(x);
+    } else if (kind == 24 || kind == 25) {
+        const int q = kind == 24;
+        const int32_t zp[5] = {(int32_t)e[2], (int32_t)e[3], (int32_t)e[4], (int32_t)e[5], (int32_t)e[6]};
+        float *p = read_floats(f, 3);
+        uint8_t *x = read_bytes(f, e[0] * e[1]), *g = q ? read_bytes(f, e[0]) : NULL;
+        *ny = q ? e[0] * e[1] : e[0];
+        yq = malloc((size_t)(*ny > 0 ? *ny : 1));
+        rc = q ? optcli_qmul_rows(x, g, yq, e[0], e[1], p, zp) : optcli_qgap_rows(x, yq, e[0], e[1], p, zp);
+        *y = bytes_to_floats(yq, *ny, (int)(q ? e[7] : e[5]));
+        free(p), free(x), free(g);
     } else {
         const int32_t flags[2] = {(int32_t)e[1], (int32_t)e[2]};
         float *p = read_floats(f, 5);
@@ -135,7 +156,7 @@ static int run_case(const char *in, const char *out) {
     float *y = NULL;
     int64_t ny;
     int rc;
-    if (h[0] == 15 || h[0] == 16 || h[0] == 22 || h[0] == 23) { /* the integer conv, add, max pool, variant */
+    if (h[0] == 15 || h[0] == 16 || (h[0] >= 22 && h[0] <= 26)) { /* the integer kernels */
         rc = run_int8_case(f, h[0], has_bias, &y, &ny);
     } else if (h[0] == 0 || h[0] == 8) { /* depthwise: w [M, 1, KH, KW]; stem: w [M, C, KH, KW] */
         int64_t nx = g[0] * g[1] * g[2] * g[3], nw = g[4] * (h[0] == 8 ? g[1] : 1) * g[5] * g[6];

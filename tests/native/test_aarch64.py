@@ -497,7 +497,7 @@ def _int8_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
         cases.append((src, dst, qpool_reference(x, *geom).astype(np.float32), f"qpool {name}"))
     src, dst = tmp / "qvariant.in", tmp / "qvariant.out"
     with open(src, "wb") as f:  # qemu's default CPU ("max") has the dot product: the sdot tile must be the one run
-        f.write(np.array([23, 0, 0, *[0] * 17], np.int64).tobytes() + np.zeros(24, np.int64).tobytes())
+        f.write(np.array([26, 0, 0, *[0] * 17], np.int64).tobytes() + np.zeros(24, np.int64).tobytes())
     cases.append((src, dst, np.array([6], np.float32), "the integer kernels' path is aarch64's sdot (variant 6)"))
     for i, signs in enumerate([(0, 0, 0), (1, 1, 1), (0, 1, 1), (1, 0, 0)]):
         a, b, attrs = make_qadd(i, (1, 5, 37, 41), *signs)
@@ -507,6 +507,52 @@ def _int8_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
             f.write(np.array([a.size, *signs, *[0] * 20], np.int64).tobytes())
             f.write(qadd.params(attrs).tobytes() + a.tobytes() + b.tobytes())
         cases.append((src, dst, qadd.reference(a, b, attrs).astype(np.float32), f"qadd {signs}"))
+    return cases + _island_cases(tmp)
+
+
+def _island_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
+    """The byte table lookup (the portable loop: aarch64 has no VBMI) and the squeeze-excite multiply and pool
+    (kernels/host/qelementwise.c) against their numpy references."""
+    from optcli.ops import qlookup, qmul
+
+    rng = np.random.default_rng(23)
+    cases = []
+    for i, (n, signed) in enumerate([(16384 * 2 + 77, 0), (131, 1), (0, 0)]):
+        table = rng.integers(0, 256, 256).astype(np.uint8).view(np.int8 if signed else np.uint8)
+        x = rng.integers(0, 256, n).astype(np.uint8)
+        src, dst = tmp / f"qlookup{i}.in", tmp / f"qlookup{i}.out"
+        with open(src, "wb") as f:
+            f.write(np.array([23, 0, 0, *[0] * 17], np.int64).tobytes())
+            f.write(np.array([n, signed, *[0] * 22], np.int64).tobytes())
+            f.write(table.tobytes() + x.tobytes())
+        cases.append((src, dst, qlookup.reference(x, table).astype(np.float32), f"qlookup {n} {signed}"))
+    for i, (shape, signs) in enumerate([((1, 5, 13, 11), (0, 0, 0)), ((2, 3, 9, 7), (1, 1, 1)),
+                                        ((1, 4, 130, 129), (0, 1, 1))]):
+        attrs = {"x_scale": 0.05, "x_zero_point": -3 if signs[0] else 120, "x_signed": signs[0], "g_scale": 0.004,
+                 "g_zero_point": 2 if signs[1] else 0, "g_signed": signs[1], "y_scale": 0.05 * 0.004 * 90,
+                 "y_zero_point": 5 if signs[2] else 100, "y_signed": signs[2], "qmin": -128 if signs[2] else 0,
+                 "qmax": 127 if signs[2] else 255}
+        x = rng.integers(0, 256, shape).astype(np.uint8).view(np.int8 if signs[0] else np.uint8)
+        g = rng.integers(0, 256, (*shape[:2], 1, 1)).astype(np.uint8).view(np.int8 if signs[1] else np.uint8)
+        rows, inner = shape[0] * shape[1], shape[2] * shape[3]
+        src, dst = tmp / f"qmul{i}.in", tmp / f"qmul{i}.out"
+        zps = [attrs["x_zero_point"], attrs["g_zero_point"], attrs["y_zero_point"], *signs]
+        with open(src, "wb") as f:
+            f.write(np.array([24, 0, 0, *[0] * 17], np.int64).tobytes())
+            f.write(np.array([rows, inner, *zps, *[0] * 16], np.int64).tobytes())
+            f.write(np.array([qmul.mul_multiplier(attrs), attrs["qmin"], attrs["qmax"]], np.float32).tobytes())
+            f.write(x.tobytes() + g.tobytes())
+        cases.append((src, dst, qmul.mul_reference(x, g, attrs).astype(np.float32), f"qmul {shape} {signs}"))
+        pool = {**attrs, "y_scale": attrs["x_scale"] * 3, "y_zero_point": 0 if signs[2] else 128}
+        src, dst = tmp / f"qgap{i}.in", tmp / f"qgap{i}.out"
+        with open(src, "wb") as f:
+            f.write(np.array([25, 0, 0, *[0] * 17], np.int64).tobytes())
+            f.write(np.array([rows, inner, attrs["x_zero_point"], pool["y_zero_point"], signs[0], signs[2],
+                              *[0] * 18], np.int64).tobytes())
+            f.write(np.array([qmul.gap_multiplier(pool, inner), pool["qmin"], pool["qmax"]], np.float32).tobytes())
+            f.write(x.tobytes())
+        want = qmul.gap_reference(x, pool).astype(np.float32).reshape(-1)
+        cases.append((src, dst, want, f"qgap {shape} {signs}"))
     return cases
 
 

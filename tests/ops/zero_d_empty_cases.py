@@ -450,6 +450,44 @@ def _qadd_equivalent(names, outs):
 add("QAdd", Case("0-d", [q8(), q8()], dict(_QADD), equivalent=_qadd_equivalent),
     Case("empty", [q8(0, 3), q8(0, 3)], dict(_QADD), equivalent=_qadd_equivalent), domain=OPTCLI)
 
+_TABLE = q8(256)
+
+
+def _qlookup_equivalent(names, outs):
+    """optcli.QLookup of a uint8 tensor is Gather(table, x)."""
+    nodes = [helper.make_node("Cast", [names[0]], ["index"], to=TensorProto.INT64),
+             helper.make_node("Gather", [names[1], "index"], outs)]
+    return nodes, {}
+
+
+add("QLookup", Case("0-d", [q8(), _TABLE], {}, equivalent=_qlookup_equivalent),
+    Case("empty", [q8(0, 3), _TABLE], {}, equivalent=_qlookup_equivalent), domain=OPTCLI)
+
+_QMUL = {"x_scale": 0.02, "x_zero_point": 7, "g_scale": 0.004, "g_zero_point": 0, "y_scale": 0.01,
+         "y_zero_point": 128, "qmin": 0, "qmax": 255, "x_signed": 0, "g_signed": 0, "y_signed": 0}
+
+
+def _se_equivalent(op: str, attrs: dict):
+    """optcli.QMul / QGlobalAveragePool stand for DequantizeLinear(s) -> Mul / GlobalAveragePool ->
+    QuantizeLinear (to within a rounding tie)."""
+    def make(names, outs):
+        consts = {k: (np.float32 if k.endswith("scale") else np.uint8)(v) for k, v in attrs.items()
+                  if k.endswith(("scale", "zero_point"))}
+        floats = [f"f{i}" for i in range(len(names))]
+        nodes = [helper.make_node("DequantizeLinear", [n, f"{w}_scale", f"{w}_zero_point"], [fl])
+                 for n, w, fl in zip(names, ("x", "g"), floats)]
+        nodes += [helper.make_node(op, floats, ["r"]), helper.make_node("QuantizeLinear", ["r", "y_scale",
+                                                                                        "y_zero_point"], outs)]
+        return nodes, consts
+    return make
+
+
+add("QMul", Case("empty batch", [q8(0, 3, 4, 4), q8(0, 3, 1, 1)], dict(_QMUL),
+                 equivalent=_se_equivalent("Mul", _QMUL)), domain=OPTCLI)
+_QGAP = {k: v for k, v in _QMUL.items() if not k.startswith("g_")}
+add("QGlobalAveragePool", Case("empty batch", [q8(0, 3, 4, 4)], dict(_QGAP),
+                               equivalent=_se_equivalent("GlobalAveragePool", _QGAP)), domain=OPTCLI)
+
 # ----------------------------------------------------------------------------- recurrent
 
 def _zeros_of(*shapes: tuple[int, ...]) -> Equivalent:
@@ -493,6 +531,8 @@ NO_ZERO_D: dict[tuple[str, str], str] = {
     (OPTCLI, "DynamicQuantizeMatMul"): "as FullyConnected: B is a 2-D weight, so the output has rank >= 1",
     (OPTCLI, "ChannelAffine"): "scale and shift apply along axis 1: rank >= 2",
     (OPTCLI, "QConv"): _SPATIAL,
+    (OPTCLI, "QMul"): "the gate is per channel of an (N, C, *spatial) input: rank >= 3",
+    (OPTCLI, "QGlobalAveragePool"): _SPATIAL,
     (MS, "QLinearConcat"): _RANK_1,
     (MS, "QGemm"): "the op needs 2-D A and B",
     **{("", op): "X is [sequence, batch, input]: rank 3" for op in ["LSTM", "GRU", "RNN"]},

@@ -5,30 +5,18 @@ makes one of a QDQ residual block, and crafted parameters are refused at load.""
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import onnx
 import pytest
 
 import optcli
-from optcli import native
 from optcli.errors import NbFormatError
 from optcli.native import library
 from optcli.ops.qadd import qadd, reference
 from tests.helpers import run_ort, single_node_model
 from tests.quant.quantized_models import feeds, ort_run, quantized, residual_cnn
 from tests.reliability.nbfuzz import parts, rebuild
-
-
-@pytest.fixture
-def native_lib():
-    """The native library (skips without it, fails under OPTCLI_REQUIRE_NATIVE=1, as tests/native does)."""
-    if not native.available():
-        if os.environ.get("OPTCLI_REQUIRE_NATIVE") == "1":
-            pytest.fail(f"OPTCLI_REQUIRE_NATIVE=1 but {native.status()}")
-        pytest.skip(native.status())
-    return library
 
 
 def make(seed: int, shape=(2, 7, 5, 3), a_signed=0, b_signed=0, y_signed=0, zps=None):

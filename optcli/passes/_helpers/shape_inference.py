@@ -36,11 +36,12 @@ _DOMAIN_OPSET = {"optcli": 1}
 # so a model exported at opset 13 still infers through them.
 SHAPE_AS: dict[tuple[str, str], str] = {
     **{("optcli", op): "identity" for op in ("Upload", "Download", "Pack", "Unpack", "Swish", "FakeQuant",
-                                            "ChannelAffine", "QAdd")},
+                                            "ChannelAffine", "QAdd", "QLookup", "QMul")},
     **{("", op): "identity" for op in ("Gelu", "HardSwish")},
     ("optcli", "FullyConnected"): "matmul",
     ("optcli", "DynamicQuantizeMatMul"): "matmul",
     ("optcli", "QConv"): "conv",  # an integer Conv: the window attributes of Conv, its x and w
+    ("optcli", "QGlobalAveragePool"): "global_pool",
 }
 _CONV_ATTRS = ("strides", "pads", "dilations", "group", "kernel_shape", "auto_pad")
 
@@ -140,6 +141,8 @@ def onnx_node(node: Node) -> onnx.NodeProto:
         return helper.make_node("Identity", node.inputs[:1], node.outputs[:1], name=node.name)
     if kind == "matmul":
         return helper.make_node("MatMul", node.inputs[:2], node.outputs[:1], name=node.name)
+    if kind == "global_pool":
+        return helper.make_node("GlobalAveragePool", node.inputs[:1], node.outputs[:1], name=node.name)
     if kind == "conv":
         window = {k: v for k, v in node.attrs.items() if k in _CONV_ATTRS}
         return helper.make_node("Conv", node.inputs[:2], node.outputs[:1], name=node.name, **window)
