@@ -37,7 +37,8 @@ if str(ROOT) not in sys.path:
 import optcli  # noqa: E402
 from optcli.zoo import build  # noqa: E402
 
-MODELS = {"MobileNetV2": "mobilenet_v2", "EfficientNet-Lite0": "efficientnet_lite0"}
+MODELS = {"MobileNetV2": "mobilenet_v2", "EfficientNet-Lite0": "efficientnet_lite0", "MobileNetV3": "mobilenet_v3",
+          "ResNet-18": "resnet18"}
 
 
 def quantize(model: onnx.ModelProto, folder: Path, shape: list[int], name: str) -> tuple[Path, Path]:

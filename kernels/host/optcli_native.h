@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 14 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 15 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -196,6 +196,11 @@ OPT_API int optcli_qconv2d_depthwise(const void *x, const int8_t *w, const int32
  * (s8 inputs, read as u8 by flipping their top bit).  The rest as optcli_qconv2d_gemm. */
 OPT_API int optcli_qconv2d_pointwise(const void *x, const int32_t *wq, const int32_t *bias, const float *mult,
                                      void *y, const int64_t *geom, const int32_t *qp);
+/* Integer dense convs, any window, strides, dilations, padding and groups (qpointwise.c, vpdpbusd where the
+ * CPU has AVX-512 VNNI): the same integers as optcli_qconv2d_gemm from optcli_qconv2d_pointwise's blob and
+ * bias (K = C / group * KH * KW in the order (c, kh, kw)). */
+OPT_API int optcli_qconv2d_dense(const void *x, const int32_t *wq, const int32_t *bias, const float *mult, void *y,
+                                 const int64_t *geom, const int32_t *qp);
 /* For the tests: the dot-product path, 1 plain C, 2 AVX2 (x86-64 with AVX2 only); 0 picks by the CPU
  * again, -1 changes nothing.  Returns the path now in use, or -1 if refused. */
 OPT_API int optcli_qgemm_variant(int which);

@@ -81,10 +81,14 @@ def route(w: np.ndarray, geom: tuple[int, ...]) -> str:
 def prepared_weights(w: np.ndarray, bias: np.ndarray | None, geom: tuple[int, ...], qp: tuple[int, ...]):
     """(kernel, the weights as that kernel reads them, the bias it reads) for one conv: ``route``'s, except
     that a pointwise conv whose weight split leaves more than MAX_RESIDUAL of its quads a residual goes to
-    the GEMM."""
+    the GEMM, and that on the AVX-512 VNNI path (variant 4) the GEMM's convs take the dense vpdpbusd kernel
+    (kernels/host/qpointwise.c: optcli_qconv2d_dense) with the whole weights in quads."""
     kind = route(w, geom)
     if kind == "depthwise":
         return kind, np.ascontiguousarray(w.reshape(w.shape[0], -1)), bias
+    if kind == "gemm" and variant() == 4:
+        blob, b = pack_quads(w, bias, int(qp[0]), bool(qp[4]), whole=True)
+        return "dense", blob, b
     if kind == "pointwise":
         blob, b = pack_quads(w, bias, int(qp[0]), bool(qp[4]), whole=variant() == 4)
         m, quads = w.shape[0], -(-int(np.prod(w.shape[1:])) // 4)

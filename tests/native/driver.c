@@ -88,7 +88,8 @@ static int run_int8_case(FILE *f, int64_t kind, int has_bias, float **y, int64_t
         float *mult = read_floats(f, M);
         *ny = e[0] * M * e[13] * e[14];
         yq = malloc((size_t)(*ny > 0 ? *ny : 1));
-        rc = e[22] == 2   ? optcli_qconv2d_pointwise(x, w, b, mult, yq, e, qp)
+        rc = e[22] == 3   ? optcli_qconv2d_dense(x, w, b, mult, yq, e, qp)
+             : e[22] == 2 ? optcli_qconv2d_pointwise(x, w, b, mult, yq, e, qp)
              : e[22] ? optcli_qconv2d_depthwise(x, w, b, mult, yq, e, qp)
                      : optcli_qconv2d_gemm(x, w, b, mult, yq, e, qp);
         *y = bytes_to_floats(yq, *ny, qp[5]);
