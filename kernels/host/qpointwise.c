@@ -452,8 +452,17 @@ static void dense_pad_item(void *ctx, int64_t i) {
     const uint8_t flip = q->xs ? 0x80 : 0, fill = (uint8_t)((q->xzp + (q->xs ? 128 : 0)) & 0xff);
     uint8_t *dst = (uint8_t *)p->xpad + i * p->ps;
     const uint8_t *src = q->x + i * q->H * W;
-    memset(dst, fill, (size_t)p->ps);
-    const int64_t n = pw_min(W, WP - pl);
+    const int64_t n = pw_min(W, WP - pl), rows = pw_min(q->H, HP - q->pt); /* the input's columns and rows kept */
+    if (sw != 1 || n <= 0 || rows <= 0) {
+        memset(dst, fill, (size_t)p->ps);
+    } else { /* only what the input leaves: the rows above and below, each row's margins */
+        memset(dst, fill, (size_t)(q->pt * rs));
+        for (int64_t r = q->pt; r < q->pt + rows; r++) {
+            memset(dst + r * rs, fill, (size_t)pl);
+            memset(dst + r * rs + pl + n, fill, (size_t)(rs - pl - n));
+        }
+        memset(dst + (q->pt + rows) * rs, fill, (size_t)((HP - q->pt - rows) * rs));
+    }
     for (int64_t ih = 0; ih < q->H && ih + q->pt < HP; ih++) {
         uint8_t *row = dst + (ih + q->pt) * rs;
         const uint8_t *s = src + ih * W;
@@ -597,9 +606,13 @@ OPT_API int optcli_qconv2d_dense(const void *x, const int32_t *wq, const int32_t
         free(koff), free(xpad);
         return OPT_ENOMEM;
     }
-    for (int64_t k = 0, taps = q->KH * q->KW; k < 4 * p.Q; k++) {
-        const int64_t c = k / taps, kh = k % taps / q->KW, kx = k % q->KW * q->dw;
+    for (int64_t k = 0, c = 0, kh = 0, kw = 0; k < 4 * p.Q; k++) { /* (counters: a division per k showed) */
+        const int64_t kx = kw * q->dw;
         koff[k] = k < q->K ? c * p.ps + kh * q->dh * p.rs + (kx % q->sw) * p.WS + kx / q->sw : 0;
+        if (++kw == q->KW) {
+            kw = 0;
+            if (++kh == q->KH) kh = 0, c++;
+        }
     }
     p.koff = koff;
     p.xpad = xpad + DENSE_SLACK;
