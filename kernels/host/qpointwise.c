@@ -556,33 +556,53 @@ __attribute__((target(VNNI512_TARGET))) static void dense_pack_vnni(const pw_t *
 }
 #endif
 
-/* Work item: its band of columns packed into the thread's scratch, then its rows over them. */
+/* Tiles [t0, t0 + tiles) of image and group bg packed into dst. */
+static void dense_pack(const pw_t *p, int64_t bg, int64_t t0, int64_t tiles, uint8_t *dst) {
+    const qconv_t *q = &p->q;
+    const uint8_t *xg = p->xpad + (bg / q->G * q->C + bg % q->G * q->cg) * p->ps;
+    for (int64_t t = t0; t < t0 + tiles; t++, dst += p->tstride) {
+        run_t runs[TILE];
+        const int nr = tile_runs(p, t * TILE, pw_min(TILE, q->P - t * TILE), runs);
+#ifdef QG_X86
+        if (opt_qconv_vnni512 == 1) {
+            dense_pack_vnni(p, xg, runs, nr, dst);
+            continue;
+        }
+#endif
+        dense_pack_plain(p, xg, runs, nr, dst);
+    }
+}
+
+/* Work item of the pack made once per call: one tile of one image and group. */
+static void dense_pack_item(void *ctx, int64_t i) {
+    pw_t *p = ctx;
+    dense_pack(p, i / p->tiles, i % p->tiles, 1, p->xq + i * p->tstride);
+}
+
+/* Work item: its band of columns (packed once per call, or now into the thread's scratch), then its rows
+ * over them. */
 static void dense_item(void *ctx, int64_t it) {
     pw_t *p = ctx;
     qconv_t *q = &p->q;
     int64_t bg, c0, nc, m0, mrows;
     if (!item_place(q, it, &bg, &c0, &nc, &m0, &mrows)) return;
     const int64_t b = bg / q->G, g = bg % q->G, mbase = g * q->mg + m0, tiles = (nc + TILE - 1) / TILE;
-    uint8_t *buf = (uint8_t *)opt_scratch((size_t)(tiles * p->tstride + 3) / 4);
-    if (!buf) {
-        q->failed = 1;
-        return;
-    }
-    const uint8_t *xg = p->xpad + (b * q->C + g * q->cg) * p->ps;
-    for (int64_t t = 0; t < tiles; t++) {
-        run_t runs[TILE];
-        const int nr = tile_runs(p, c0 + t * TILE, pw_min(TILE, nc - t * TILE), runs);
-#ifdef QG_X86
-        if (opt_qconv_vnni512 == 1) {
-            dense_pack_vnni(p, xg, runs, nr, buf + t * p->tstride);
-            continue;
+    const uint8_t *xb;
+    if (p->xq) {
+        xb = p->xq + (bg * p->tiles + c0 / TILE) * p->tstride;
+    } else {
+        uint8_t *buf = (uint8_t *)opt_scratch((size_t)(tiles * p->tstride + 3) / 4);
+        if (!buf) {
+            q->failed = 1;
+            return;
         }
-#endif
-        dense_pack_plain(p, xg, runs, nr, buf + t * p->tstride);
+        dense_pack(p, bg, c0 / TILE, tiles, buf);
+        xb = buf;
     }
-    run_band(p, mbase, mrows, buf, q->y + (b * q->M + mbase) * q->P + c0, nc);
+    run_band(p, mbase, mrows, xb, q->y + (b * q->M + mbase) * q->P + c0, nc);
 }
 
+#define DENSE_PREPACK (1 << 20) /* the most packed bytes made once per call (where bands of rows share them) */
 #define DENSE_SLACK 64 /* bytes before and after the padded copy: a masked load's address may start before it */
 
 OPT_API int optcli_qconv2d_dense(const void *x, const int32_t *wq, const int32_t *bias, const float *mult, void *y,
@@ -620,7 +640,15 @@ OPT_API int optcli_qconv2d_dense(const void *x, const int32_t *wq, const int32_t
     const int cap = macs < (1 << 18) ? 1 : 0;
     opt_parallel(dense_pad_item, &p, q->N * q->C, cap);
     plan_items(&p, PW_PANEL, 2 * TILE, cap);
+    uint8_t *xq = NULL;
+    const int64_t packed = q->N * q->G * p.tiles * p.tstride;
+    if (q->nm > 1 && packed <= DENSE_PREPACK) { /* bands of rows: each would pack its columns again */
+        if ((xq = malloc((size_t)packed))) {
+            p.xq = xq;
+            opt_parallel(dense_pack_item, &p, q->N * q->G * p.tiles, cap);
+        }
+    }
     opt_parallel(dense_item, &p, q->N * q->G * q->nn * q->nm, cap);
-    free(koff), free(xpad);
+    free(koff), free(xpad), free(xq);
     return q->failed ? OPT_ENOMEM : 0;
 }
