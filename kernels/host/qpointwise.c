@@ -21,6 +21,10 @@
  * tile, [tile][k / 4][16 columns][4 k] bytes (the columns' quads: one vpmaddubsw operand per 8 columns
  * and 4 k); the weights [M][Q] int32, each the 4 bytes of w[m, 4q .. 4q + 3] (Q = ceil(K / 4), zeros
  * past K), broadcast; 4 rows x 16 columns a register tile; qgemm.c's requantization epilogue.
+ *
+ * On CPUs with AVX-512 VNNI the weights come whole and vpdpbusd runs 8 rows x 32 columns (vnni_body), and the
+ * same GEMM takes the dense convs too (optcli_qconv2d_dense, at the end: any window, stride, dilation,
+ * padding, group), their columns packed per work item from a padded u8 copy of the input.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -475,7 +479,8 @@ static void dense_pad_item(void *ctx, int64_t i) {
             if (sw == 2 && ph == 0) { /* both phases at once: pairs of columns */
                 const int64_t pairs = (n - first) / 2, i0 = (pl + first) / 2;
                 flip_split2(row + i0, row + WS + (pl + first + 1) / 2, s + first, pairs, flip);
-                for (int64_t iw = first + 2 * pairs; iw < n; iw++) row[(pl + iw) % 2 * WS + (pl + iw) / 2] = s[iw] ^ flip;
+                for (int64_t iw = first + 2 * pairs; iw < n; iw++)
+                    row[(pl + iw) % 2 * WS + (pl + iw) / 2] = s[iw] ^ flip;
                 if (first && n > 0) row[WS + pl / 2] = s[0] ^ flip; /* column 0 at phase 1 */
                 break;
             }
@@ -516,8 +521,9 @@ static void dense_pack_plain(const pw_t *p, const uint8_t *xg, const run_t *runs
 
 #ifdef QG_X86
 /* Four k rows of 16 bytes as a quad: [16 columns][4 k] by two rounds of unpacks. */
-__attribute__((target(VNNI512_TARGET), always_inline)) static inline void store_quad(uint8_t *dst, __m128i v0, __m128i v1,
-                                                                                   __m128i v2, __m128i v3) {
+__attribute__((target(VNNI512_TARGET), always_inline)) static inline void store_quad(uint8_t *dst, __m128i v0,
+                                                                                   __m128i v1, __m128i v2,
+                                                                                   __m128i v3) {
     const __m128i a = _mm_unpacklo_epi8(v0, v1), b = _mm_unpackhi_epi8(v0, v1);
     const __m128i c = _mm_unpacklo_epi8(v2, v3), d = _mm_unpackhi_epi8(v2, v3);
     _mm_storeu_si128((__m128i *)dst, _mm_unpacklo_epi16(a, c));
@@ -534,8 +540,9 @@ __attribute__((target(VNNI512_TARGET))) static void dense_pack_vnni(const pw_t *
     if (nr == 1 && runs[0].n == TILE) {
         const uint8_t *x = xg + runs[0].off;
         for (int64_t qd = 0; qd < p->Q; qd++, dst += 64, ko += 4)
-            store_quad(dst, _mm_loadu_si128((const __m128i *)(x + ko[0])), _mm_loadu_si128((const __m128i *)(x + ko[1])),
-                       _mm_loadu_si128((const __m128i *)(x + ko[2])), _mm_loadu_si128((const __m128i *)(x + ko[3])));
+            store_quad(dst, _mm_loadu_si128((const __m128i *)(x + ko[0])),
+                       _mm_loadu_si128((const __m128i *)(x + ko[1])), _mm_loadu_si128((const __m128i *)(x + ko[2])),
+                       _mm_loadu_si128((const __m128i *)(x + ko[3])));
         return;
     }
     __mmask16 mask[TILE];
@@ -614,7 +621,8 @@ OPT_API int optcli_qconv2d_dense(const void *x, const int32_t *wq, const int32_t
     if (!bias) return OPT_EINVAL;
     if ((rc = read_blob(&p, wq))) return rc;
     if (q->N == 0 || q->P == 0) return 0;
-    const int64_t HP = (q->OH - 1) * q->sh + (q->KH - 1) * q->dh + 1, WP = (q->OW - 1) * q->sw + (q->KW - 1) * q->dw + 1;
+    const int64_t HP = (q->OH - 1) * q->sh + (q->KH - 1) * q->dh + 1;
+    const int64_t WP = (q->OW - 1) * q->sw + (q->KW - 1) * q->dw + 1;
     p.WS = (WP + q->sw - 1) / q->sw;
     p.rs = q->sw * p.WS;
     p.ps = HP * p.rs;

@@ -99,8 +99,8 @@ def prepared_weights(w: np.ndarray, bias: np.ndarray | None, geom: tuple[int, ..
 
 def variant(which: int = -1) -> int:
     """The dot-product path in use (1 plain C, 2 AVX2, 3 AVX2 with the depthwise convs run channels in
-    lanes and summed exactly in float32 by FMA, kernels/host/qdepthwise_lanes.c; 4 as 3 with the 1x1 convs
-    by AVX-512 VNNI's vpdpbusd, kernels/host/qpointwise.c); ``which`` 1 to 4 forces one (tests, A/B
+    lanes and summed exactly in float32 by FMA, kernels/host/qdepthwise_lanes.c; 4 as 3 with the 1x1 and the
+    dense convs by AVX-512 VNNI's vpdpbusd, kernels/host/qpointwise.c); ``which`` 1 to 4 forces one (tests, A/B
     timings), 0 picks by the CPU again (the highest it has).  -1 where refused or without the library.
     A step's weights are packed for the path in use when it is prepared (``prepared_weights``)."""
     return library._lib.optcli_qgemm_variant(int(which)) if library._lib is not None else -1

@@ -1,6 +1,7 @@
 """The integer convolutions (kernels/host/qgemm.c, optcli.QConv's fast path) against the exact numpy
 reference (equal, byte for byte) on odd shapes, on each dot-product path this CPU has (plain C, AVX2,
-AVX2 with the channels-in-lanes float-sum depthwise where it has FMA) and on 1 and 2 threads; and
+AVX2 with the channels-in-lanes float-sum depthwise where it has FMA, AVX-512 VNNI with the dense convs by
+vpdpbusd) and on 1 and 2 threads; and
 against onnxruntime's own QLinearConv (within one quantization step)."""
 
 from __future__ import annotations
