@@ -243,6 +243,35 @@ def test_dense_kernel_is_exact_in_either_format_on_every_path(path, whole, name)
     assert np.any((want != attrs["qmin"]) & (want != attrs["qmax"]))
 
 
+def test_dense_kernel_refuses_blobs_that_do_not_fit(native_lib):
+    """The dense kernel reads the blob's format word and residual lists as the pointwise one does: an unknown
+    format, whole weights with residuals, a residual quad past K and a missing bias end in OPT_EINVAL, never
+    a read out of bounds."""
+    x, w, b, attrs = make(CASES["dense 3x3, primes"], 2)
+    geom, qp = geometry(x, w, attrs)
+    blob, bias = qgemm.pack_quads(w, b, qp[0], False)  # split: row 0's residuals first
+    m, quads = w.shape[0], -(-w[0].size // 4)
+    assert blob[1 + m * quads + m] > 0  # the case has residuals to corrupt
+    mult = multiplier(attrs, m)
+    y = np.empty((1, m, *geom[13:15]), np.uint8)
+    g, p = np.array(geom, np.int64), np.array(qp, np.int32)
+    ptr = ctypes.c_void_p
+
+    def call(blob, bias=bias):
+        args = [x, blob, bias, mult, y, g, p]
+        return library._lib.optcli_qconv2d_dense(*(None if a is None else a.ctypes.data_as(ptr) for a in args))
+
+    assert call(blob) == 0
+    np.testing.assert_array_equal(y, reference(x, w, b, attrs))
+    bad_format, whole_with_residuals, past_k = blob.copy(), blob.copy(), blob.copy()
+    bad_format[0] = 2
+    whole_with_residuals[0] = 1
+    past_k[1 + m * quads + m + 1] = quads
+    for bad in (bad_format, whole_with_residuals, past_k):
+        assert call(bad) == -1
+    assert call(blob, bias=None) == -1
+
+
 def test_relu_and_clip_bounds(path):
     x, w, b, attrs = make(CASES["pointwise, primes"], 3)
     attrs.update(qmin=attrs["y_zero_point"], qmax=min(255, attrs["y_zero_point"] + 40))
