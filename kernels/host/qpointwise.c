@@ -609,7 +609,8 @@ static void dense_item(void *ctx, int64_t it) {
     run_band(p, mbase, mrows, xb, q->y + (b * q->M + mbase) * q->P + c0, nc);
 }
 
-#define DENSE_PREPACK (1 << 20) /* the most packed bytes made once per call (where bands of rows share them) */
+#define DENSE_PREPACK PW_PANEL /* the most packed bytes made once per call, where bands of rows share them: past
+                               * the L2 share a panel has, 2 threads measured slower than packing per band */
 #define DENSE_SLACK 64 /* bytes before and after the padded copy: a masked load's address may start before it */
 
 OPT_API int optcli_qconv2d_dense(const void *x, const int32_t *wq, const int32_t *bias, const float *mult, void *y,
