@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 16 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 17 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -201,8 +201,13 @@ OPT_API int optcli_qconv2d_pointwise(const void *x, const int32_t *wq, const int
  * stride_h, stride_w (at most 8), dil_h, dil_w, pad_top, pad_left, OH, OW; padding never wins (the dtype's
  * lowest value).  OPT_EINVAL where an output's window would start past the input. */
 OPT_API int optcli_maxpool2d_q8(const uint8_t *x, uint8_t *y, const int64_t *geom, int is_signed);
+/* Integer dense convs, any window, strides, dilations, padding and groups (qpointwise.c, vpdpbusd where the
+ * CPU has AVX-512 VNNI): the same integers as optcli_qconv2d_gemm from optcli_qconv2d_pointwise's blob and
+ * bias (K = C / group * KH * KW in the order (c, kh, kw)). */
+OPT_API int optcli_qconv2d_dense(const void *x, const int32_t *wq, const int32_t *bias, const float *mult, void *y,
+                                 const int64_t *geom, const int32_t *qp);
 /* For the tests: the dot-product path, 1 plain C, 2 AVX2, 3 AVX2 with FMA depthwise lanes, 4 as 3 with the
- * 1x1 convs by AVX-512 VNNI (x86-64 CPUs that have them); 0 picks by the CPU again, -1 changes nothing.
+ * 1x1 and dense convs by AVX-512 VNNI (x86-64 CPUs that have them); 0 picks by the CPU again, -1 changes nothing.
  * Returns the path now in use, or -1 if refused. */
 OPT_API int optcli_qgemm_variant(int which);
 /* Quantized Add (qelementwise.c), onnxruntime's QLinearAdd arithmetic: y[i] = rint(clamp(fma(a[i], p[0],

@@ -21,6 +21,10 @@
  * tile, [tile][k / 4][16 columns][4 k] bytes (the columns' quads: one vpmaddubsw operand per 8 columns
  * and 4 k); the weights [M][Q] int32, each the 4 bytes of w[m, 4q .. 4q + 3] (Q = ceil(K / 4), zeros
  * past K), broadcast; 4 rows x 16 columns a register tile; qgemm.c's requantization epilogue.
+ *
+ * On CPUs with AVX-512 VNNI the weights come whole and vpdpbusd runs 8 rows x 32 columns (vnni_body), and the
+ * same GEMM takes the dense convs too (optcli_qconv2d_dense, at the end: any window, stride, dilation,
+ * padding, group), their columns packed per work item from a padded u8 copy of the input.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -39,8 +43,13 @@ typedef struct {
     const int32_t *wq;   /* [M][Q] main weights, 4 bytes each */
     const int32_t *rptr; /* [M + 1]: row m's residual entries are rent[2 * rptr[m] .. 2 * rptr[m + 1]) */
     const int32_t *rent; /* (quad index, 4 residual weight bytes) pairs */
-    uint8_t *xq;         /* the packed input [N * G][tiles][Q][64] */
+    uint8_t *xq;         /* the packed input [N * G][tiles][Q][64] (1x1 convs: packed once per call) */
     int64_t Q, tiles, tstride; /* quads per column, tiles per image and group, bytes per tile */
+    /* dense convs (optcli_qconv2d_dense): packed per work item from a padded u8 copy of the input */
+    const uint8_t *xpad; /* [N * C][HP][sw phases][WS]: column x of a padded row at phase x % sw, index x / sw */
+    const int64_t *koff; /* [4 * Q]: k = (c, kh, kw)'s offset from its group's first plane; 0 past K (where
+                          * every weight is 0: any byte will do) */
+    int64_t WS, rs, ps;  /* a phase's width, a padded row's bytes (sw * WS), a plane's (HP * rs) */
 } pw_t;
 
 static inline int64_t pw_min(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -365,17 +374,10 @@ static void tile_plain(const pw_t *p, int64_t m0, int rows, const uint8_t *xp, u
     }
 }
 
-/* Work item: (image and group, band of columns, band of rows). */
-static void gemm_item(void *ctx, int64_t it) {
-    pw_t *p = ctx;
+/* The rows [mbase, mbase + mrows) of one image and group by nc columns packed at xb (tiles tstride apart),
+ * requantized into yb (row stride P). */
+static void run_band(const pw_t *p, int64_t mbase, int64_t mrows, const uint8_t *xb, uint8_t *yb, int64_t nc) {
     const qconv_t *q = &p->q;
-    const int64_t jm = it % q->nm, jn = (it / q->nm) % q->nn, bg = it / (q->nm * q->nn);
-    const int64_t b = bg / q->G, g = bg % q->G;
-    const int64_t c0 = jn * q->nb, nc = pw_min(q->P - c0, q->nb), m0 = jm * q->mb, mrows = pw_min(q->mg - m0, q->mb);
-    if (nc <= 0 || mrows <= 0) return;
-    const int64_t mbase = g * q->mg + m0;
-    uint8_t *yb = q->y + (b * q->M + mbase) * q->P + c0;
-    const uint8_t *xb = p->xq + (bg * p->tiles + c0 / TILE) * p->tstride;
 #ifdef QG_X86
     if (opt_qconv_vnni512 == 1 && p->whole) { /* two tiles at a time, 8 rows */
         for (int64_t t = 0; t * TILE < nc; t += 2) {
@@ -429,28 +431,76 @@ static void gemm_item(void *ctx, int64_t it) {
     }
 }
 
+/* A work item's place: image and group bg, columns [c0, c0 + nc), rows [m0, m0 + mrows) of the group;
+ * 0 where it is empty. */
+static int item_place(const qconv_t *q, int64_t it, int64_t *bg, int64_t *c0, int64_t *nc, int64_t *m0,
+                      int64_t *mrows) {
+    const int64_t jm = it % q->nm, jn = (it / q->nm) % q->nn;
+    *bg = it / (q->nm * q->nn);
+    *c0 = jn * q->nb;
+    *nc = pw_min(q->P - *c0, q->nb);
+    *m0 = jm * q->mb;
+    *mrows = pw_min(q->mg - *m0, q->mb);
+    return *nc > 0 && *mrows > 0;
+}
+
+/* Work item: (image and group, band of columns, band of rows) of the packed input. */
+static void gemm_item(void *ctx, int64_t it) {
+    pw_t *p = ctx;
+    const qconv_t *q = &p->q;
+    int64_t bg, c0, nc, m0, mrows;
+    if (!item_place(q, it, &bg, &c0, &nc, &m0, &mrows)) return;
+    const int64_t b = bg / q->G, g = bg % q->G, mbase = g * q->mg + m0;
+    run_band(p, mbase, mrows, p->xq + (bg * p->tiles + c0 / TILE) * p->tstride, q->y + (b * q->M + mbase) * q->P + c0,
+             nc);
+}
+
+/* The weight blob (see optcli_native.h): its format word, the main quads, the residual lists in order
+ * (checked first: their ends bound what the second loop reads), each entry's quad within K. */
+static int read_blob(pw_t *p, const int32_t *wq) {
+    const qconv_t *q = &p->q;
+    p->Q = (q->K + 3) / 4;
+    if (wq[0] != 0 && wq[0] != 1) return OPT_EINVAL;
+    p->whole = wq[0];
+    p->wq = wq + 1;
+    p->rptr = p->wq + q->M * p->Q;
+    p->rent = p->rptr + q->M + 1;
+    if (p->rptr[0] != 0 || (p->whole && p->rptr[q->M] != 0)) return OPT_EINVAL;
+    for (int64_t m = 0; m < q->M; m++)
+        if (p->rptr[m + 1] < p->rptr[m]) return OPT_EINVAL;
+    for (int64_t e = 0; e < p->rptr[q->M]; e++)
+        if (p->rent[2 * e] < 0 || p->rent[2 * e] >= p->Q) return OPT_EINVAL;
+    return 0;
+}
+
+/* Bands of columns (nb, a multiple of `unit` columns whose packed quads fit `panel` bytes) and, with more
+ * threads than bands, of rows (each re-reads or re-packs its band's columns). */
+static void plan_items(pw_t *p, int64_t panel, int64_t unit, int cap) {
+    qconv_t *q = &p->q;
+    const int threads = optcli_get_num_threads();
+    int64_t nb = panel / (p->tstride * (unit / TILE)) * unit;
+    if (nb < unit) nb = unit;
+    if (nb > p->tiles * TILE) nb = p->tiles * TILE;
+    q->nb = nb;
+    q->nn = (q->P + nb - 1) / nb;
+    const int64_t items = q->N * q->G * q->nn, want = cap || threads == 1 ? 1 : 4 * (int64_t)threads;
+    const int64_t split = items < want ? (want + items - 1) / items : 1;
+    q->mb = (q->mg + split - 1) / split;
+    const int64_t mr = !p->whole ? PW_MR : opt_qconv_vnni512 == 1 ? 8 : opt_qconv_vnni256 == 1 ? 6 : PW_MR; /* rows */
+    q->mb = (q->mb + mr - 1) / mr * mr;
+    q->nm = (q->mg + q->mb - 1) / q->mb;
+}
+
 OPT_API int optcli_qconv2d_pointwise(const void *x, const int32_t *wq, const int32_t *bias, const float *mult, void *y,
                                      const int64_t *geom, const int32_t *qp) {
-    pw_t p = {.q = {.x = x, .bias = bias, .mult = mult, .y = y}, .wq = wq};
+    pw_t p = {.q = {.x = x, .bias = bias, .mult = mult, .y = y}};
     qconv_t *q = &p.q;
     int rc = opt_qconv_setup(q, geom, qp);
     if (rc) return rc;
     if (!bias || q->KH != 1 || q->KW != 1 || q->sh != 1 || q->sw != 1 || q->pt || q->pl || q->OH != q->H ||
         q->OW != q->W)
         return OPT_EINVAL;
-    p.Q = (q->K + 3) / 4;
-    if (wq[0] != 0 && wq[0] != 1) return OPT_EINVAL;
-    p.whole = wq[0];
-    p.wq = wq + 1;
-    p.rptr = p.wq + q->M * p.Q;
-    p.rent = p.rptr + q->M + 1;
-    /* the residual lists in order (checked first: their ends bound what the second loop reads), each
-     * entry's quad within K */
-    if (p.rptr[0] != 0 || (p.whole && p.rptr[q->M] != 0)) return OPT_EINVAL;
-    for (int64_t m = 0; m < q->M; m++)
-        if (p.rptr[m + 1] < p.rptr[m]) return OPT_EINVAL;
-    for (int64_t e = 0; e < p.rptr[q->M]; e++)
-        if (p.rent[2 * e] < 0 || p.rent[2 * e] >= p.Q) return OPT_EINVAL;
+    if ((rc = read_blob(&p, wq))) return rc;
     if (q->N == 0 || q->P == 0) return 0;
     p.tiles = (q->P + TILE - 1) / TILE;
     p.tstride = p.Q * 64;
@@ -472,24 +522,252 @@ OPT_API int optcli_qconv2d_pointwise(const void *x, const int32_t *wq, const int
         free(p.wsum);
         return OPT_ENOMEM;
     }
-    const int threads = optcli_get_num_threads();
     const int64_t macs = q->N * q->M * q->K * q->P;
     const int cap = macs < (1 << 18) ? 1 : 0;
     opt_parallel(pack_item, &p, q->N * q->G * p.tiles, cap);
-    int64_t nb = PW_PANEL / p.tstride * TILE;
-    if (nb < TILE) nb = TILE;
-    if (nb > p.tiles * TILE) nb = p.tiles * TILE;
-    q->nb = nb;
-    q->nn = (q->P + nb - 1) / nb;
-    /* more threads than bands of columns: bands of rows too (each reads the one packed panel) */
-    const int64_t items = q->N * q->G * q->nn, want = cap || threads == 1 ? 1 : 4 * (int64_t)threads;
-    const int64_t split = items < want ? (want + items - 1) / items : 1;
-    q->mb = (q->mg + split - 1) / split;
-    const int64_t mr = !p.whole ? PW_MR : opt_qconv_vnni512 == 1 ? 8 : opt_qconv_vnni256 == 1 ? 6 : PW_MR; /* tile rows */
-    q->mb = (q->mb + mr - 1) / mr * mr;
-    q->nm = (q->mg + q->mb - 1) / q->mb;
-    opt_parallel(gemm_item, &p, items * q->nm, cap);
+    plan_items(&p, PW_PANEL, TILE, cap);
+    opt_parallel(gemm_item, &p, q->N * q->G * q->nn * q->nm, cap);
     free(p.xq);
     free(p.wsum);
     return 0;
+}
+
+/* ---- Dense convs: any window, strides, dilations, padding, groups (optcli_qconv2d_dense) ----
+ *
+ * The same GEMM over K = (c, kh, kw) in the model's order (the weights as pack_quads packs them, so a quad
+ * is four consecutive k of that order), its columns packed per work item from a padded u8 copy of the
+ * input: its padding holds the (flipped) zero point, whose products the bias's -x_zp' * sum(w) cancels
+ * exactly, as it does for every other tap.  The copy keeps a padded row's columns by phase (x % sw), so
+ * that the columns a tap reads along an output row, x = ow * sw + kw * dw, lie side by side at any stride:
+ * each k row of a 16-column tile is one or a few contiguous runs of bytes (one per output row the tile
+ * touches), loaded whole or masked (AVX-512 BW) and interleaved four k at a time by two rounds of unpacks. */
+
+/* n bytes of s, their top bits flipped by `flip` (0 or 0x80), to d[0], d[step], ...: plain loops over
+ * restrict pointers, which the compiler vectorises (a loop through the item's struct reloaded its pointers
+ * every byte and took a fifth of a ResNet's dense conv time). */
+static void flip_copy(uint8_t *restrict d, const uint8_t *restrict s, int64_t n, uint8_t flip) {
+    for (int64_t i = 0; i < n; i++) d[i] = s[i] ^ flip;
+}
+
+static void flip_split2(uint8_t *restrict d0, uint8_t *restrict d1, const uint8_t *restrict s, int64_t n,
+                        uint8_t flip) {
+    for (int64_t i = 0; i < n; i++) {
+        d0[i] = s[2 * i] ^ flip;
+        d1[i] = s[2 * i + 1] ^ flip;
+    }
+}
+
+/* Plane i of the input (image-major), flipped to u8, into its padded copy; the rest the zero point. */
+static void dense_pad_item(void *ctx, int64_t i) {
+    const pw_t *p = ctx;
+    const qconv_t *q = &p->q;
+    const int64_t sw = q->sw, HP = p->ps / p->rs, WP = (q->OW - 1) * sw + (q->KW - 1) * q->dw + 1, WS = p->WS;
+    const int64_t pl = q->pl, rs = p->rs, W = q->W;
+    const uint8_t flip = q->xs ? 0x80 : 0, fill = (uint8_t)((q->xzp + (q->xs ? 128 : 0)) & 0xff);
+    uint8_t *dst = (uint8_t *)p->xpad + i * p->ps;
+    const uint8_t *src = q->x + i * q->H * W;
+    const int64_t n = pw_min(W, WP - pl), rows = pw_min(q->H, HP - q->pt); /* the input's columns and rows kept */
+    if (sw != 1 || n <= 0 || rows <= 0) {
+        memset(dst, fill, (size_t)p->ps);
+    } else { /* only what the input leaves: the rows above and below, each row's margins */
+        memset(dst, fill, (size_t)(q->pt * rs));
+        for (int64_t r = q->pt; r < q->pt + rows; r++) {
+            memset(dst + r * rs, fill, (size_t)pl);
+            memset(dst + r * rs + pl + n, fill, (size_t)(rs - pl - n));
+        }
+        memset(dst + (q->pt + rows) * rs, fill, (size_t)((HP - q->pt - rows) * rs));
+    }
+    for (int64_t ih = 0; ih < q->H && ih + q->pt < HP; ih++) {
+        uint8_t *row = dst + (ih + q->pt) * rs;
+        const uint8_t *s = src + ih * W;
+        if (sw == 1) {
+            flip_copy(row + pl, s, n, flip);
+            continue;
+        }
+        for (int64_t ph = 0; ph < sw; ph++) { /* phase ph: the input columns iw with (pl + iw) % sw == ph */
+            const int64_t first = ((ph - pl) % sw + sw) % sw;
+            if (sw == 2 && ph == 0) { /* both phases at once: pairs of columns */
+                const int64_t pairs = (n - first) / 2, i0 = (pl + first) / 2;
+                flip_split2(row + i0, row + WS + (pl + first + 1) / 2, s + first, pairs, flip);
+                for (int64_t iw = first + 2 * pairs; iw < n; iw++)
+                    row[(pl + iw) % 2 * WS + (pl + iw) / 2] = s[iw] ^ flip;
+                if (first && n > 0) row[WS + pl / 2] = s[0] ^ flip; /* column 0 at phase 1 */
+                break;
+            }
+            uint8_t *d = row + ph * WS + (pl + first) / sw;
+            for (int64_t iw = first; iw < n; iw += sw) *d++ = s[iw] ^ flip;
+        }
+    }
+}
+
+/* A tile's columns [c, c + n) by output row: run r covers the tile's columns [j0, j0 + n), which read the
+ * bytes at off + (k's offset) + [0, n) of their image and group's planes. */
+typedef struct {
+    int64_t j0, n, off;
+} run_t;
+
+static int tile_runs(const pw_t *p, int64_t c, int64_t n, run_t *runs) {
+    const qconv_t *q = &p->q;
+    int nr = 0;
+    for (int64_t j = 0; j < n;) {
+        const int64_t col = c + j, oh = col / q->OW, ow = col % q->OW, len = pw_min(q->OW - ow, n - j);
+        runs[nr++] = (run_t){j, len, oh * q->sh * p->rs + ow};
+        j += len;
+    }
+    return nr;
+}
+
+/* One tile's quads [Q][16 columns][4 k] from the padded copy of its image and group (xg), portable. */
+static void dense_pack_plain(const pw_t *p, const uint8_t *xg, const run_t *runs, int nr, uint8_t *dst) {
+    memset(dst, 0, (size_t)p->tstride);
+    for (int64_t k = 0; k < p->q.K; k++) {
+        uint8_t *d = dst + (k / 4) * 64 + (k & 3);
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *s = xg + p->koff[k] + runs[r].off;
+            for (int64_t j = 0; j < runs[r].n; j++) d[4 * (runs[r].j0 + j)] = s[j];
+        }
+    }
+}
+
+#ifdef QG_X86
+/* Four k rows of 16 bytes as a quad: [16 columns][4 k] by two rounds of unpacks. */
+__attribute__((target(VNNI512_TARGET), always_inline)) static inline void store_quad(uint8_t *dst, __m128i v0,
+                                                                                   __m128i v1, __m128i v2,
+                                                                                   __m128i v3) {
+    const __m128i a = _mm_unpacklo_epi8(v0, v1), b = _mm_unpackhi_epi8(v0, v1);
+    const __m128i c = _mm_unpacklo_epi8(v2, v3), d = _mm_unpackhi_epi8(v2, v3);
+    _mm_storeu_si128((__m128i *)dst, _mm_unpacklo_epi16(a, c));
+    _mm_storeu_si128((__m128i *)(dst + 16), _mm_unpackhi_epi16(a, c));
+    _mm_storeu_si128((__m128i *)(dst + 32), _mm_unpacklo_epi16(b, d));
+    _mm_storeu_si128((__m128i *)(dst + 48), _mm_unpackhi_epi16(b, d));
+}
+
+/* The same quads by vectors: each k row one load of 16 bytes (a tile within one output row), or a masked
+ * load per run (columns past the tile's n zero).  Past K any bytes (koff 0): their weights are 0. */
+__attribute__((target(VNNI512_TARGET))) static void dense_pack_vnni(const pw_t *p, const uint8_t *xg,
+                                                                   const run_t *runs, int nr, uint8_t *dst) {
+    const int64_t *ko = p->koff;
+    if (nr == 1 && runs[0].n == TILE) {
+        const uint8_t *x = xg + runs[0].off;
+        for (int64_t qd = 0; qd < p->Q; qd++, dst += 64, ko += 4)
+            store_quad(dst, _mm_loadu_si128((const __m128i *)(x + ko[0])),
+                       _mm_loadu_si128((const __m128i *)(x + ko[1])), _mm_loadu_si128((const __m128i *)(x + ko[2])),
+                       _mm_loadu_si128((const __m128i *)(x + ko[3])));
+        return;
+    }
+    __mmask16 mask[TILE];
+    const uint8_t *base[TILE]; /* (each run's address less its j0: the masked lanes are not read) */
+    for (int r = 0; r < nr; r++) {
+        mask[r] = (__mmask16)(((1u << runs[r].n) - 1u) << runs[r].j0);
+        base[r] = xg + runs[r].off - runs[r].j0;
+    }
+    for (int64_t qd = 0; qd < p->Q; qd++, dst += 64, ko += 4) {
+        __m128i v[4];
+        for (int i = 0; i < 4; i++) {
+            __m128i t = _mm_maskz_loadu_epi8(mask[0], base[0] + ko[i]);
+            for (int r = 1; r < nr; r++) t = _mm_mask_loadu_epi8(t, mask[r], base[r] + ko[i]);
+            v[i] = t;
+        }
+        store_quad(dst, v[0], v[1], v[2], v[3]);
+    }
+}
+#endif
+
+/* Tiles [t0, t0 + tiles) of image and group bg packed into dst. */
+static void dense_pack(const pw_t *p, int64_t bg, int64_t t0, int64_t tiles, uint8_t *dst) {
+    const qconv_t *q = &p->q;
+    const uint8_t *xg = p->xpad + (bg / q->G * q->C + bg % q->G * q->cg) * p->ps;
+    for (int64_t t = t0; t < t0 + tiles; t++, dst += p->tstride) {
+        run_t runs[TILE];
+        const int nr = tile_runs(p, t * TILE, pw_min(TILE, q->P - t * TILE), runs);
+#ifdef QG_X86
+        if (opt_qconv_vnni512 == 1) {
+            dense_pack_vnni(p, xg, runs, nr, dst);
+            continue;
+        }
+#endif
+        dense_pack_plain(p, xg, runs, nr, dst);
+    }
+}
+
+/* Work item of the pack made once per call: one tile of one image and group. */
+static void dense_pack_item(void *ctx, int64_t i) {
+    pw_t *p = ctx;
+    dense_pack(p, i / p->tiles, i % p->tiles, 1, p->xq + i * p->tstride);
+}
+
+/* Work item: its band of columns (packed once per call, or now into the thread's scratch), then its rows
+ * over them. */
+static void dense_item(void *ctx, int64_t it) {
+    pw_t *p = ctx;
+    qconv_t *q = &p->q;
+    int64_t bg, c0, nc, m0, mrows;
+    if (!item_place(q, it, &bg, &c0, &nc, &m0, &mrows)) return;
+    const int64_t b = bg / q->G, g = bg % q->G, mbase = g * q->mg + m0, tiles = (nc + TILE - 1) / TILE;
+    const uint8_t *xb;
+    if (p->xq) {
+        xb = p->xq + (bg * p->tiles + c0 / TILE) * p->tstride;
+    } else {
+        uint8_t *buf = (uint8_t *)opt_scratch((size_t)(tiles * p->tstride + 3) / 4);
+        if (!buf) {
+            q->failed = 1;
+            return;
+        }
+        dense_pack(p, bg, c0 / TILE, tiles, buf);
+        xb = buf;
+    }
+    run_band(p, mbase, mrows, xb, q->y + (b * q->M + mbase) * q->P + c0, nc);
+}
+
+#define DENSE_PREPACK PW_PANEL /* the most packed bytes made once per call, where bands of rows share them: past
+                               * the L2 share a panel has, 2 threads measured slower than packing per band */
+#define DENSE_SLACK 64 /* bytes before and after the padded copy: a masked load's address may start before it */
+
+OPT_API int optcli_qconv2d_dense(const void *x, const int32_t *wq, const int32_t *bias, const float *mult, void *y,
+                                 const int64_t *geom, const int32_t *qp) {
+    pw_t p = {.q = {.x = x, .bias = bias, .mult = mult, .y = y}};
+    qconv_t *q = &p.q;
+    int rc = opt_qconv_setup(q, geom, qp);
+    if (rc) return rc;
+    if (!bias) return OPT_EINVAL;
+    if ((rc = read_blob(&p, wq))) return rc;
+    if (q->N == 0 || q->P == 0) return 0;
+    const int64_t HP = (q->OH - 1) * q->sh + (q->KH - 1) * q->dh + 1;
+    const int64_t WP = (q->OW - 1) * q->sw + (q->KW - 1) * q->dw + 1;
+    p.WS = (WP + q->sw - 1) / q->sw;
+    p.rs = q->sw * p.WS;
+    p.ps = HP * p.rs;
+    p.tiles = (q->P + TILE - 1) / TILE;
+    p.tstride = p.Q * 64;
+    int64_t *koff = malloc((size_t)(4 * p.Q) * sizeof(int64_t));
+    uint8_t *xpad = malloc((size_t)(q->N * q->C * p.ps + 2 * DENSE_SLACK));
+    if (!koff || !xpad) {
+        free(koff), free(xpad);
+        return OPT_ENOMEM;
+    }
+    for (int64_t k = 0, c = 0, kh = 0, kw = 0; k < 4 * p.Q; k++) { /* (counters: a division per k showed) */
+        const int64_t kx = kw * q->dw;
+        koff[k] = k < q->K ? c * p.ps + kh * q->dh * p.rs + (kx % q->sw) * p.WS + kx / q->sw : 0;
+        if (++kw == q->KW) {
+            kw = 0;
+            if (++kh == q->KH) kh = 0, c++;
+        }
+    }
+    p.koff = koff;
+    p.xpad = xpad + DENSE_SLACK;
+    const int64_t macs = q->N * q->M * q->K * q->P;
+    const int cap = macs < (1 << 18) ? 1 : 0;
+    opt_parallel(dense_pad_item, &p, q->N * q->C, cap);
+    plan_items(&p, PW_PANEL, 2 * TILE, cap);
+    uint8_t *xq = NULL;
+    const int64_t packed = q->N * q->G * p.tiles * p.tstride;
+    if (q->nm > 1 && packed <= DENSE_PREPACK) { /* bands of rows: each would pack its columns again */
+        if ((xq = malloc((size_t)packed))) {
+            p.xq = xq;
+            opt_parallel(dense_pack_item, &p, q->N * q->G * p.tiles, cap);
+        }
+    }
+    opt_parallel(dense_item, &p, q->N * q->G * q->nn * q->nm, cap);
+    free(koff), free(xpad), free(xq);
+    return q->failed ? OPT_ENOMEM : 0;
 }

@@ -81,10 +81,14 @@ def route(w: np.ndarray, geom: tuple[int, ...]) -> str:
 def prepared_weights(w: np.ndarray, bias: np.ndarray | None, geom: tuple[int, ...], qp: tuple[int, ...]):
     """(kernel, the weights as that kernel reads them, the bias it reads) for one conv: ``route``'s, except
     that a pointwise conv whose weight split leaves more than MAX_RESIDUAL of its quads a residual goes to
-    the GEMM."""
+    the GEMM, and that on the AVX-512 VNNI path (variant 4) the GEMM's convs take the dense vpdpbusd kernel
+    (kernels/host/qpointwise.c: optcli_qconv2d_dense) with the whole weights in quads."""
     kind = route(w, geom)
     if kind == "depthwise":
         return kind, np.ascontiguousarray(w.reshape(w.shape[0], -1)), bias
+    if kind == "gemm" and variant() == 4:
+        blob, b = pack_quads(w, bias, int(qp[0]), bool(qp[4]), whole=True)
+        return "dense", blob, b
     if kind == "pointwise":
         blob, b = pack_quads(w, bias, int(qp[0]), bool(qp[4]), whole=variant() in (4, 5, 6))
         m, quads = w.shape[0], -(-int(np.prod(w.shape[1:])) // 4)
@@ -95,9 +99,10 @@ def prepared_weights(w: np.ndarray, bias: np.ndarray | None, geom: tuple[int, ..
 
 def variant(which: int = -1) -> int:
     """The dot-product path in use (1 plain C, 2 AVX2, 3 AVX2 with the depthwise convs run channels in
-    lanes and summed exactly in float32 by FMA, kernels/host/qdepthwise_lanes.c; 4 as 3 with the 1x1 convs
-    by AVX-512 VNNI's vpdpbusd, kernels/host/qpointwise.c; 5 as 3 with the 1x1 convs by AVX-VNNI's 8-lane
-    vpdpbusd, for CPUs that have it without AVX-512; 6 on aarch64 with the dot product, the 1x1 convs by sdot);
+    lanes and summed exactly in float32 by FMA, kernels/host/qdepthwise_lanes.c; 4 as 3 with the 1x1 and
+    the dense convs by AVX-512 VNNI's vpdpbusd, kernels/host/qpointwise.c; 5 as 3 with the 1x1 convs by
+    AVX-VNNI's 8-lane vpdpbusd, for CPUs that have it without AVX-512; 6 on aarch64 with the dot product, the
+    1x1 convs by sdot);
     ``which`` 1 to 6 forces one (tests, A/B timings), 0 picks by the CPU again (4 over 5 over 3).  -1 where
     refused or without the library.  A step's weights are packed for the path in use when it is prepared
     (``prepared_weights``)."""

@@ -32,8 +32,9 @@
  * Kind 11 (blocked conv): geometry = the first 15 values of optcli_conv2d_blocked_f32, then after the
  * header int64 ib, B, has residual, groups; arrays x (blocked, or plain where ib = 1), packed w, residual, bias.
  * Kinds 15 and 16, the integer kernels: after the header, int64 e[24].  15 (qgemm.c): e = the 16 values of
- * optcli_qconv2d_gemm's geom, its 6 qp values, the kernel (0 GEMM, 1 depthwise, 2 pointwise), the weights'
- * size in bytes; then bytes x, the weights (int32 pairs, int8 for depthwise, pack_quads' blob for pointwise),
+ * optcli_qconv2d_gemm's geom, its 6 qp values, the kernel (0 GEMM, 1 depthwise, 2 pointwise, 3 dense), the
+ * weights' size in bytes; then bytes x, the weights (int32 pairs, int8 for depthwise, pack_quads' blob for
+ * pointwise and dense),
  * int32 bias [M] (if any), float32 multipliers [M].  16
  * (qelementwise.c): e = n, a signed, b signed, y signed; then float32 params[5], bytes a [n], b [n].  Their
  * u8 / s8 outputs are written as float32 values.  Kind 22 (qpool.c's 8-bit MaxPool): e = the 14 geometry values
@@ -94,7 +95,8 @@ static int run_int8_case(FILE *f, int64_t kind, int has_bias, float **y, int64_t
         float *mult = read_floats(f, M);
         *ny = e[0] * M * e[13] * e[14];
         yq = malloc((size_t)(*ny > 0 ? *ny : 1));
-        rc = e[22] == 2   ? optcli_qconv2d_pointwise(x, w, b, mult, yq, e, qp)
+        rc = e[22] == 3   ? optcli_qconv2d_dense(x, w, b, mult, yq, e, qp)
+             : e[22] == 2 ? optcli_qconv2d_pointwise(x, w, b, mult, yq, e, qp)
              : e[22] ? optcli_qconv2d_depthwise(x, w, b, mult, yq, e, qp)
                      : optcli_qconv2d_gemm(x, w, b, mult, yq, e, qp);
         *y = bytes_to_floats(yq, *ny, qp[5]);

@@ -465,7 +465,7 @@ def _int8_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
         src, dst = tmp / f"qconv{i}.in", tmp / f"qconv{i}.out"
         with open(src, "wb") as f:
             f.write(np.array([15, 0, 1, *[0] * 17], np.int64).tobytes())
-            route = ("gemm", "depthwise", "pointwise").index(kind)
+            route = ("gemm", "depthwise", "pointwise", "dense").index(kind)
             f.write(np.array([*geom, *qp, route, len(weights)], np.int64).tobytes())
             f.write(x.tobytes() + weights + bias.tobytes() + qconv.multiplier(attrs, w.shape[0]).tobytes())
         cases.append((src, dst, qconv.reference(x, w, b, attrs).astype(np.float32), f"qconv {name}"))

@@ -1,10 +1,12 @@
 """The integer convolutions (kernels/host/qgemm.c, optcli.QConv's fast path) against the exact numpy
 reference (equal, byte for byte) on odd shapes, on each dot-product path this CPU has (plain C, AVX2,
-AVX2 with the channels-in-lanes float-sum depthwise where it has FMA) and on 1 and 2 threads; and
+AVX2 with the channels-in-lanes float-sum depthwise where it has FMA, AVX-512 VNNI with the dense convs by
+vpdpbusd) and on 1 and 2 threads; and
 against onnxruntime's own QLinearConv (within one quantization step)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 
@@ -12,9 +14,10 @@ import numpy as np
 import onnx
 import pytest
 
-from optcli.native import qgemm
-from optcli.ops.qconv import _native_call, qconv, reference
+from optcli.native import library, qgemm
+from optcli.ops.qconv import _native_call, multiplier, qconv, reference
 from optcli.ops.registry import StepAttrs
+from optcli.ops.spatial import window
 from tests.helpers import run_ort, single_node_model
 
 # name -> (N, C, H, W, M, (KH, KW), strides, pads [t, l, b, r], dilations, group)
@@ -32,6 +35,22 @@ CASES = {
     "dense 3x3, primes": (1, 7, 13, 5, 11, (3, 3), 1, [1, 1, 1, 1], 1, 1),
     "dense 5x3, asymmetric pads, dilation": (2, 5, 12, 10, 6, (5, 3), 1, [2, 0, 1, 3], 2, 1),
     "grouped 3x3": (1, 12, 8, 8, 18, (3, 3), 1, [1, 1, 1, 1], 1, 3),
+    # the dense vpdpbusd kernel's tails (optcli_qconv2d_dense, variant 4): K = C * KH * KW not a multiple of 4
+    # (quads past K), K huge and K 2, a 1x1 output of mostly padding, stride 2 and 3 on odd widths (the padded
+    # copy's phases), tiles across output rows (rows of 56, 7x7 planes), several bands of columns, rows not a
+    # multiple of the 8-row tile, a 7x7 stem
+    "dense 3x3, C 5 (K 45)": (1, 5, 9, 9, 10, (3, 3), 1, [1, 1, 1, 1], 1, 1),
+    "dense 3x3, K 4608, 4x4": (1, 512, 4, 4, 9, (3, 3), 1, [1, 1, 1, 1], 1, 1),
+    "1x1 stride 2, K 2, odd width": (1, 2, 7, 9, 6, (1, 1), 2, [0, 0, 0, 0], 1, 1),
+    "dense 3x3, 1x1 plane": (1, 8, 1, 1, 12, (3, 3), 1, [1, 1, 1, 1], 1, 1),
+    "dense 3x3 stride 2, width 33": (1, 6, 15, 33, 20, (3, 3), 2, [1, 1, 1, 1], 1, 1),
+    "dense 3x3 stride 2 dilation 2, width 35, odd pads": (2, 4, 13, 35, 9, (3, 3), 2, [0, 1, 1, 0], 2, 1),
+    "dense 3x3 stride 3, width 40": (1, 5, 17, 40, 8, (3, 3), 3, [1, 1, 1, 1], 1, 1),
+    "dense 3x3, rows of 56": (1, 8, 5, 56, 17, (3, 3), 1, [1, 1, 1, 1], 1, 1),
+    "dense 3x3, 7x7 plane, M 33": (1, 16, 7, 7, 33, (3, 3), 1, [1, 1, 1, 1], 1, 1),
+    "dense 3x3, 28x28, K 288 (bands)": (1, 32, 28, 28, 20, (3, 3), 1, [1, 1, 1, 1], 1, 1),
+    "stem 7x7 stride 2, width 70": (1, 3, 30, 70, 16, (7, 7), 2, [3, 3, 3, 3], 1, 1),
+    "grouped 3x3 stride 2, 6 channels a group": (2, 18, 9, 11, 12, (3, 3), 2, [1, 1, 1, 1], 1, 3),
     "depthwise 3x3": (1, 32, 15, 15, 32, (3, 3), 1, [1, 1, 1, 1], 1, 32),
     "depthwise 3x3 stride 2": (2, 19, 16, 17, 19, (3, 3), 2, [1, 1, 1, 1], 1, 19),
     "depthwise 5x5 stride 2, odd pads": (1, 7, 14, 9, 7, (5, 5), 2, [2, 1, 2, 2], 1, 7),
@@ -142,14 +161,17 @@ def test_equals_the_integer_reference(name, path, threads):
             assert np.any((want != attrs["qmin"]) & (want != attrs["qmax"]))
 
 
-@pytest.mark.parametrize("name", ["dense 3x3, primes", "depthwise 5x5, 40 channels, 7x7"])
+@pytest.mark.parametrize("name", ["dense 3x3, primes", "dense 3x3 stride 2, width 33",
+                                  "depthwise 5x5, 40 channels, 7x7"])
+@pytest.mark.parametrize("x_signed", [0, 1])
 @pytest.mark.parametrize("xzp", [0, 255])
-def test_saturating_sums_and_extreme_zero_points(path, xzp, name):
-    """x at 0 or 255 against weights at -128 / 127: every pair of products sums past int16 (what
-    vpmaddubsw would clip), and a zero point at either end of u8 (the depthwise kernels' padding)."""
-    case = CASES[name]
-    x, w, b, attrs = make(case, 7, xzp=xzp)
-    x[:] = 255 - xzp
+def test_saturating_sums_and_extreme_zero_points(path, xzp, x_signed, name):
+    """x at the far end from a zero point at either end of its range (u8, or s8 read as u8 by the dense
+    kernel) against weights at -128 / 127: every pair of products sums past int16 (what vpmaddubsw would
+    clip), and the padding (the zero point) differs from every input by 255 (the depthwise kernels' padding
+    too)."""
+    x, w, b, attrs = make(CASES[name], 7, x_signed, xzp=xzp - 128 * x_signed)
+    x[:] = 255 - xzp - 128 * x_signed
     w[:] = np.where(np.arange(w.size).reshape(w.shape) % 3 == 0, -128, 127).astype(np.int8)
     attrs.update(y_scale=attrs["y_scale"] * 20)
     got, want = native_qconv(x, w, b, attrs), reference(x, w, b, attrs)
@@ -193,6 +215,86 @@ def test_depthwise_bias_at_float32s_reach(path, bias, name, ch):
     want = reference(x, w, b, attrs)
     np.testing.assert_array_equal(native_qconv(x, w, b, attrs), want)
     assert 0 < want[:, ch].min() and want[:, ch].max() < 255
+
+
+def test_vnni_path_takes_every_gemm_conv_to_the_dense_kernel(native_lib):
+    """On variant 4 every conv the GEMM would take (all but the depthwise and unit 1x1 ones) is prepared for
+    optcli_qconv2d_dense, so the cases above run it there."""
+    if qgemm.variant(4) != 4:
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    try:
+        for name, case in CASES.items():
+            x, w, b, attrs = make(case, 0)
+            geom, qp = geometry(x, w, attrs)
+            if qgemm.route(w, geom) == "gemm":
+                assert qgemm.prepared_weights(w, b, geom, qp)[0] == "dense", name
+    finally:
+        qgemm.variant(0)
+
+
+def geometry(x, w, attrs) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(geom, qp) as the C entry points read them."""
+    win = window(attrs, x.shape[2:], w.shape[2:])
+    geom = (*x.shape, w.shape[0], *w.shape[2:], *win.strides, *win.dilations, *win.pad_begin, *win.out,
+            attrs["group"])
+    qp = tuple(int(attrs[k]) for k in ("x_zero_point", "y_zero_point", "qmin", "qmax", "x_signed", "y_signed"))
+    return tuple(int(v) for v in geom), qp
+
+
+def dense(x, w, b, attrs, whole: bool) -> np.ndarray:
+    """optcli_qconv2d_dense called directly with the weights packed whole (vpdpbusd's) or split (vpmaddubsw's)."""
+    geom, qp = geometry(x, w, attrs)
+    blob, bias = qgemm.pack_quads(w, b, qp[0], bool(qp[4]), whole=whole)
+    mult = multiplier(attrs, w.shape[0])
+    y = np.empty((x.shape[0], w.shape[0], *geom[13:15]), np.int8 if attrs["y_signed"] else np.uint8)
+    g, p = np.array(geom, np.int64), np.array(qp, np.int32)
+    assert library._lib.optcli_qconv2d_dense(*(a.ctypes.data_as(ctypes.c_void_p) for a in (x, blob, bias, mult, y, g,
+                                                                                          p))) == 0
+    return y
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["whole", "split"])
+@pytest.mark.parametrize("name", ["dense 3x3, 7x7 plane, M 33", "dense 3x3 stride 2 dilation 2, width 35, odd pads"])
+def test_dense_kernel_is_exact_in_either_format_on_every_path(path, whole, name):
+    """A dense blob packed for another path (the variant changed after the step was prepared) still gives
+    the exact sums: whole weights without VNNI run the plain C tile, split ones on the VNNI path the AVX2
+    tile with its residuals; x at 255 against weights at 127 / -128 (pair sums past int16)."""
+    x, w, b, attrs = make(CASES[name], 4)
+    x[:] = np.where(np.arange(x.size).reshape(x.shape) % 7 == 0, 0, 255).astype(np.uint8)
+    w[:] = np.where(np.arange(w.size).reshape(w.shape) % 2, 127, -128).astype(np.int8)
+    attrs.update(y_scale=attrs["y_scale"] * 30)
+    want = reference(x, w, b, attrs)
+    np.testing.assert_array_equal(dense(x, w, b, attrs, whole), want)
+    assert np.any((want != attrs["qmin"]) & (want != attrs["qmax"]))
+
+
+def test_dense_kernel_refuses_blobs_that_do_not_fit(native_lib):
+    """The dense kernel reads the blob's format word and residual lists as the pointwise one does: an unknown
+    format, whole weights with residuals, a residual quad past K and a missing bias end in OPT_EINVAL, never
+    a read out of bounds."""
+    x, w, b, attrs = make(CASES["dense 3x3, primes"], 2)
+    geom, qp = geometry(x, w, attrs)
+    blob, bias = qgemm.pack_quads(w, b, qp[0], False)  # split: row 0's residuals first
+    m, quads = w.shape[0], -(-w[0].size // 4)
+    assert blob[1 + m * quads + m] > 0  # the case has residuals to corrupt
+    mult = multiplier(attrs, m)
+    y = np.empty((1, m, *geom[13:15]), np.uint8)
+    g, p = np.array(geom, np.int64), np.array(qp, np.int32)
+    ptr = ctypes.c_void_p
+
+    def call(blob, bias=bias):
+        args = [x, blob, bias, mult, y, g, p]
+        return library._lib.optcli_qconv2d_dense(*(None if a is None else a.ctypes.data_as(ptr) for a in args))
+
+    assert call(blob) == 0
+    np.testing.assert_array_equal(y, reference(x, w, b, attrs))
+    bad_format, whole_with_residuals, past_k = blob.copy(), blob.copy(), blob.copy()
+    bad_format[0] = 2
+    whole_with_residuals[0] = 1
+    past_k[1 + m * quads + m + 1] = quads
+    for bad in (bad_format, whole_with_residuals, past_k):
+        assert call(bad) == -1
+    assert call(blob, bias=None) == -1
 
 
 def test_relu_and_clip_bounds(path):
