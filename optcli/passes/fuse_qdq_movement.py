@@ -62,6 +62,8 @@ def _selects_only(graph: Graph, node: Node) -> bool:
 
 def _pad_value(graph: Graph, pad: Node, params: tuple[float, int, str], names: Names) -> list[str] | None:
     """The Pad's inputs for the 8-bit tensor: its constant value quantized, where that is exact."""
+    if len(pad.inputs) < 2 or not pad.input(1):
+        return None  # opset < 11: pads and value as attributes, left to the float view
     mode = pad.attrs.get("mode", "constant")
     if mode not in ("constant", b"constant"):
         return list(pad.inputs)  # edge / reflect copy values
