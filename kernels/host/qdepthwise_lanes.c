@@ -541,9 +541,9 @@ __attribute__((target(VNNI512_TARGET))) ALWAYS_INLINE void lanes16_store(const _
                                _mm512_extracti32x4_epi32(v, 2), _mm512_extracti32x4_epi32(v, 3)};
         for (int l = 0; l < 4; l++) {
             _mm_storel_epi64((__m128i *)(k->y[4 * l] + p0), us[l]);
-            _mm_storeh_pd((double *)(k->y[4 * l + 1] + p0), _mm_castsi128_pd(us[l]));
+            _mm_storel_epi64((__m128i *)(k->y[4 * l + 1] + p0), _mm_unpackhi_epi64(us[l], us[l]));
             _mm_storel_epi64((__m128i *)(k->y[4 * l + 2] + p0), vs[l]);
-            _mm_storeh_pd((double *)(k->y[4 * l + 3] + p0), _mm_castsi128_pd(vs[l]));
+            _mm_storel_epi64((__m128i *)(k->y[4 * l + 3] + p0), _mm_unpackhi_epi64(vs[l], vs[l]));
         }
         return;
     }
