@@ -122,8 +122,18 @@ def test_stays_float_where_it_would_not_be_a_copy(case):
 
 
 def test_plans_with_a_gpu_target_keep_the_float_view():
-    """The GPU runs the float view of a quantized model (fold_qdq): nothing there is made an 8-bit step."""
+    """The GPU runs the float view of a quantized model (fold_qdq): the pass leaves the graph alone when a GPU
+    target is in the plan, and fires on the same graph for the host alone (so the GPU case is not vacuous)."""
+    from optcli.passes import fuse_qdq_movement
+    from optcli.passes.base import PassContext
+    from optcli.targets import get_target
+    from tests.passes.ir_build import to_graph
+
     op, attrs, extra = OPS["MaxPool 3x3 s2 pads"]
-    result = optcli.optimize(model=qdq_model(op, attrs, extra), valid_targets="opencl,arm")
-    kinds = [s.op_type for s in result.plan.steps]
+    model = qdq_model(op, attrs, extra)
+    host = PassContext(targets=[get_target("arm")])
+    gpu = PassContext(targets=[get_target("opencl"), get_target("arm")])
+    assert fuse_qdq_movement.run(to_graph(model), gpu)["fused"] == 0
+    assert fuse_qdq_movement.run(to_graph(model), host)["fused"] == 1
+    kinds = [s.op_type for s in optcli.optimize(model=model, valid_targets="opencl,arm").plan.steps]
     assert "MaxPool" in kinds and "QConv" not in kinds and "QuantizeLinear" not in kinds, kinds
