@@ -62,6 +62,16 @@ def quantize(model: onnx.ModelProto, folder: Path, shape: list[int], name: str) 
     return fp32, qdq
 
 
+def calibration_folder(folder: Path, shape: list[int]) -> Path:
+    """The images onnxruntime's quantizer calibrated on (the same seed), as .npy files for optcli's PTQ."""
+    out = folder / "calib"
+    out.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(8):
+        np.save(out / f"{i}.npy", rng.standard_normal(shape).astype(np.float32))
+    return out
+
+
 def ort_session(path: Path, threads: int) -> ort.InferenceSession:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
@@ -128,9 +138,13 @@ def main() -> None:
             fp32, qdq = quantize(model, Path(tmp), shape, inp.name)
             plan_fp32 = optcli.optimize(model_file=str(fp32), valid_targets="arm")
             plan_int8 = optcli.optimize(model_file=str(qdq), valid_targets="arm")
+            plan_ptq = optcli.optimize(model_file=str(fp32), valid_targets="arm", quant_type="INT8",
+                                       calib_data=str(calibration_folder(Path(tmp), shape)))
             steps = collections.Counter(f"{s.op_type}" for s in plan_int8.plan.steps)
-            predictors = [optcli.load(p.data, threads=args.threads) for p in (plan_fp32, plan_int8)]
-            runners = {"optcli arm fp32": predictors[0].run, "optcli arm int8 (QDQ model)": predictors[1].run}
+            ptq_steps = collections.Counter(f"{s.op_type}" for s in plan_ptq.plan.steps)
+            predictors = [optcli.load(p.data, threads=args.threads) for p in (plan_fp32, plan_int8, plan_ptq)]
+            runners = {"optcli arm fp32": predictors[0].run, "optcli arm int8 (QDQ model)": predictors[1].run,
+                       "optcli arm int8 (own PTQ)": predictors[2].run}
             sessions = {"onnxruntime fp32": ort_session(fp32, args.threads),
                         "onnxruntime QDQ model": ort_session(qdq, args.threads)}
             for key, session in sessions.items():
@@ -154,9 +168,10 @@ def main() -> None:
                     times[key].append((time.perf_counter() - t) * 1e3)
         print(f"\n## {label} (224x224, {args.threads} threads, {args.runs} interleaved runs)")
         print(f"int8 plan: {dict(steps.most_common())}")
-        peak = [r.report["memory"]["peak_activation_bytes"] for r in (plan_fp32, plan_int8)]
+        print(f"own PTQ plan: {dict(ptq_steps.most_common())}")
+        peak = [r.report["memory"]["peak_activation_bytes"] for r in (plan_fp32, plan_int8, plan_ptq)]
         print(f"peak activation memory: fp32 plan {peak[0] / 1e6:.2f} MB, int8 plan {peak[1] / 1e6:.2f} MB "
-              f"({peak[1] / peak[0]:.2f}x)")
+              f"({peak[1] / peak[0]:.2f}x), own PTQ plan {peak[2] / 1e6:.2f} MB ({peak[2] / peak[0]:.2f}x)")
         if step:
             diff = np.abs(ours.astype(np.float64) - theirs.astype(np.float64)) / step
             print(f"output vs onnxruntime QDQ: max {diff.max():.1f} steps, {np.mean(diff > 0.5) * 100:.1f}% differ")
@@ -170,10 +185,12 @@ def main() -> None:
         ratios = [i / f for i, f in zip(times["optcli arm int8 (QDQ model)"], times["optcli arm fp32"])]
         print(f"optcli int8 / fp32, median of per-round ratios: {statistics.median(ratios):.2f}")
         vs_ort = [i / o for i, o in zip(times["optcli arm int8 (QDQ model)"], times["onnxruntime QDQ model"])]
+        ptq = [i / f for i, f in zip(times["optcli arm int8 (own PTQ)"], times["optcli arm fp32"])]
+        print(f"optcli own PTQ / fp32, median of per-round ratios: {statistics.median(ptq):.2f}")
         summary.append((label, {k: min(v) for k, v in times.items()}, statistics.median(ratios),
-                        statistics.median(vs_ort), peak[1] / peak[0]))
+                        statistics.median(vs_ort), peak[1] / peak[0], statistics.median(ptq), peak[2] / peak[0]))
         if args.steps:
-            kinds = [step_kinds(p, feeds, args.steps) for p in predictors]
+            kinds = [step_kinds(p, feeds, args.steps) for p in predictors[:2]]
             print(f"\nper-step minimums of {args.steps} runs, summed by kind (ms)")
             print("| kind | fp32 plan | int8 plan |\n|---|---|---|")
             by_size = sorted(set(kinds[0]) | set(kinds[1]), key=lambda k: -max(kinds[0].get(k, 0), kinds[1].get(k, 0)))
@@ -190,11 +207,12 @@ def write_docs(summary: list, args) -> None:
     import platform
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
-    head = ("| model | optcli fp32 | optcli int8 (QDQ) | onnxruntime fp32 | onnxruntime QDQ | int8 / fp32 | "
-            "int8 / onnxruntime QDQ | peak memory int8 / fp32 |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+    head = ("| model | optcli fp32 | optcli int8 (QDQ) | optcli int8 (own PTQ) | onnxruntime fp32 | onnxruntime QDQ | "
+            "int8 / fp32 | int8 / onnxruntime QDQ | own PTQ / fp32 | peak memory int8 / fp32 | own PTQ |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = [f"| {label} | {t['optcli arm fp32']:.2f} | {t['optcli arm int8 (QDQ model)']:.2f} | "
-            f"{t['onnxruntime fp32']:.2f} | {t['onnxruntime QDQ model']:.2f} | {r:.2f} | {o:.2f} | {m:.2f} |"
-            for label, t, r, o, m in summary]
+            f"{t['optcli arm int8 (own PTQ)']:.2f} | {t['onnxruntime fp32']:.2f} | {t['onnxruntime QDQ model']:.2f} | "
+            f"{r:.2f} | {o:.2f} | {p:.2f} | {m:.2f} | {pm:.2f} |" for label, t, r, o, m, p, pm in summary]
     marker = f"<!-- bench_int8 threads={args.threads}"
     begin, end = f"{marker}: begin -->", f"{marker}: end -->"
     block = "\n".join([begin, f"{args.threads} thread{'s' * (args.threads > 1)}, {args.runs} interleaved rounds, "

@@ -84,6 +84,11 @@ PASSES: list[ModuleType] = [
     fuse_layer_norm,
     fold_pad_into_conv,
     fuse_conv_bn,
+    # int8 post-training quantization (--quant_type=INT8): calibrated once batch norms are in the convs,
+    # written as QDQ chains and lowered at once (integer steps on the host, the float view elsewhere),
+    # before the epilogue fusions would hide the Conv -> Relu -> QuantizeLinear chains from that lowering
+    quantize_int8,
+    drop_redundant_fake_quant,
     batchnorm_to_affine,
     fuse_dynamic_quant_matmul,  # before fuse_matmul_add: its bias Add is part of the chain
     fuse_matmul_add,
@@ -95,8 +100,6 @@ PASSES: list[ModuleType] = [
     fuse_fake_quant,  # after the epilogue activation is in place: FakeQuant is its last stage
     fold_dynamic_reshape_shapes,
     fold_shape_chains,
-    # int8 post-training quantization (--quant_type=INT8): calibrated on the fused graph
-    quantize_int8,
     # cleanup again
     fold_constants,
     eliminate_identity,

@@ -1,36 +1,48 @@
 """Full int8 post-training quantization (``opt --quant_type=INT8 --calib_data=DIR``).
 
 Conv, ConvTranspose, Gemm, MatMul and FullyConnected get int8 weights (symmetric, per output
-channel: stored as int8 in the `.nb`) and int8 activations (asymmetric, per tensor: a FakeQuant
-step in front of the op, scale and zero point in its attributes).  Activation ranges come from
-running the float model on the calibration samples with one of three calibrators:
+channel) and u8 activations (asymmetric, per tensor), calibrated by running the float model on the
+calibration samples with one of three calibrators:
 
 * ``minmax``: the observed range;
 * ``percentile``: the 0.01st..99.99th percentiles (ignores rare outliers);
 * ``entropy``: the clipping threshold that minimises the KL divergence between the observed
   histogram and its 8-bit quantization (TensorRT's method).
 
-Every target then runs a faithful float view of the int8 model (see docs/quantization.md for why
-the host does not switch to integer arithmetic).  With ``--precision=auto`` ops are quantized one
-by one in order of measured sensitivity, and an op whose quantization would push the outputs'
-error over the budget stays in float; the report lists them.
+The result is written the way onnxruntime's ``quantize_static`` writes a QDQ model (a
+QuantizeLinear -> DequantizeLinear pair on each quantized activation, a DequantizeLinear on each
+int8 conv weight; which activations: ``_helpers/ptq_tensors.py``) and lowered at once by the passes
+that lower such models: on host-only plans the convs, residual Adds, pools, byte-moving ops and
+element-wise islands become integer steps that hand each other bytes (``fuse_qdq_*``); what is left,
+and every plan with a GPU target, gets the float view (FakeQuant steps, dequantized weights stored as
+int8: ``fold_qdq``), so the GPU runs the same quantization in float.  It runs after ``fuse_conv_bn``
+(batch norms are in the conv weights it quantizes) and before the epilogue fusions (which would hide
+the Conv -> Relu -> QuantizeLinear chains from the lowering).
+
+With ``--precision=auto`` ops are quantized one by one in order of measured sensitivity, each trial
+simulating the whole plan it makes, and an op whose quantization would push the outputs' error over
+the budget stays in float; the report lists them.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from optcli.errors import UsageError
-from optcli.ir import OPTCLI_DOMAIN, Graph, Node, Value
+from optcli.ir import OPTCLI_DOMAIN, Graph, Names, Node, Value
 from optcli.ops.evaluate import evaluate_node
-from optcli.ops.quant import fake_quant
 from optcli.ops.weight_quant import dequantize, quantize
+from optcli.passes import fold_qdq, fuse_qdq_add, fuse_qdq_conv, fuse_qdq_lookup, fuse_qdq_movement, fuse_qdq_se
+from optcli.passes._helpers import graph_queries, ptq_tensors
 from optcli.passes.base import PassContext
 from optcli.progress import progress
 from optcli.tolerance import RELATIVE, max_error
 
 NAME = "quantize_int8"
-DESCRIPTION = "int8 post-training quantization: calibrated FakeQuant activations, int8 per-channel weights"
+DESCRIPTION = ("int8 post-training quantization: calibrated QDQ chains (u8 activations, int8 per-channel weights), "
+               "lowered to integer steps on the host and to FakeQuant float views elsewhere")
 
 CALIBRATORS = ("minmax", "percentile", "entropy")
 _TARGET_OPS = {("", "Conv"): 0, ("", "ConvTranspose"): 1, ("", "Gemm"): None, ("", "MatMul"): -1,
@@ -57,21 +69,34 @@ def quantizable(graph: Graph) -> list[Node]:
     return ops
 
 
-def _run(graph: Graph, feeds: dict, quantized: dict[int, tuple[dict, np.ndarray]] | None = None,
+class _Simulation(NamedTuple):
+    """A quantized plan as the float reference evaluator sees it."""
+
+    weights: dict[int, np.ndarray]  # node id -> its weight rounded to int8 and dequantized
+    tensors: dict[str, tuple[float, int]]  # tensor -> u8 (scale, zero point): its readers see it quantized
+
+
+def _fake_u8(x: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
+    """QuantizeLinear then DequantizeLinear to u8 (round half to even, saturating)."""
+    s = np.float32(scale)
+    q = np.clip(np.rint(x / s) + zero_point, 0, 255)
+    return ((q - zero_point) * s).astype(np.float32)
+
+
+def _run(graph: Graph, feeds: dict, sim: _Simulation | None = None,
          watch: set[str] | None = None) -> tuple[dict, dict]:
-    """Run the graph; nodes in ``quantized`` (by id) see fake-quantized activations and weights.
-    Returns (outputs, watched values)."""
+    """Run the graph, quantized as ``sim`` says (float when None).  Returns (outputs, watched values)."""
     env = {**graph.initializers, **feeds}
+    if sim:
+        env.update({k: _fake_u8(v, *sim.tensors[k]) for k, v in feeds.items() if k in sim.tensors})
     seen = {}
     for node in graph.nodes:
         args = [env[i] if i else None for i in node.inputs]
-        if quantized and id(node) in quantized:
-            attrs, w = quantized[id(node)]
-            args[0] = fake_quant([args[0]], attrs)[0]
-            args[1] = w
+        if sim and id(node) in sim.weights:
+            args[1] = sim.weights[id(node)]
         for name, value in zip(node.outputs, evaluate_node(node, args, graph.opsets)):
             if name:
-                env[name] = value
+                env[name] = _fake_u8(value, *sim.tensors[name]) if sim and name in sim.tensors else value
                 if watch and name in watch:
                     seen[name] = value
         for name in node.inputs:
@@ -144,7 +169,8 @@ def _entropy_range(s: _Stats) -> tuple[float, float]:
     return (0.0 if s.lo >= 0 else -t), t
 
 
-def calibrate(graph: Graph, samples: list[dict], names: set[str], method: str) -> dict[str, dict]:
+def calibrate(graph: Graph, samples: list[dict], names: set[str], method: str) -> dict[str, tuple[float, float]]:
+    """The clipping range (lo, hi) of each tensor in ``names`` that the samples reach."""
     stats = {n: _Stats() for n in names}
     for feeds in progress(samples, desc="calibrating (ranges)", total=len(samples), unit="samples"):
         for name, x in _run(graph, feeds, watch=names)[1].items():
@@ -153,14 +179,13 @@ def calibrate(graph: Graph, samples: list[dict], names: set[str], method: str) -
         for feeds in progress(samples, desc=f"calibrating ({method})", total=len(samples), unit="samples"):
             for name, x in _run(graph, feeds, watch=names)[1].items():
                 stats[name].observe_hist(x)
-    params = {}
+    ranges = {}
     for name, s in stats.items():
         if not np.isfinite(s.lo):
             continue
-        lo, hi = (s.lo, s.hi) if method == "minmax" else (
+        ranges[name] = (s.lo, s.hi) if method == "minmax" else (
             _percentile_range(s) if method == "percentile" else _entropy_range(s))
-        params[name] = _params(lo, hi)
-    return params
+    return ranges
 
 
 def _quantized_weight(w: np.ndarray, axis: int) -> np.ndarray:
@@ -177,25 +202,125 @@ def _output_error(reference: list[dict], got: list[dict]) -> float:
     return worst
 
 
-def choose_ops(graph: Graph, ops: list[Node], plan: dict, samples: list[dict], budget: float,
-               ) -> tuple[list[Node], list[dict]]:
-    """``--precision=auto``: quantize ops in order of sensitivity while the error fits the budget."""
+def _simulation(graph: Graph, chosen: list[Node], ops: list[Node], weights: dict[int, np.ndarray],
+                ranges: dict[str, tuple[float, float]]) -> tuple[_Simulation, list[str]]:
+    """The plan that quantizes ``chosen`` (the rest of ``ops`` kept in float), and its quantized tensors
+    in graph order."""
+    picked = {id(n) for n in chosen}
+    tensors, groups = ptq_tensors.choose(graph, chosen, [n for n in ops if id(n) not in picked])
+    params = _group_params(ranges, groups)
+    tensors = [t for t in tensors if t in params]
+    return _Simulation({i: weights[i] for i in picked}, {t: params[t] for t in tensors}), tensors
+
+
+def choose_ops(graph: Graph, ops: list[Node], weights: dict[int, np.ndarray], ranges: dict, samples: list[dict],
+               budget: float) -> tuple[list[Node], list[dict]]:
+    """``--precision=auto``: quantize ops in order of sensitivity while the error fits the budget.  Each
+    trial is the whole plan those ops make (their inputs, outputs and the tensors between integer steps
+    quantized), so the budget holds for what is written, not for a model of it."""
     probe = samples[: min(4, len(samples))]
     reference = [_run(graph, f)[0] for f in probe]
-    sensitivity = []
-    for node in progress(ops, desc="measuring per-op int8 error", total=len(ops), unit="ops"):
-        err = _output_error(reference, [_run(graph, f, {id(node): plan[id(node)]})[0] for f in probe])
-        sensitivity.append((err, node))
-    chosen: dict[int, tuple] = {}
+
+    def error(chosen: list[Node]) -> float:
+        sim = _simulation(graph, chosen, ops, weights, ranges)[0]
+        return _output_error(reference, [_run(graph, f, sim)[0] for f in probe])
+
+    sensitivity = [(error([node]), i, node) for i, node in enumerate(
+        progress(ops, desc="measuring per-op int8 error", total=len(ops), unit="ops"))]
+    chosen: list[Node] = []
     kept: list[dict] = []
-    for err, node in sorted(sensitivity, key=lambda t: t[0]):
-        trial = {**chosen, id(node): plan[id(node)]}
-        total = _output_error(reference, [_run(graph, f, trial)[0] for f in probe])
+    for err, _, node in sorted(sensitivity, key=lambda t: t[:2]):
+        total = error([*chosen, node])
         if total <= budget:
-            chosen = trial
+            chosen.append(node)
         else:
             kept.append({"node": node.name, "op": node.op_type, "alone": err, "with_others": total})
-    return [n for n in ops if id(n) in chosen], kept
+    picked = {id(n) for n in chosen}
+    return [n for n in ops if id(n) in picked], kept
+
+
+def _uint8_params(lo: float, hi: float) -> tuple[float, int]:
+    """onnxruntime's activation quantization: u8, (hi - lo) / 255, the zero point where 0 lands."""
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    scale = float(np.float32((hi - lo) / 255.0)) if hi > lo else 1.0
+    return scale, int(np.clip(np.rint(-lo / scale), 0, 255))
+
+
+def _group_params(ranges: dict[str, tuple[float, float]], groups: dict[str, str]) -> dict[str, tuple[float, int]]:
+    """(scale, zero point) per tensor; the tensors of one group (an op that only moves bytes, its input
+    and its output) share the union of their ranges."""
+    union: dict[str, tuple[float, float]] = {}
+    for t, leader in groups.items():
+        if t in ranges:
+            lo, hi = ranges[t]
+            old = union.get(leader, (lo, hi))
+            union[leader] = (min(lo, old[0]), max(hi, old[1]))
+    return {t: _uint8_params(*union[leader]) for t, leader in groups.items() if leader in union}
+
+
+def _write_qdq(graph: Graph, tensors: list[str], params: dict[str, tuple[float, int]]) -> None:
+    """A QuantizeLinear -> DequantizeLinear pair right after each tensor's producer; every reader
+    reads the DequantizeLinear's output (onnxruntime's QDQ form, which the lowering passes match)."""
+    names = Names(graph)
+    readers = graph_queries.consumers(graph)
+    after: dict[str, list[Node]] = {}
+    for t in tensors:
+        scale, zp = params[t]
+        s = names.initializer(f"{t}_scale", np.array(scale, np.float32))
+        z = names.initializer(f"{t}_zero_point", np.array(zp, np.uint8))
+        q_out, dq_out = names.fresh(f"{t}_uint8"), names.fresh(f"{t}_dequantized")
+        shape = graph.shape_of(t)
+        graph.values[q_out] = Value(q_out, "uint8", shape)
+        graph.values[dq_out] = Value(dq_out, "float32", shape)
+        for reader in readers.get(t, []):
+            reader.inputs = [dq_out if i == t else i for i in reader.inputs]
+            if reader.proto is not None:
+                graph_queries.sync_proto(reader)
+        after[t] = [Node("QuantizeLinear", [t, s, z], [q_out], {}, names.fresh(f"{t}_quantize")),
+                    Node("DequantizeLinear", [q_out, s, z], [dq_out], {}, names.fresh(f"{t}_dequantize"))]
+    nodes = [n for v in graph.inputs for n in after.get(v.name, [])]
+    for node in graph.nodes:
+        nodes.append(node)
+        nodes.extend(n for o in node.outputs for n in after.get(o, []))
+    graph.nodes = nodes
+
+
+def _quantize_weight(graph: Graph, node: Node, formats: dict) -> None:
+    """Symmetric int8 per output channel.  A 2-D Conv's weight becomes the int8 tensor and a
+    DequantizeLinear (the form ``fuse_qdq_conv`` takes as its integer weight; ``fold_qdq`` makes it the
+    float weight with int8 storage where the conv stays float); the other ops get the dequantized
+    float weight, stored as int8 (``compress_weights``)."""
+    w = graph.const(node.inputs[1])
+    axis = _weight_axis(node, w)
+    q, scales = quantize(w, "int8", axis)
+    if node.op_type == "Conv" and w.ndim == 4:
+        names = Names(graph)
+        base = node.inputs[1]
+        q_name = names.initializer(f"{base}_int8", q)
+        s_name = names.initializer(f"{base}_scales", np.asarray(scales, np.float32))
+        z_name = names.initializer(f"{base}_zero_points", np.zeros(len(scales), np.int8))
+        out = names.fresh(f"{base}_dequantized")
+        graph.values[out] = Value(out, "float32", tuple(w.shape))
+        graph.nodes.insert(0, Node("DequantizeLinear", [q_name, s_name, z_name], [out], {"axis": 0},
+                                   names.fresh(f"{base}_dequantize")))
+        node.inputs[1] = out
+        return
+    name = graph.add_initializer(f"{node.inputs[1]}_int8", dequantize(q, "int8", axis, scales))
+    node.inputs[1] = name
+    formats[name] = ("int8", axis, scales)
+
+
+# What lowers the QDQ chains: integer steps on host-only plans (each pass checks the targets itself),
+# then the float view of what is left (FakeQuant steps, dequantized weights), as for onnxruntime's models.
+_LOWERING = (fuse_qdq_conv, fuse_qdq_add, fuse_qdq_movement, fuse_qdq_lookup, fuse_qdq_se, fold_qdq)
+
+
+def _lower(graph: Graph, ctx: PassContext) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for module in _LOWERING:
+        for key, value in module.run(graph, ctx).items():
+            counts[f"{module.NAME}.{key}"] = value
+    return counts
 
 
 def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
@@ -208,41 +333,27 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
     if not samples:
         raise UsageError("--quant_type=INT8 needs calibration inputs: give --calib_data=DIR")
     ops = quantizable(graph)
-    names = {n.inputs[0] for n in ops}
-    act = calibrate(graph, samples, names, method)
-    ops = [n for n in ops if n.inputs[0] in act]
-    plan = {id(n): (act[n.inputs[0]], _quantized_weight(graph.const(n.inputs[1]), _weight_axis(n, graph.const(
-        n.inputs[1])))) for n in ops}
+    # every tensor a quantized plan could use (keeping ops in float only removes some): one calibration
+    candidates, _ = ptq_tensors.choose(graph, ops, [])
+    ranges = calibrate(graph, samples, set(candidates) | {n.inputs[0] for n in ops}, method)
+    ops = [n for n in ops if n.inputs[0] in ranges]
+    weights = {id(n): _quantized_weight(graph.const(n.inputs[1]), _weight_axis(n, graph.const(n.inputs[1])))
+               for n in ops}
     kept: list[dict] = []
     if ctx.int8.precision_auto:
         budget = ctx.int8.auto_budget or RELATIVE["int8"]
-        ops, kept = choose_ops(graph, ops, plan, samples, budget)
+        ops, kept = choose_ops(graph, ops, weights, ranges, samples, budget)
     ctx.results.int8_kept_float = kept
     for name in kept:
         ctx.warn(f"node '{name['node']}' ({name['op']}) stays in float: int8 there would bring the output error "
                  f"to {name['with_others']:.2e}")
-    # Rewrite: one FakeQuant per quantized activation, int8 storage for the weights.
-    inserted: dict[str, str] = {}
+    sim, tensors = _simulation(graph, ops, quantizable(graph), weights, ranges)
     formats = ctx.results.weight_hints
+    _write_qdq(graph, tensors, sim.tensors)
     for node in ops:
-        x = node.inputs[0]
-        if x not in inserted:
-            fq_out = graph.unique_name(f"{x}_int8")
-            v = graph.values.get(x)
-            graph.values[fq_out] = Value(fq_out, "float32", v.shape if v else None)
-            fq = Node("FakeQuant", [x], [fq_out], dict(act[x]), graph.unique_name(f"{node.name}_quant_input"),
-                      OPTCLI_DOMAIN)
-            index = next(i for i, n in enumerate(graph.nodes) if n is node)
-            graph.nodes.insert(index, fq)
-            inserted[x] = fq_out
-        node.inputs[0] = inserted[x]
-        w = graph.const(node.inputs[1])
-        axis = _weight_axis(node, w)
-        q, scales = quantize(w, "int8", axis)
-        name = graph.add_initializer(f"{node.inputs[1]}_int8", dequantize(q, "int8", axis, scales))
-        node.inputs[1] = name
-        formats[name] = ("int8", axis, scales)
+        _quantize_weight(graph, node, formats)
     graph.metadata["quant"] = "int8"
     graph.toposort()
     graph.remove_unused_initializers()
-    return {"quantized_ops": len(ops), "activations": len(inserted), "kept_float": len(kept)}
+    lowered = _lower(graph, ctx)
+    return {"quantized_ops": len(ops), "activations": len(tensors), "kept_float": len(kept), **lowered}

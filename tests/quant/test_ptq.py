@@ -38,10 +38,13 @@ def test_top1_agreement_on_200_seeded_inputs(name, tmp_path_factory):
     ref = np.concatenate([fp32.run(x)["output"] for x in tests])
     got = np.concatenate([int8.run(x)["output"] for x in tests])
     assert np.mean(ref.argmax(1) == got.argmax(1)) >= 0.98
-    assert _snr_db(ref - ref.mean(0), got - ref.mean(0)) >= 10  # measured 13.8, 22.1, 11.7 dB
+    snr = _snr_db(ref - ref.mean(0), got - ref.mean(0))
+    print(name, snr)
+    assert snr >= 10, snr  # measured 13.8, 22.1, 11.7 dB
     assert result.report["sizes"]["weights_by_dtype"]["int8"] > 0
     ops = result.report["ops_after"]
-    assert ops["FakeQuant"] >= ops["Conv"] // 2
+    convs = sum(n.op_type == "Conv" for n in model.graph.node)
+    assert ops.get("QConv", 0) == convs and "FakeQuant" not in ops, f"every conv runs in integers: {ops}"
 
 
 @pytest.mark.opencl
@@ -70,7 +73,8 @@ def test_precision_auto_keeps_sensitive_ops_in_float(tmp_path_factory):
     assert loose.report["int8"]["kept_float"] == []
     kept = tight.report["int8"]["kept_float"]
     assert kept and all(k["with_others"] > 1e-2 for k in kept)
-    assert tight.report["ops_after"].get("FakeQuant", 0) < loose.report["ops_after"]["FakeQuant"]
+    quantized = [sum(r.report["ops_after"].get(op, 0) for op in ("QConv", "FakeQuant")) for r in (tight, loose)]
+    assert quantized[0] < quantized[1], quantized
     feeds = sample_inputs(model, seed=3)
     reference = optcli.load(optcli.optimize(model=model).data).run(feeds)["output"]
     err, scale = max_error(optcli.load(tight.data).run(feeds)["output"], reference)

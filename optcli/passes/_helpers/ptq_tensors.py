@@ -1,0 +1,154 @@
+"""Which activations full int8 PTQ quantizes, and which of them must share one scale.
+
+``quantize_int8`` writes its result as QDQ chains (QuantizeLinear -> DequantizeLinear around each
+quantized tensor, as onnxruntime's ``quantize_static`` does) so that the passes which lower such
+chains to integer steps on the host (``fuse_qdq_conv``, ``fuse_qdq_add``, ``fuse_qdq_movement``,
+``fuse_qdq_lookup``, ``fuse_qdq_se``) serve optcli's own PTQ as they serve onnxruntime's, and the
+GPU gets the same quantization as a float view (``fold_qdq``).  An integer step needs its inputs AND
+its output quantized; a quantized tensor whose producer or readers stay float costs a FakeQuant step
+and adds error for nothing.  So the tensors are chosen from the ops that have an integer step:
+
+* the seeds: the activation input of every quantized op (Conv, Gemm, MatMul, ...) and the output of
+  those with an integer step (2-D Conv), taken after a following Relu / Clip, which the step absorbs;
+* grown through the ops that have an integer step when one of their inputs or outputs is quantized:
+  two-operand Adds of one shape, the squeeze-excite Mul and GlobalAveragePool, element-wise functions
+  of one tensor (byte tables), and the ops that only move bytes (MaxPool, Pad, Reshape, Concat...);
+* never a graph output (the model's outputs stay float: quantizing the logits adds error and saves
+  nothing), a tensor a control-flow body reads, a non-float tensor, or an input of an op kept in
+  float (``--precision=auto``).
+
+The ops that only move bytes run on the 8-bit tensor only when their input and output share one
+scale and zero point (``fuse_qdq_movement``): their tensors form groups, calibrated as one range.
+"""
+
+from __future__ import annotations
+
+from optcli.ir import Graph, Node
+from optcli.passes._helpers import graph_queries
+from optcli.passes._helpers.qdq import is_std
+
+# ops whose outputs are copies of their (data) inputs: one group, one scale (fuse_qdq_movement's list)
+_MOVERS = {"MaxPool": (0,), "Pad": (0,), "Reshape": (0,), "Flatten": (0,), "Squeeze": (0,), "Unsqueeze": (0,),
+           "Transpose": (0,), "Slice": (0,), "DepthToSpace": (0,), "SpaceToDepth": (0,), "Resize": (0,),
+           "Concat": None}
+# element-wise functions of one tensor: fuse_qdq_lookup turns them into byte tables
+_UNARY = frozenset({"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Clip", "Elu", "Selu",
+                    "Softplus", "Erf", "Abs", "Neg", "Add", "Sub", "Mul", "Div", "Min", "Max"})
+# compute ops whose integer step writes a quantized output (the others read a quantized input only)
+INTEGER_OUTPUT_OPS = frozenset({"Conv"})
+
+
+class _Union:
+    """Union-find over tensor names: the groups that share one quantization."""
+
+    def __init__(self) -> None:
+        self.parent: dict[str, str] = {}
+
+    def find(self, a: str) -> str:
+        self.parent.setdefault(a, a)
+        while self.parent[a] != a:
+            self.parent[a] = self.parent[self.parent[a]]
+            a = self.parent[a]
+        return a
+
+    def join(self, a: str, b: str) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)  # the smaller name leads: deterministic
+
+
+def _activation_after(graph: Graph, consumers: dict, name: str, absorbed: set[int]) -> str:
+    """``name``, or the output of the Relu / Clip that is its only reader: the integer step absorbs it
+    (noted in ``absorbed``), so the tensor between the two stays float and unquantized."""
+    act = graph_queries.sole_consumer(graph, consumers, name)
+    if (is_std(act, "Relu") or is_std(act, "Clip")) and all(graph.const(i) is not None for i in act.inputs[1:] if i):
+        absorbed.add(id(act))
+        return act.outputs[0]
+    return name
+
+
+def _dynamic(graph: Graph, node: Node) -> list[str]:
+    return [i for i in node.inputs if i and graph.const(i) is None]
+
+
+def _is_unary(graph: Graph, node: Node) -> bool:
+    """An element-wise function of one tensor: one dynamic input, the others one-element constants."""
+    if not is_std(node, node.op_type) or node.op_type not in _UNARY or len(_dynamic(graph, node)) != 1:
+        return False
+    return all(graph.const(i).size == 1 for i in node.inputs if i and graph.const(i) is not None)
+
+
+def _is_gate_mul(graph: Graph, node: Node) -> bool:
+    """The squeeze-excite Mul: a feature map [N, C, ...] times a per-channel gate [N, C, 1, ...]."""
+    if not is_std(node, "Mul") or len(_dynamic(graph, node)) != 2:
+        return False
+    a, b = (graph_queries.static_shape(graph, i) for i in node.inputs)
+    if a is None or b is None or len(a) != len(b) or len(a) < 3:
+        return False
+    gate = lambda s: (*s[:2], *([1] * (len(s) - 2)))  # noqa: E731
+    return tuple(b) == gate(a) or tuple(a) == gate(b)
+
+
+def _is_same_shape_add(graph: Graph, node: Node) -> bool:
+    if not is_std(node, "Add") or len(_dynamic(graph, node)) != 2:
+        return False
+    a, b = (graph_queries.static_shape(graph, i) for i in node.inputs)
+    return a is not None and a == b
+
+
+def _data_inputs(graph: Graph, node: Node) -> list[str]:
+    which = _MOVERS[node.op_type]
+    names = node.inputs if which is None else [node.input(k) for k in which]
+    return [i for i in names if i and graph.const(i) is None]
+
+
+def choose(graph: Graph, quantized_ops: list[Node], keep_float: list[Node]) -> tuple[list[str], dict[str, str]]:
+    """(the tensors to quantize, in graph order; each one's group leader: tensors of one group share
+    one scale and zero point)."""
+    consumers = graph_queries.consumers(graph)
+    forbidden = graph.output_names() | graph_queries.implicit_refs(graph)
+    forbidden |= {i for n in keep_float for i in n.inputs if i}
+    chosen: set[str] = set()
+    absorbed: set[int] = set()  # the Relu / Clip nodes an integer step takes as its epilogue
+
+    def take(name: str) -> bool:
+        if name in chosen or name in forbidden or graph.const(name) is not None or graph.dtype_of(name) != "float32":
+            return False
+        chosen.add(name)
+        return True
+
+    for node in quantized_ops:
+        take(node.inputs[0])
+        if node.op_type in INTEGER_OUTPUT_OPS and len(node.outputs) == 1:
+            take(_activation_after(graph, consumers, node.outputs[0], absorbed))
+
+    # grow through the ops with integer steps until nothing changes
+    growers: list[tuple[Node, list[str], str, bool]] = []  # (node, data inputs, output, mover)
+    for node in graph.nodes:
+        if len([o for o in node.outputs if o]) != 1 or node.domain not in ("", "ai.onnx"):
+            continue
+        if node.op_type in _MOVERS and (node.op_type != "Pad" or len(node.inputs) > 1):
+            growers.append((node, _data_inputs(graph, node), node.outputs[0], True))
+        elif _is_same_shape_add(graph, node) or _is_gate_mul(graph, node):
+            output = _activation_after(graph, consumers, node.outputs[0], absorbed)
+            growers.append((node, _dynamic(graph, node), output, False))
+        elif is_std(node, "GlobalAveragePool") or _is_unary(graph, node):
+            growers.append((node, _dynamic(graph, node), node.outputs[0], False))
+    growers = [g for g in growers if id(g[0]) not in absorbed]
+    changed = True
+    while changed:
+        changed = False
+        for _node, inputs, output, _ in growers:
+            if any(t in chosen for t in (*inputs, output)):
+                for t in (*inputs, output):
+                    changed |= take(t)
+
+    groups = _Union()
+    for _node, inputs, output, mover in growers:
+        if mover and output in chosen:
+            for t in inputs:
+                if t in chosen:
+                    groups.join(t, output)
+    order = [v.name for v in graph.inputs] + [o for n in graph.nodes for o in n.outputs if o]
+    ordered = [t for t in dict.fromkeys(order) if t in chosen]
+    return ordered, {t: groups.find(t) for t in ordered}
