@@ -39,6 +39,29 @@ from optcli.zoo import build  # noqa: E402
 
 MODELS = {"MobileNetV2": "mobilenet_v2", "EfficientNet-Lite0": "efficientnet_lite0", "MobileNetV3": "mobilenet_v3",
           "ResNet-18": "resnet18"}
+# the corpus's real conv nets (corpus/README.md; OPTCLI_CORPUS_DIR), run where the corpus is built
+CORPUS_MODELS = {"RegNetX-200MF (corpus)": "dynamo_regnetx_002_op18_dynbatch",
+                 "YOLOv8n detector (corpus)": "nudenet_320n"}
+
+
+def load_model(label: str) -> tuple[onnx.ModelProto, list[int], str]:
+    """(the fp32 model with its input's dims pinned, the input's shape, its name)."""
+    if label in MODELS:
+        model = build(MODELS[label], resolution=224)
+        inp = model.graph.input[0]
+        return model, [d.dim_value or 1 for d in inp.type.tensor_type.shape.dim], inp.name
+    from corpus.evaluate import corpus_dir, load_manifest
+    folder = corpus_dir()
+    entry = next((e for e in load_manifest(folder) if e["name"] == CORPUS_MODELS[label]), None)
+    if entry is None:
+        raise SystemExit(f"{CORPUS_MODELS[label]} is not in the corpus at {folder}: build it (corpus/README.md)")
+    model = onnx.load(str(folder / entry["file"]))
+    spec = entry["inputs"][0]
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    for d, n in zip(dims, spec["shape"]):
+        d.Clear()
+        d.dim_value = n  # pinned: onnxruntime's quantizer and optcli see one static shape
+    return model, list(spec["shape"]), spec["name"]
 
 
 def quantize(model: onnx.ModelProto, folder: Path, shape: list[int], name: str) -> tuple[Path, Path]:
@@ -123,7 +146,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=40)
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help=f"comma-separated; the zoo's {', '.join(MODELS)} and, where the corpus is built, "
+                         f"{', '.join(CORPUS_MODELS)}")
     ap.add_argument("--steps", type=int, default=0, metavar="N",
                     help="also time each step of both optcli plans N times and print their minimums by kind")
     ap.add_argument("--write-docs", action="store_true",
@@ -131,11 +156,9 @@ def main() -> None:
     args = ap.parse_args()
     summary = []
     for label in args.models.split(","):
-        model = build(MODELS[label], resolution=224)
-        inp = model.graph.input[0]
-        shape = [d.dim_value or 1 for d in inp.type.tensor_type.shape.dim]
+        model, shape, input_name = load_model(label)
         with tempfile.TemporaryDirectory() as tmp:
-            fp32, qdq = quantize(model, Path(tmp), shape, inp.name)
+            fp32, qdq = quantize(model, Path(tmp), shape, input_name)
             plan_fp32 = optcli.optimize(model_file=str(fp32), valid_targets="arm")
             plan_int8 = optcli.optimize(model_file=str(qdq), valid_targets="arm")
             plan_ptq = optcli.optimize(model_file=str(fp32), valid_targets="arm", quant_type="INT8",
@@ -150,7 +173,7 @@ def main() -> None:
             for key, session in sessions.items():
                 runners[key] = functools.partial(session.run, None)
             x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
-            feeds = {inp.name: x}
+            feeds = {input_name: x}
             ours = list(runners["optcli arm int8 (QDQ model)"](feeds).values())[0]
             theirs = runners["onnxruntime QDQ model"](feeds)[0]
             plain = ort.SessionOptions()
@@ -166,7 +189,7 @@ def main() -> None:
                     t = time.perf_counter()
                     run(feeds)
                     times[key].append((time.perf_counter() - t) * 1e3)
-        print(f"\n## {label} (224x224, {args.threads} threads, {args.runs} interleaved runs)")
+        print(f"\n## {label} ({'x'.join(map(str, shape[2:]))}, {args.threads} threads, {args.runs} interleaved runs)")
         print(f"int8 plan: {dict(steps.most_common())}")
         print(f"own PTQ plan: {dict(ptq_steps.most_common())}")
         peak = [r.report["memory"]["peak_activation_bytes"] for r in (plan_fp32, plan_int8, plan_ptq)]

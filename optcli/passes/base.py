@@ -52,6 +52,8 @@ class PassContext:
     # What compile_bodies runs on each If/Loop/Scan body: pipeline.optimize fills it with
     # pipeline.BODY_PASSES (a field, not an import: the pipeline imports compile_bodies)
     body_passes: list[Any] | None = None
+    # --disable_pass: a pass that runs others itself (quantize_int8's lowering) skips these too
+    disabled_passes: frozenset[str] = frozenset()
 
     def warn(self, message: str) -> None:
         if message not in self.warnings:

@@ -42,7 +42,9 @@ DESCRIPTION = ("turn float islands of one quantized tensor (DequantizeLinear -> 
 # Element-wise float ops whose output at an element depends on their inputs at that element only.
 _ELEMENTWISE = frozenset({"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Clip", "Neg", "Abs",
                           "Exp", "Elu", "Selu", "Softplus", "Identity", "Erf", "Sqrt", "Reciprocal", "Floor", "Ceil",
-                          "Round", "Add", "Sub", "Mul", "Div", "Min", "Max", "Pow"})
+                          "Round", "Add", "Sub", "Mul", "Div", "Min", "Max", "Pow", "Gelu"})
+# optcli's own element-wise ops, which fusions made of exporters' patterns (x * Sigmoid(x): SiLU)
+_OPTCLI_ELEMENTWISE = frozenset({"Swish"})
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 
 
@@ -68,9 +70,11 @@ def _constant_dq(graph: Graph, producers: dict, name: str) -> Node | None:
 
 def _admits(graph: Graph, node: Node, island: _Island, producers: dict, rank: int | None) -> list[Node] | None:
     """The constant DequantizeLinear nodes ``node`` reads when it may join the island, else None."""
-    if node.domain not in ("", "ai.onnx") or node.proto is not None or len([o for o in node.outputs if o]) != 1:
+    ours = node.domain == OPTCLI_DOMAIN and node.op_type in _OPTCLI_ELEMENTWISE
+    if (node.domain not in ("", "ai.onnx") and not ours) or node.proto is not None \
+            or len([o for o in node.outputs if o]) != 1:
         return None
-    if node.op_type in _QDQ:
+    if node.op_type in _QDQ and not ours:
         if node.attrs.get("block_size") or node.input(0) not in island.values:
             return None
         params = scalar_params(graph, node.input(1), node.input(2))
@@ -80,7 +84,7 @@ def _admits(graph: Graph, node: Node, island: _Island, producers: dict, rank: in
         if node.attrs.get("output_dtype") and not node.input(2):
             return None  # (an output dtype given by attribute alone: as qdq.requantized)
         return []
-    if node.op_type not in _ELEMENTWISE:
+    if node.op_type not in _ELEMENTWISE and not ours:
         return None
     consts = []
     for name in node.inputs:

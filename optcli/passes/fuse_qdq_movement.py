@@ -1,5 +1,5 @@
 """Ops that only move or select values run on the quantized tensor: DequantizeLinear -> MaxPool / Pad /
-Reshape / Transpose / Concat / nearest Resize / ... -> QuantizeLinear, all with the same scale and zero
+Reshape / Transpose / Concat / Split / nearest Resize / ... -> QuantizeLinear, all with the same scale and zero
 point (onnxruntime's quantize_static writes a Q/DQ pair around each of them), become the op itself on
 the 8-bit tensor.
 
@@ -25,27 +25,38 @@ from optcli.passes._helpers.qdq import dequantized, drop_unread_dequantize, is_s
 from optcli.passes.base import PassContext
 
 NAME = "fuse_qdq_movement"
-DESCRIPTION = ("run ops that only move or select values (MaxPool, Pad, Reshape, Transpose, Concat, nearest Resize, "
-               "...) between a DequantizeLinear and a QuantizeLinear of equal parameters on the 8-bit tensor "
-               "(host-only plans)")
+DESCRIPTION = ("run ops that only move or select values (MaxPool, Pad, Reshape, Transpose, Concat, Split, "
+               "nearest Resize, ...) between a DequantizeLinear and a QuantizeLinear of equal parameters on the "
+               "8-bit tensor (host-only plans)")
 
 # the op, and which of its inputs carry the data (the others are shapes, axes, pads: left as they are)
 _DATA_INPUTS = {
     "MaxPool": (0,), "Pad": (0,), "Reshape": (0,), "Flatten": (0,), "Squeeze": (0,), "Unsqueeze": (0,),
     "Transpose": (0,), "Slice": (0,), "DepthToSpace": (0,), "SpaceToDepth": (0,), "Resize": (0,),
+    "Split": (0,),  # (its outputs: each read by its own QuantizeLinear of the same parameters)
     "Concat": None,  # every input
 }
 
 
-def _quantized_output(graph: Graph, consumers: dict, node: Node) -> tuple[Node, tuple] | None:
-    """The QuantizeLinear that is the only reader of ``node``'s single output, and its parameters."""
-    if len([o for o in node.outputs if o]) != 1:
-        return None
-    q = graph_queries.sole_consumer(graph, consumers, node.outputs[0])
-    if not is_std(q, "QuantizeLinear") or q.attrs.get("block_size") or (q.attrs.get("output_dtype") and not q.input(2)):
-        return None
-    params = scalar_params(graph, q.input(1), q.input(2))
-    return None if params is None else (q, params)
+def _quantized_outputs(graph: Graph, consumers: dict, node: Node) -> tuple[list[Node | None], tuple] | None:
+    """The QuantizeLinear that is the only reader of each of ``node``'s outputs (None for an unused
+    optional output), when they all quantize with one set of parameters, and those parameters."""
+    found: list[Node | None] = []
+    params = None
+    for out in node.outputs:
+        if not out:
+            found.append(None)
+            continue
+        q = graph_queries.sole_consumer(graph, consumers, out)
+        if not is_std(q, "QuantizeLinear") or q.attrs.get("block_size") or (
+                q.attrs.get("output_dtype") and not q.input(2)):
+            return None
+        p = scalar_params(graph, q.input(1), q.input(2))
+        if p is None or (params is not None and p != params):
+            return None
+        found.append(q)
+        params = p
+    return (found, params) if params is not None else None
 
 
 def _selects_only(graph: Graph, node: Node) -> bool:
@@ -82,12 +93,13 @@ def _pad_value(graph: Graph, pad: Node, params: tuple[float, int, str], names: N
     return inputs
 
 
-def _integer_node(graph: Graph, node: Node, producers: dict, consumers: dict, names: Names) -> tuple[Node, Node] | None:
-    """(the op on the 8-bit tensors, the QuantizeLinear it replaces), or None where the chain does not fit."""
-    out = _quantized_output(graph, consumers, node)
+def _integer_node(graph: Graph, node: Node, producers: dict, consumers: dict, names: Names
+                  ) -> tuple[Node, list[Node]] | None:
+    """(the op on the 8-bit tensors, the QuantizeLinear nodes it replaces), or None where the chain does not fit."""
+    out = _quantized_outputs(graph, consumers, node)
     if out is None or not _selects_only(graph, node):
         return None
-    q, params = out
+    qs, params = out
     data = _DATA_INPUTS[node.op_type]
     positions = range(len(node.inputs)) if data is None else data
     inputs = list(node.inputs)
@@ -103,9 +115,9 @@ def _integer_node(graph: Graph, node: Node, producers: dict, consumers: dict, na
         if padded is None:
             return None
         inputs = [inputs[0], *padded[1:]]
-    new = Node(node.op_type, inputs, [q.outputs[0]], dict(node.attrs), names.fresh(f"{node.name}_quantized"),
-               node.domain)
-    return new, q
+    outputs = [q.outputs[0] if q is not None else "" for q in qs]
+    new = Node(node.op_type, inputs, outputs, dict(node.attrs), names.fresh(f"{node.name}_quantized"), node.domain)
+    return new, [q for q in qs if q is not None]
 
 
 def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
@@ -121,8 +133,8 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
         found = _integer_node(graph, node, producers, consumers, names)
         if found is not None:
             replace[id(node)] = found[0]
-            gone.add(id(found[1]))
-            graph_queries.drop_values(graph, node.outputs[0])
+            gone.update(id(q) for q in found[1])
+            graph_queries.drop_values(graph, *[o for o in node.outputs if o])
     if replace:
         graph.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in gone]
         drop_unread_dequantize(graph)

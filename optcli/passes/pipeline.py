@@ -191,6 +191,7 @@ def optimize(
         ctx.body_passes = [p for p in BODY_PASSES if p.NAME not in set(disabled)]
     disabled = set(disabled)
     check_disabled(disabled, passes)
+    ctx.disabled_passes = frozenset(disabled)
     records: list[dict[str, Any]] = []
     for p in passes:
         if p.NAME in disabled:

@@ -318,6 +318,8 @@ _LOWERING = (fuse_qdq_conv, fuse_qdq_add, fuse_qdq_movement, fuse_qdq_lookup, fu
 def _lower(graph: Graph, ctx: PassContext) -> dict[str, int]:
     counts: dict[str, int] = {}
     for module in _LOWERING:
+        if module.NAME in ctx.disabled_passes:
+            continue
         for key, value in module.run(graph, ctx).items():
             counts[f"{module.NAME}.{key}"] = value
     return counts

@@ -39,8 +39,7 @@ def test_top1_agreement_on_200_seeded_inputs(name, tmp_path_factory):
     got = np.concatenate([int8.run(x)["output"] for x in tests])
     assert np.mean(ref.argmax(1) == got.argmax(1)) >= 0.98
     snr = _snr_db(ref - ref.mean(0), got - ref.mean(0))
-    print(name, snr)
-    assert snr >= 10, snr  # measured 13.8, 22.1, 11.7 dB
+    assert snr >= 10, snr  # measured 12.9, 18.0, 11.0 dB
     assert result.report["sizes"]["weights_by_dtype"]["int8"] > 0
     ops = result.report["ops_after"]
     convs = sum(n.op_type == "Conv" for n in model.graph.node)

@@ -137,3 +137,33 @@ def test_plans_with_a_gpu_target_keep_the_float_view():
     assert fuse_qdq_movement.run(to_graph(model), host)["fused"] == 1
     kinds = [s.op_type for s in optcli.optimize(model=model, valid_targets="opencl,arm").plan.steps]
     assert "MaxPool" in kinds and "QConv" not in kinds and "QuantizeLinear" not in kinds, kinds
+
+
+def _split_model(second_scale: float = 0.05) -> onnx.ModelProto:
+    """qdq_model's chain with a two-output Split (YOLOv8's C2f blocks): each output quantized by its own
+    QuantizeLinear, of the input's parameters unless ``second_scale`` differs."""
+    model = qdq_model("Split", {"axis": 1}, {"split": np.array([1, 2], np.int64)}, out_shape=[1, 1, 9, 11])
+    g = model.graph
+    g.node[6].output.append("o2")
+    g.initializer.append(numpy_helper.from_array(np.array(second_scale, np.float32), "s2"))
+    g.node.extend([helper.make_node("QuantizeLinear", ["o2", "s2", "z"], ["q3"]),
+                   helper.make_node("DequantizeLinear", ["q3", "s2", "z"], ["y2"])])
+    g.output.append(helper.make_tensor_value_info("y2", TensorProto.FLOAT, [1, 2, 9, 11]))
+    return model
+
+
+@pytest.mark.parametrize("second_scale", [0.05, 0.07], ids=["one scale", "other scale"])
+def test_split_runs_on_bytes_when_every_output_keeps_the_scale(second_scale):
+    model = _split_model(second_scale)
+    result, steps = compile_plan(model)
+    kinds = [k for k, _ in steps]
+    if second_scale == 0.05:
+        assert kinds == ["QuantizeLinear", "QConv", "Split", "DequantizeLinear", "DequantizeLinear"], kinds
+    else:
+        assert kinds[:3] == ["QuantizeLinear", "QConv", "DequantizeLinear"], kinds  # a requantization: float
+    predictor = optcli.load(result.data)
+    for seed in range(3):
+        x = _x(seed)
+        got, want = predictor.run({"x": x}), ort_run(model, {"x": x})
+        np.testing.assert_array_equal(got["y"], want[0])
+        np.testing.assert_array_equal(got["y2"], want[1])

@@ -12,7 +12,7 @@ and adds error for nothing.  So the tensors are chosen from the ops that have an
   those with an integer step (2-D Conv), taken after a following Relu / Clip, which the step absorbs;
 * grown through the ops that have an integer step when one of their inputs or outputs is quantized:
   two-operand Adds of one shape, the squeeze-excite Mul and GlobalAveragePool, element-wise functions
-  of one tensor (byte tables), and the ops that only move bytes (MaxPool, Pad, Reshape, Concat...);
+  of one tensor (byte tables), and the ops that only move bytes (MaxPool, Pad, Reshape, Concat, Split...);
 * never a graph output (the model's outputs stay float: quantizing the logits adds error and saves
   nothing), a tensor a control-flow body reads, a non-float tensor, or an input of an op kept in
   float (``--precision=auto``).
@@ -23,17 +23,18 @@ scale and zero point (``fuse_qdq_movement``): their tensors form groups, calibra
 
 from __future__ import annotations
 
-from optcli.ir import Graph, Node
+from optcli.ir import OPTCLI_DOMAIN, Graph, Node
 from optcli.passes._helpers import graph_queries
 from optcli.passes._helpers.qdq import is_std
 
 # ops whose outputs are copies of their (data) inputs: one group, one scale (fuse_qdq_movement's list)
 _MOVERS = {"MaxPool": (0,), "Pad": (0,), "Reshape": (0,), "Flatten": (0,), "Squeeze": (0,), "Unsqueeze": (0,),
            "Transpose": (0,), "Slice": (0,), "DepthToSpace": (0,), "SpaceToDepth": (0,), "Resize": (0,),
-           "Concat": None}
+           "Split": (0,), "Concat": None}
 # element-wise functions of one tensor: fuse_qdq_lookup turns them into byte tables
 _UNARY = frozenset({"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Clip", "Elu", "Selu",
-                    "Softplus", "Erf", "Abs", "Neg", "Add", "Sub", "Mul", "Div", "Min", "Max"})
+                    "Softplus", "Erf", "Abs", "Neg", "Add", "Sub", "Mul", "Div", "Min", "Max", "Gelu"})
+_OPTCLI_UNARY = frozenset({"Swish"})  # optcli's fusions of exporters' patterns (x * Sigmoid(x))
 # compute ops whose integer step writes a quantized output (the others read a quantized input only)
 INTEGER_OUTPUT_OPS = frozenset({"Conv"})
 
@@ -73,7 +74,8 @@ def _dynamic(graph: Graph, node: Node) -> list[str]:
 
 def _is_unary(graph: Graph, node: Node) -> bool:
     """An element-wise function of one tensor: one dynamic input, the others one-element constants."""
-    if not is_std(node, node.op_type) or node.op_type not in _UNARY or len(_dynamic(graph, node)) != 1:
+    ours = node.domain == OPTCLI_DOMAIN and node.op_type in _OPTCLI_UNARY and node.proto is None
+    if not (ours or (is_std(node, node.op_type) and node.op_type in _UNARY)) or len(_dynamic(graph, node)) != 1:
         return False
     return all(graph.const(i).size == 1 for i in node.inputs if i and graph.const(i) is not None)
 
@@ -123,32 +125,36 @@ def choose(graph: Graph, quantized_ops: list[Node], keep_float: list[Node]) -> t
             take(_activation_after(graph, consumers, node.outputs[0], absorbed))
 
     # grow through the ops with integer steps until nothing changes
-    growers: list[tuple[Node, list[str], str, bool]] = []  # (node, data inputs, output, mover)
+    growers: list[tuple[Node, list[str], list[str], bool]] = []  # (node, data inputs, outputs, mover)
     for node in graph.nodes:
-        if len([o for o in node.outputs if o]) != 1 or node.domain not in ("", "ai.onnx"):
+        outputs = [o for o in node.outputs if o]
+        if is_std(node, "Split") and outputs:
+            growers.append((node, _data_inputs(graph, node), outputs, True))
             continue
-        if node.op_type in _MOVERS and (node.op_type != "Pad" or len(node.inputs) > 1):
-            growers.append((node, _data_inputs(graph, node), node.outputs[0], True))
+        if len(outputs) != 1:
+            continue
+        if is_std(node, node.op_type) and node.op_type in _MOVERS and (node.op_type != "Pad" or len(node.inputs) > 1):
+            growers.append((node, _data_inputs(graph, node), outputs, True))
         elif _is_same_shape_add(graph, node) or _is_gate_mul(graph, node):
             output = _activation_after(graph, consumers, node.outputs[0], absorbed)
-            growers.append((node, _dynamic(graph, node), output, False))
+            growers.append((node, _dynamic(graph, node), [output], False))
         elif is_std(node, "GlobalAveragePool") or _is_unary(graph, node):
-            growers.append((node, _dynamic(graph, node), node.outputs[0], False))
+            growers.append((node, _dynamic(graph, node), outputs, False))
     growers = [g for g in growers if id(g[0]) not in absorbed]
     changed = True
     while changed:
         changed = False
-        for _node, inputs, output, _ in growers:
-            if any(t in chosen for t in (*inputs, output)):
-                for t in (*inputs, output):
+        for _node, inputs, outputs, _ in growers:
+            if any(t in chosen for t in (*inputs, *outputs)):
+                for t in (*inputs, *outputs):
                     changed |= take(t)
 
     groups = _Union()
-    for _node, inputs, output, mover in growers:
-        if mover and output in chosen:
-            for t in inputs:
-                if t in chosen:
-                    groups.join(t, output)
+    for _node, inputs, outputs, mover in growers:
+        if mover:
+            members = [t for t in (*inputs, *outputs) if t in chosen]
+            for t in members[1:]:
+                groups.join(members[0], t)
     order = [v.name for v in graph.inputs] + [o for n in graph.nodes for o in n.outputs if o]
     ordered = [t for t in dict.fromkeys(order) if t in chosen]
     return ordered, {t: groups.find(t) for t in ordered}

@@ -1,0 +1,122 @@
+"""optcli's own full int8 PTQ as integer steps on the host (issue 26): which activations it quantizes
+(``passes/_helpers/ptq_tensors.py``), the QDQ chains it writes, and what the lowering makes of them.
+
+The model: a stem Conv -> Relu -> MaxPool, a residual block (Conv -> Relu -> Conv, Add with the pool's
+output, Relu), a global pool and a Gemm head, plus a Sigmoid side output straight off the stem."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import optcli
+from optcli.frontend.onnx_reader import read_model
+from optcli.passes import quantize_int8
+from optcli.passes._helpers import ptq_tensors
+from optcli.tolerance import RELATIVE, max_error
+
+
+def _model() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+
+    def w(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+    inits = [w("w0", 8, 3, 3, 3), w("b0", 8), w("w1", 8, 8, 3, 3), w("w2", 8, 8, 3, 3), w("wf", 5, 8), w("bf", 5)]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1], name="stem"),
+        helper.make_node("Relu", ["c0"], ["r0"], name="stem_relu"),
+        helper.make_node("MaxPool", ["r0"], ["p0"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
+        helper.make_node("Conv", ["p0", "w1"], ["c1"], pads=[1, 1, 1, 1], name="block_a"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="block_a_relu"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], name="block_b"),
+        helper.make_node("Add", ["c2", "p0"], ["s"], name="residual"),
+        helper.make_node("Relu", ["s"], ["r2"], name="residual_relu"),
+        helper.make_node("GlobalAveragePool", ["r2"], ["g"], name="gap"),
+        helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1, name="head"),
+        helper.make_node("Sigmoid", ["r0"], ["side"], name="side"),
+    ]
+    graph = helper.make_graph(nodes, "ptq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5]),
+                               helper.make_tensor_value_info("side", TensorProto.FLOAT, [1, 8, 16, 16])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _samples(n: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((1, 3, 16, 16)).astype(np.float32) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def calib(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("calib")
+    for i, x in enumerate(_samples(16, seed=1)):
+        np.save(folder / f"{i:02d}.npy", x)
+    return folder
+
+
+def test_chosen_tensors():
+    graph = read_model(model=_model())
+    ops = quantize_int8.quantizable(graph)
+    tensors, groups = ptq_tensors.choose(graph, ops, [])
+    # the convs' and Add's activations after their Relu (the integer step absorbs it), not before
+    assert {"r0", "r1", "r2"} <= set(tensors) and not {"c0", "c1", "s"} & set(tensors)
+    assert {"x", "p0", "c2", "g", "f"} <= set(tensors)  # the block's Add operands, the pool and head input
+    assert "y" not in tensors and "side" not in tensors, "graph outputs stay float"
+    assert groups["p0"] == groups["r0"], "MaxPool's input and output share one quantization"
+    assert groups["g"] == groups["f"] and groups["g"] != groups["r2"], "Flatten moves bytes; the pool requantizes"
+    # an op kept in float keeps its input float (and the chain to it stops there)
+    kept = [n for n in ops if n.name == "block_b"]
+    tensors, _ = ptq_tensors.choose(graph, [n for n in ops if n.name != "block_b"], kept)
+    assert "r1" not in tensors
+
+
+def test_host_plan_is_integer_and_matches_the_float_view(calib):
+    model = _model()
+    host = optcli.optimize(model=model, quant_type="INT8", calib_data=calib)
+    ops = host.report["ops_after"]
+    assert ops.get("QConv") == 3 and ops.get("QAdd") == 1 and ops.get("QGlobalAveragePool") == 1, ops
+    assert "FakeQuant" not in ops, ops
+    steps = optcli.load(host.data).plan.steps
+    pool = next(s for s in steps if s.op_type == "MaxPool")
+    producer = next(s for s in steps if pool.inputs[0] in s.outputs)
+    assert producer.op_type == "QConv", "the pool reads the stem's bytes"
+    # the same quantization as a float view (what a GPU target gets): no integer step, the same answers
+    view = optcli.optimize(model=model, quant_type="INT8", calib_data=calib,
+                           disabled_passes={"fuse_qdq_conv", "fuse_qdq_add", "fuse_qdq_movement", "fuse_qdq_se"})
+    assert "QConv" not in view.report["ops_after"] and view.report["ops_after"].get("Conv") == 3
+    a, b = optcli.load(host.data), optcli.load(view.data)
+    fp32 = optcli.load(optcli.optimize(model=model).data)
+    for x in _samples(8, seed=7):
+        got, expected, ref = a.run({"x": x}), b.run({"x": x}), fp32.run({"x": x})
+        err, scale = max_error(got["y"], expected["y"])
+        assert err / scale <= RELATIVE["int8"], (err, scale)
+        err, scale = max_error(got["y"], ref["y"])
+        assert err / scale < 0.1, "int8 stays near fp32"
+        np.testing.assert_allclose(got["side"], ref["side"], atol=0.02), "the side output reads the stem's bytes"
+
+
+def test_silu_between_convs_is_a_byte_table(calib):
+    """YOLOv8's Conv -> x * Sigmoid(x) -> Conv: fuse_activation_patterns makes the SiLU one optcli.Swish
+    before quantize_int8 runs, and the PTQ must still hand bytes from conv to conv (a QLookup of the
+    conv's output), not dequantize, run Swish in float and quantize again (which made YOLOv8n's int8
+    plan 2.3x slower than its fp32 plan)."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype(np.float32), n)
+             for n, s in (("w0", (8, 3, 3, 3)), ("w1", (4, 8, 1, 1)))]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c0"], ["sg"]), helper.make_node("Mul", ["c0", "sg"], ["a"]),
+             helper.make_node("Conv", ["a", "w1"], ["y"])]
+    graph = helper.make_graph(nodes, "silu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    plan = optcli.optimize(model=model, quant_type="INT8", calib_data=calib)
+    ops = plan.report["ops_after"]
+    assert ops.get("QLookup") == 1 and ops.get("QConv") == 1 and "Swish" not in ops, ops
+    fp32 = optcli.load(optcli.optimize(model=model).data)
+    x = _samples(1, seed=9)[0]
+    err, scale = max_error(optcli.load(plan.data).run({"x": x})["y"], fp32.run({"x": x})["y"])
+    assert err / scale < 0.1
