@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from optcli.ir import Graph, Names, Node
+from optcli.ir import OPTCLI_DOMAIN, Graph, Names, Node, Value
+from optcli.ops.evaluate import evaluate_node
 from optcli.ops.quant import quantize
 from optcli.passes._helpers import graph_queries
-from optcli.passes._helpers.qdq import dequantized, drop_unread_dequantize, is_std, scalar_params
+from optcli.passes._helpers.qdq import RANGE, dequantized, drop_unread_dequantize, is_std, scalar_params
 from optcli.passes.base import PassContext
 
 NAME = "fuse_qdq_movement"
@@ -93,13 +94,32 @@ def _pad_value(graph: Graph, pad: Node, params: tuple[float, int, str], names: N
     return inputs
 
 
+def _requantize(graph: Graph, dq: Node, q: Node, names: Names) -> tuple[str, Node] | None:
+    """A QLookup taking ``dq``'s bytes to ``q``'s grid: Q(DQ(byte)) for each of the 256 bytes, computed by the
+    float view's own kernels, so exact; (its output, the node)."""
+    source = dq.input(0)
+    dtype = np.dtype(graph.dtype_of(source))
+    args = [np.arange(256, dtype=np.uint8).view(dtype), *(graph.const(i) if i else None for i in dq.inputs[1:])]
+    floats = evaluate_node(dq, args, graph.opsets)[0]
+    table = evaluate_node(q, [floats, *(graph.const(i) if i else None for i in q.inputs[1:])], graph.opsets)[0]
+    table = np.ascontiguousarray(table.reshape(-1))
+    if table.shape != (256,) or table.dtype.name not in RANGE:
+        return None
+    name = names.initializer(f"{source}_requantized_table", table)
+    out = names.fresh(f"{source}_requantized")
+    graph.values[out] = Value(out, table.dtype.name, graph.shape_of(source))
+    return out, Node("QLookup", [source, name], [out], {}, names.fresh(f"{source}_requantize"), OPTCLI_DOMAIN)
+
+
 def _integer_node(graph: Graph, node: Node, producers: dict, consumers: dict, names: Names
-                  ) -> tuple[Node, list[Node]] | None:
-    """(the op on the 8-bit tensors, the QuantizeLinear nodes it replaces), or None where the chain does not fit."""
+                  ) -> tuple[Node, list[Node], list[Node]] | None:
+    """(the op on the 8-bit tensors, the QuantizeLinear nodes it replaces, the QLookup steps that requantize
+    a Concat's inputs of other parameters), or None where the chain does not fit."""
     out = _quantized_outputs(graph, consumers, node)
     if out is None or not _selects_only(graph, node):
         return None
     qs, params = out
+    lookups: list[Node] = []
     data = _DATA_INPUTS[node.op_type]
     positions = range(len(node.inputs)) if data is None else data
     inputs = list(node.inputs)
@@ -107,6 +127,15 @@ def _integer_node(graph: Graph, node: Node, producers: dict, consumers: dict, na
         if i >= len(inputs) or not inputs[i]:
             return None
         dq = dequantized(graph, producers, inputs[i])
+        if dq is not None and dq[1] != params and node.op_type == "Concat":
+            # onnxruntime's quantizer gives each Concat input its own scale: a byte table moves it to the
+            # output's (exact: Concat copies, so Q(Concat(DQ(x_i))) is Concat(Q(DQ(x_i))))
+            found = _requantize(graph, producers[inputs[i]], qs[0], names)
+            if found is None:
+                return None
+            inputs[i] = found[0]
+            lookups.append(found[1])
+            continue
         if dq is None or dq[1] != params:
             return None  # another scale or zero point: a requantization, not a copy
         inputs[i] = dq[0]
@@ -117,15 +146,16 @@ def _integer_node(graph: Graph, node: Node, producers: dict, consumers: dict, na
         inputs = [inputs[0], *padded[1:]]
     outputs = [q.outputs[0] if q is not None else "" for q in qs]
     new = Node(node.op_type, inputs, outputs, dict(node.attrs), names.fresh(f"{node.name}_quantized"), node.domain)
-    return new, [q for q in qs if q is not None]
+    return new, [q for q in qs if q is not None], lookups
 
 
 def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
     if any(getattr(t, "device", "cpu") == "gpu" for t in ctx.targets):
-        return {"fused": 0}
+        return {"fused": 0, "requantized": 0}
     names = Names(graph)
     producers, consumers = graph.producers(), graph_queries.consumers(graph)
     replace: dict[int, Node] = {}
+    before: dict[int, list[Node]] = {}
     gone: set[int] = set()
     for node in graph.nodes:
         if node.op_type not in _DATA_INPUTS or not is_std(node, node.op_type):
@@ -133,9 +163,11 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
         found = _integer_node(graph, node, producers, consumers, names)
         if found is not None:
             replace[id(node)] = found[0]
+            before[id(node)] = found[2]
             gone.update(id(q) for q in found[1])
             graph_queries.drop_values(graph, *[o for o in node.outputs if o])
     if replace:
-        graph.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in gone]
+        graph.nodes = [m for n in graph.nodes if id(n) not in gone
+                       for m in (*before.get(id(n), ()), replace.get(id(n), n))]
         drop_unread_dequantize(graph)
-    return {"fused": len(replace)}
+    return {"fused": len(replace), "requantized": sum(len(v) for v in before.values())}

@@ -167,3 +167,29 @@ def test_split_runs_on_bytes_when_every_output_keeps_the_scale(second_scale):
         got, want = predictor.run({"x": x}), ort_run(model, {"x": x})
         np.testing.assert_array_equal(got["y"], want[0])
         np.testing.assert_array_equal(got["y2"], want[1])
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8], ids=["u8", "s8"])
+def test_concat_of_other_scales_requantizes_its_inputs_with_byte_tables(dtype):
+    """onnxruntime's quantizer gives a Concat's inputs their own scales (YOLOv8's necks): each input of other
+    parameters than the output's goes through a QLookup (Q(DQ(byte)), the float view's own arithmetic) and
+    the Concat runs on bytes; onnxruntime's output for the graph as written, to the bit."""
+    model = qdq_model("Concat", {"axis": 1}, {}, dtype, out_scale=0.07, out_zp=3 if dtype == np.uint8 else -9,
+                      two_inputs=True, out_shape=[1, 6, 9, 11])
+    g = model.graph
+    g.node[6].input[1] = "x2d"  # the second input: straight from the graph input, at a third scale
+    g.initializer.append(numpy_helper.from_array(np.array(0.031, np.float32), "s3"))
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s3", "z"], ["x2q"]),
+             helper.make_node("DequantizeLinear", ["x2q", "s3", "z"], ["x2d"]), *g.node]
+    del g.node[:]
+    g.node.extend(nodes)
+    onnx.checker.check_model(model)
+    result, steps = compile_plan(model)
+    kinds = [k for k, _ in steps]
+    assert kinds.count("QLookup") == 2 and "Concat" in kinds and kinds.count("DequantizeLinear") == 1, kinds
+    concat = next(s for s in result.plan.steps if s.op_type == "Concat")
+    assert all(i in {o for s in result.plan.steps if s.op_type == "QLookup" for o in s.outputs} for i in concat.inputs)
+    predictor = optcli.load(result.data)
+    for seed in range(3):
+        x = _x(seed)
+        np.testing.assert_array_equal(predictor.run({"x": x})["y"], ort_run(model, {"x": x})[0])
