@@ -19,6 +19,7 @@ a warning names it, and ``ctx.results.fold_failures`` (the report's ``fold_failu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -191,15 +192,16 @@ def _failure(node: Node, exc: Exception) -> dict:
             "error": f"{type(exc).__name__}: {first}", "advice": why}
 
 
-def run(graph: Graph, ctx: Any) -> dict[str, int]:
+def run(graph: Graph, ctx: Any, keep: Callable[[Node], bool] | None = None) -> dict[str, int]:
+    """Fold to a fixpoint; nodes for which ``keep`` says True stay nodes (fold_constants_before_qdq)."""
     counts = {"folded": 0, "constants": 0, "shapes": 0, "inferred": 0}
     failed: set[int] = set()
     failures: list[dict] = []
-    _sweep(graph, failed, failures, counts)
+    _sweep(graph, failed, failures, counts, keep)
     for _ in range(MAX_ROUNDS):
         inferred = reinfer_shapes(graph)
         counts["inferred"] += inferred
-        if not inferred or not _sweep(graph, failed, failures, counts):
+        if not inferred or not _sweep(graph, failed, failures, counts, keep):
             break
     remove_unused_initializers(graph)
     _report(ctx, failures)
@@ -216,7 +218,8 @@ def _report(ctx: Any, failures: list[dict]) -> None:
             ctx.warn(f"could not fold node '{f['node']}' ({f['op']}) over constants: {f['error']}; {f['advice']}")
 
 
-def _sweep(graph: Graph, failed: set[int], failures: list[dict], counts: dict[str, int]) -> bool:
+def _sweep(graph: Graph, failed: set[int], failures: list[dict], counts: dict[str, int],
+           keep: Callable[[Node], bool] | None = None) -> bool:
     """Fold until a sweep folds nothing; True when anything was folded."""
     any_folded = False
     changed = True
@@ -227,7 +230,7 @@ def _sweep(graph: Graph, failed: set[int], failures: list[dict], counts: dict[st
         folded: set[int] = set()
         for node in graph.nodes:
             # A graph output must stay produced by a node: the runtime binds outputs to steps.
-            if any(o in outputs for o in node.outputs):
+            if any(o in outputs for o in node.outputs) or (keep is not None and keep(node)):
                 continue
             results = _fold(graph, node, failed, failures, producers)
             if results is None:

@@ -72,6 +72,18 @@ def _selects_only(graph: Graph, node: Node) -> bool:
     return True
 
 
+def _constant(graph: Graph, name: str) -> np.ndarray | None:
+    """A constant, or the float a DequantizeLinear of constants makes (onnxruntime's quantizer quantizes a
+    Pad's value too; fold_constants_before_qdq keeps DequantizeLinear nodes)."""
+    const = graph.const(name)
+    if const is not None:
+        return const
+    dq = graph.producers().get(name)
+    if not is_std(dq, "DequantizeLinear") or not all(graph.const(i) is not None for i in dq.inputs if i):
+        return None
+    return evaluate_node(dq, [graph.const(i) if i else None for i in dq.inputs], graph.opsets)[0]
+
+
 def _pad_value(graph: Graph, pad: Node, params: tuple[float, int, str], names: Names) -> list[str] | None:
     """The Pad's inputs for the 8-bit tensor: its constant value quantized, where that is exact."""
     if len(pad.inputs) < 2 or not pad.input(1):
@@ -81,7 +93,7 @@ def _pad_value(graph: Graph, pad: Node, params: tuple[float, int, str], names: N
         return list(pad.inputs)  # edge / reflect copy values
     value = np.float32(0.0)
     if len(pad.inputs) > 2 and pad.input(2):
-        const = graph.const(pad.input(2))
+        const = _constant(graph, pad.input(2))
         if const is None or const.size != 1:
             return None
         value = np.float32(const.reshape(-1)[0])

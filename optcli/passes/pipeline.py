@@ -27,6 +27,7 @@ from optcli.passes import (
     fold_affine_into_concat,
     fold_affine_into_next_conv,
     fold_constants,
+    fold_constants_before_qdq,
     fold_dynamic_reshape_shapes,
     fold_pad_into_conv,
     fold_qdq,
@@ -62,6 +63,7 @@ from optcli.passes import (
 PASSES: list[ModuleType] = [
     # pre-quantized models: QOperator ops -> QDQ; QDQ pairs -> FakeQuant, dequantized weights -> int8 storage
     qoperator_to_qdq,
+    fold_constants_before_qdq,  # run-time pad arithmetic folded, shapes static: the chains below can match
     fuse_qdq_conv,  # host-only plans: quantized convs become integer steps, before fold_qdq makes FakeQuants
     fuse_qdq_add,  # and the residual Adds between them
     fuse_qdq_movement,  # and the pools, pads and reshapes that only move their bytes
