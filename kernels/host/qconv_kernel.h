@@ -55,6 +55,10 @@ extern int opt_qconv_vnni256;
 /* 1 on aarch64 CPUs with the dot product extension (variant 6): the 1x1 convs by sdot on whole weights, x read
  * as s8 (u8 inputs flipped by an xor with 0x80, 128 * sum(w) added back to each row). */
 extern int opt_qconv_sdot;
+/* 1 on aarch64 CPUs without it (variant 7: Cortex-A53/A55/A72/A73 class, most boards): the same tile by smull
+ * and sadalp (each pair of s8 x s8 products summed into an int32 lane at once, so no int16 sum can clip), x
+ * read as s8 as for sdot. */
+extern int opt_qconv_neon;
 
 #define VNNI512_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma"
 #define VNNI256_TARGET "avxvnni,avx2,fma"

@@ -40,6 +40,7 @@ int opt_qdw_fma = 0;
 int opt_qconv_vnni512 = 0;
 int opt_qconv_vnni256 = 0;
 int opt_qconv_sdot = 0;
+int opt_qconv_neon = 0;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 #if defined(__aarch64__) && defined(__linux__)
@@ -79,6 +80,11 @@ static void pick(void) {
     opt_qconv_vnni256 = 0;
 #endif
     opt_qconv_sdot = cpu_sdot();
+#if defined(__aarch64__)
+    opt_qconv_neon = !opt_qconv_sdot; /* Advanced SIMD is part of every aarch64 CPU */
+#else
+    opt_qconv_neon = 0;
+#endif
 }
 
 OPT_API int optcli_qgemm_variant(int which) {
@@ -91,9 +97,18 @@ OPT_API int optcli_qgemm_variant(int which) {
         opt_qconv_vnni512 = 0;
         opt_qconv_vnni256 = 0;
         opt_qconv_sdot = 0;
+        opt_qconv_neon = 0;
     } else if (which == 6) {
         if (!cpu_sdot()) return -1;
         opt_qconv_sdot = 1;
+        opt_qconv_neon = 0;
+    } else if (which == 7) {
+#if defined(__aarch64__)
+        opt_qconv_sdot = 0;
+        opt_qconv_neon = 1;
+#else
+        return -1;
+#endif
     } else if (which >= 2 && which <= 5) {
 #ifdef QG_X86
         if (!__builtin_cpu_supports("avx2") || (which >= 3 && !__builtin_cpu_supports("fma")) ||
@@ -109,7 +124,12 @@ OPT_API int optcli_qgemm_variant(int which) {
     } else if (which != -1) {
         return -1;
     }
-    return opt_qconv_sdot ? 6 : opt_qconv_vnni256 ? 5 : opt_qconv_vnni512 ? 4 : opt_qconv_avx2 ? (opt_qdw_fma ? 3 : 2) : 1;
+    return opt_qconv_neon     ? 7
+           : opt_qconv_sdot   ? 6
+           : opt_qconv_vnni256 ? 5
+           : opt_qconv_vnni512 ? 4
+           : opt_qconv_avx2   ? (opt_qdw_fma ? 3 : 2)
+                              : 1;
 }
 
 static inline int32_t centred(const qconv_t *q, const uint8_t *p) {

@@ -39,7 +39,8 @@ typedef struct {
     qconv_t q;
     int whole;           /* the blob's format: 1 the whole weights (no residual), 0 split for vpmaddubsw */
     int sdot;            /* aarch64's sdot path: x packed as s8 (see opt_qconv_sdot), wsum added per row */
-    int32_t *wsum;       /* sdot: 128 * sum(w[m]), the flip's correction (wraps as the sums do) */
+    int neon;            /* aarch64's path without the dot product (opt_qconv_neon): x as s8 too, wsum added */
+    int32_t *wsum;       /* sdot, neon: 128 * sum(w[m]), the flip's correction (wraps as the sums do) */
     const int32_t *wq;   /* [M][Q] main weights, 4 bytes each */
     const int32_t *rptr; /* [M + 1]: row m's residual entries are rent[2 * rptr[m] .. 2 * rptr[m + 1]) */
     const int32_t *rent; /* (quad index, 4 residual weight bytes) pairs */
@@ -57,7 +58,8 @@ static inline int64_t pw_min(int64_t a, int64_t b) { return a < b ? a : b; }
 /* Quad q of the 16-column tile at column c (n columns valid) into dst (64 bytes), portable. */
 static void pack_quad_plain(const pw_t *p, const uint8_t *xg, int64_t hw, int64_t c, int64_t n, int64_t qd,
                             uint8_t *dst) {
-    const uint8_t flip = (p->q.xs ? 0x80 : 0) ^ (p->sdot ? 0x80 : 0); /* u8 for the x86 paths, s8 for sdot */
+    /* u8 for the x86 paths, s8 for aarch64's */
+    const uint8_t flip = (p->q.xs ? 0x80 : 0) ^ (p->sdot || p->neon ? 0x80 : 0);
     memset(dst, 0, 64);
     for (int i = 0; i < 4; i++) {
         const int64_t k = 4 * qd + i;
@@ -347,6 +349,42 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) static void sdot_tile(const pw
         opt_requant_row(&p->q, sums, n, m0 + r, y + r * ystride);
     }
 }
+
+
+/* The same rows by one packed tile on aarch64 without the dot product: smull multiplies 8 s8 pairs into int16
+ * (|product| <= 2^14, exact) and sadalp adds each pair of neighbouring products into an int32 lane, so nothing
+ * is summed in int16; a lane holds half a column's quad, and a final pairwise add makes the 16 columns.  Two
+ * rows at a time (16 accumulators beside the 4 x vectors and the products, in the 32 registers). */
+static void neon_tile(const pw_t *p, int64_t m0, int rows, const uint8_t *xp, uint8_t *y, int64_t ystride,
+                      int64_t n) {
+    const int64_t Q = p->Q;
+    for (int r0 = 0; r0 < rows; r0 += 2) {
+        const int pair = rows - r0 >= 2 ? 2 : 1;
+        const int32_t *w[2] = {p->wq + (m0 + r0) * Q, p->wq + (m0 + r0 + pair - 1) * Q};
+        int32x4_t acc[2][8];
+        for (int r = 0; r < 2; r++)
+            for (int v = 0; v < 8; v++) acc[r][v] = vdupq_n_s32(0);
+        for (int64_t qd = 0; qd < Q; qd++) {
+            const int8_t *x = (const int8_t *)(xp + qd * 64);
+            int8x16_t xv[4];
+            for (int v = 0; v < 4; v++) xv[v] = vld1q_s8(x + 16 * v);
+            for (int r = 0; r < 2; r++) {
+                const int8x16_t wv = vreinterpretq_s8_s32(vdupq_n_s32(w[r][qd]));
+                for (int v = 0; v < 4; v++) {
+                    acc[r][2 * v] = vpadalq_s16(acc[r][2 * v], vmull_s8(vget_low_s8(xv[v]), vget_low_s8(wv)));
+                    acc[r][2 * v + 1] = vpadalq_s16(acc[r][2 * v + 1], vmull_high_s8(xv[v], wv));
+                }
+            }
+        }
+        for (int r = 0; r < pair; r++) {
+            int32_t sums[TILE];
+            const int32x4_t corr = vdupq_n_s32(p->wsum[m0 + r0 + r]);
+            for (int v = 0; v < 4; v++)
+                vst1q_s32(sums + 4 * v, vaddq_s32(vpaddq_s32(acc[r][2 * v], acc[r][2 * v + 1]), corr));
+            opt_requant_row(&p->q, sums, n, m0 + r0 + r, y + (r0 + r) * ystride);
+        }
+    }
+}
 #endif
 
 /* The plain C tile: the same integers (main and residual weights summed per quad) and epilogue. */
@@ -410,11 +448,11 @@ static void run_band(const pw_t *p, int64_t mbase, int64_t mrows, const uint8_t 
     const int avx2 = opt_qconv_avx2 == 1 && !p->whole; /* the whole weights would clip vpmaddubsw's sums */
 #endif
 #if defined(__aarch64__)
-    if (p->sdot) {
+    if (p->sdot || p->neon) {
         for (int64_t t = 0; t * TILE < nc; t++)
             for (int64_t r = 0; r < mrows; r += PW_MR)
-                sdot_tile(p, mbase + r, (int)pw_min(PW_MR, mrows - r), xb + t * p->tstride, yb + r * q->P + t * TILE,
-                          q->P, pw_min(TILE, nc - t * TILE));
+                (p->sdot ? sdot_tile : neon_tile)(p, mbase + r, (int)pw_min(PW_MR, mrows - r), xb + t * p->tstride,
+                                                  yb + r * q->P + t * TILE, q->P, pw_min(TILE, nc - t * TILE));
         return;
     }
 #endif
@@ -528,7 +566,8 @@ OPT_API int optcli_qconv2d_pointwise(const void *x, const int32_t *wq, const int
     p.tiles = (q->P + TILE - 1) / TILE;
     p.tstride = p.Q * 64;
     p.sdot = opt_qconv_sdot == 1 && p.whole;
-    if (p.sdot) { /* the flip's correction per row: 128 * the sum of its weight bytes */
+    p.neon = opt_qconv_neon == 1 && p.whole;
+    if (p.sdot || p.neon) { /* the flip's correction per row: 128 * the sum of its weight bytes */
         p.wsum = malloc((size_t)q->M * sizeof(int32_t));
         if (!p.wsum) return OPT_ENOMEM;
         for (int64_t m = 0; m < q->M; m++) {

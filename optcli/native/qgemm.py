@@ -90,7 +90,7 @@ def prepared_weights(w: np.ndarray, bias: np.ndarray | None, geom: tuple[int, ..
         blob, b = pack_quads(w, bias, int(qp[0]), bool(qp[4]), whole=True)
         return "dense", blob, b
     if kind == "pointwise":
-        blob, b = pack_quads(w, bias, int(qp[0]), bool(qp[4]), whole=variant() in (4, 5, 6))
+        blob, b = pack_quads(w, bias, int(qp[0]), bool(qp[4]), whole=variant() in (4, 5, 6, 7))
         m, quads = w.shape[0], -(-int(np.prod(w.shape[1:])) // 4)
         if blob[1 + m * quads + m] <= MAX_RESIDUAL * m * quads:
             return kind, blob, b

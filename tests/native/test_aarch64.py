@@ -440,10 +440,11 @@ class _Real:
         self.shape = (n, -(-c // block), h, w, block)
 
 
-def _int8_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
+def _int8_cases(tmp: Path, variant: int = 6) -> list[tuple[Path, Path, np.ndarray, str]]:
     """The integer convs (every case of tests/native/test_qgemm.py and of test_qpointwise.py, signed and
     unsigned) and the quantized add, against their numpy references: exact, so an off-by-one step fails
-    assert_close."""
+    assert_close.  ``variant``: the dot-product path the driver must report (6: sdot, on qemu's default CPU;
+    7: smull / sadalp, on a CPU model without the dot product)."""
     from optcli.native.qgemm import pack_quads, prepared_weights
     from optcli.ops import qadd, qconv
     from tests.native.test_qgemm import CASES as QCONV_CASES
@@ -496,9 +497,9 @@ def _int8_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
             f.write(x.tobytes())
         cases.append((src, dst, qpool_reference(x, *geom).astype(np.float32), f"qpool {name}"))
     src, dst = tmp / "qvariant.in", tmp / "qvariant.out"
-    with open(src, "wb") as f:  # qemu's default CPU ("max") has the dot product: the sdot tile must be the one run
+    with open(src, "wb") as f:  # the tile the CPU model must take: the test fails if the kernels ran another
         f.write(np.array([26, 0, 0, *[0] * 17], np.int64).tobytes() + np.zeros(24, np.int64).tobytes())
-    cases.append((src, dst, np.array([6], np.float32), "the integer kernels' path is aarch64's sdot (variant 6)"))
+    cases.append((src, dst, np.array([variant], np.float32), f"the integer kernels' path is variant {variant}"))
     for i, signs in enumerate([(0, 0, 0), (1, 1, 1), (0, 1, 1), (1, 0, 0)]):
         a, b, attrs = make_qadd(i, (1, 5, 37, 41), *signs)
         src, dst = tmp / f"qadd{i}.in", tmp / f"qadd{i}.out"
@@ -574,3 +575,16 @@ def test_kernels_on_aarch64_match_numpy(aarch64_driver, tmp_path, threads):
         if isinstance(want, _Real):
             got, want = from_blocked(got, want.c), want.want
         assert_close(got, want, what=f"aarch64: {what}")
+
+
+def test_integer_kernels_on_aarch64_without_the_dot_product(aarch64_driver, tmp_path):
+    """A Cortex-A72 (qemu's CPU model: Armv8.0, no sdot, as on most boards) picks the smull / sadalp tile
+    (variant 7) for the 1x1 convs on whole weights: the same integers as numpy's."""
+    qemu, driver = aarch64_driver
+    cases = _int8_cases(tmp_path, variant=7)
+    args = [str(p) for src, dst, _, _ in cases for p in (src, dst)]
+    res = subprocess.run([qemu, "-cpu", "cortex-a72", str(driver), "2", *args], capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, f"driver exited {res.returncode}: {res.stdout}{res.stderr}"
+    for _, dst, want, what in cases:
+        assert_close(np.fromfile(dst, np.float32).reshape(want.shape), want, what=f"aarch64 (no dotprod): {what}")
