@@ -203,18 +203,18 @@ def _output_error(reference: list[dict], got: list[dict]) -> float:
 
 
 def _simulation(graph: Graph, chosen: list[Node], ops: list[Node], weights: dict[int, np.ndarray],
-                ranges: dict[str, tuple[float, float]]) -> tuple[_Simulation, list[str]]:
+                ranges: dict[str, tuple[float, float]], for_gpu: bool) -> tuple[_Simulation, list[str]]:
     """The plan that quantizes ``chosen`` (the rest of ``ops`` kept in float), and its quantized tensors
     in graph order."""
     picked = {id(n) for n in chosen}
-    tensors, groups = ptq_tensors.choose(graph, chosen, [n for n in ops if id(n) not in picked])
+    tensors, groups = ptq_tensors.choose(graph, chosen, [n for n in ops if id(n) not in picked], for_gpu)
     params = _group_params(ranges, groups)
     tensors = [t for t in tensors if t in params]
     return _Simulation({i: weights[i] for i in picked}, {t: params[t] for t in tensors}), tensors
 
 
 def choose_ops(graph: Graph, ops: list[Node], weights: dict[int, np.ndarray], ranges: dict, samples: list[dict],
-               budget: float) -> tuple[list[Node], list[dict]]:
+               budget: float, for_gpu: bool) -> tuple[list[Node], list[dict]]:
     """``--precision=auto``: quantize ops in order of sensitivity while the error fits the budget.  Each
     trial is the whole plan those ops make (their inputs, outputs and the tensors between integer steps
     quantized), so the budget holds for what is written, not for a model of it."""
@@ -222,7 +222,7 @@ def choose_ops(graph: Graph, ops: list[Node], weights: dict[int, np.ndarray], ra
     reference = [_run(graph, f)[0] for f in probe]
 
     def error(chosen: list[Node]) -> float:
-        sim = _simulation(graph, chosen, ops, weights, ranges)[0]
+        sim = _simulation(graph, chosen, ops, weights, ranges, for_gpu)[0]
         return _output_error(reference, [_run(graph, f, sim)[0] for f in probe])
 
     sensitivity = [(error([node]), i, node) for i, node in enumerate(
@@ -335,8 +335,9 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
     if not samples:
         raise UsageError("--quant_type=INT8 needs calibration inputs: give --calib_data=DIR")
     ops = quantizable(graph)
+    for_gpu = any(getattr(t, "device", "cpu") == "gpu" for t in ctx.targets)
     # every tensor a quantized plan could use (keeping ops in float only removes some): one calibration
-    candidates, _ = ptq_tensors.choose(graph, ops, [])
+    candidates, _ = ptq_tensors.choose(graph, ops, [], for_gpu)
     ranges = calibrate(graph, samples, set(candidates) | {n.inputs[0] for n in ops}, method)
     ops = [n for n in ops if n.inputs[0] in ranges]
     weights = {id(n): _quantized_weight(graph.const(n.inputs[1]), _weight_axis(n, graph.const(n.inputs[1])))
@@ -344,12 +345,12 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
     kept: list[dict] = []
     if ctx.int8.precision_auto:
         budget = ctx.int8.auto_budget or RELATIVE["int8"]
-        ops, kept = choose_ops(graph, ops, weights, ranges, samples, budget)
+        ops, kept = choose_ops(graph, ops, weights, ranges, samples, budget, for_gpu)
     ctx.results.int8_kept_float = kept
     for name in kept:
         ctx.warn(f"node '{name['node']}' ({name['op']}) stays in float: int8 there would bring the output error "
                  f"to {name['with_others']:.2e}")
-    sim, tensors = _simulation(graph, ops, quantizable(graph), weights, ranges)
+    sim, tensors = _simulation(graph, ops, quantizable(graph), weights, ranges, for_gpu)
     formats = ctx.results.weight_hints
     _write_qdq(graph, tensors, sim.tensors)
     for node in ops:

@@ -120,3 +120,37 @@ def test_silu_between_convs_is_a_byte_table(calib):
     x = _samples(1, seed=9)[0]
     err, scale = max_error(optcli.load(plan.data).run({"x": x})["y"], fp32.run({"x": x})["y"])
     assert err / scale < 0.1
+
+
+def _hard_swish_model() -> onnx.ModelProto:
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype(np.float32), n)
+             for n, s in (("w0", (8, 3, 3, 3)), ("w1", (4, 8, 1, 1)))]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["c0"], ["a"]), helper.make_node("Conv", ["a", "w1"], ["y"])]
+    graph = helper.make_graph(nodes, "hs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_gpu_plans_quantize_after_the_epilogue_activation():
+    """On the host a conv's hard-swish is a byte table between two quantized tensors; a GPU's float view
+    fuses it into the conv's epilogue, so there the conv's raw output must stay unquantized (a FakeQuant
+    between the conv and its activation would leave both as separate steps: MobileNetV3's GPU plan had 19
+    HardSwish and 29 FakeQuant steps of their own)."""
+    graph = read_model(model=_hard_swish_model())
+    ops = quantize_int8.quantizable(graph)
+    host, _ = ptq_tensors.choose(graph, ops, [])
+    gpu, _ = ptq_tensors.choose(graph, ops, [], for_gpu=True)
+    assert {"c0", "a"} <= set(host)
+    assert "a" in gpu and "c0" not in gpu
+
+
+@pytest.mark.opencl
+def test_gpu_plan_fuses_the_activation_and_its_fake_quant(calib):
+    model = _hard_swish_model()
+    plan = optcli.optimize(model=model, valid_targets="opencl,arm", quant_type="INT8", calib_data=calib,
+                           disabled_passes={"keep_small_islands_on_host"})
+    kinds = [(s.op_type, s.target) for s in plan.plan.steps]
+    assert ("HardSwish", "opencl") not in kinds and kinds.count(("Conv", "opencl")) == 2, kinds
+    assert sum(op == "FakeQuant" for op, _ in kinds) <= 1, kinds  # the graph input's, at most

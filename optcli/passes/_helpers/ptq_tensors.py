@@ -35,6 +35,8 @@ _MOVERS = {"MaxPool": (0,), "Pad": (0,), "Reshape": (0,), "Flatten": (0,), "Sque
 _UNARY = frozenset({"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Clip", "Elu", "Selu",
                     "Softplus", "Erf", "Abs", "Neg", "Add", "Sub", "Mul", "Div", "Min", "Max", "Gelu"})
 _OPTCLI_UNARY = frozenset({"Swish"})  # optcli's fusions of exporters' patterns (x * Sigmoid(x))
+# the activations a conv's float epilogue takes (activation_codes.ACTIVATIONS; optcli.Swish beside them)
+_EPILOGUE = frozenset({"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Gelu"})
 # compute ops whose integer step writes a quantized output (the others read a quantized input only)
 INTEGER_OUTPUT_OPS = frozenset({"Conv"})
 
@@ -58,11 +60,17 @@ class _Union:
             self.parent[max(ra, rb)] = min(ra, rb)  # the smaller name leads: deterministic
 
 
-def _activation_after(graph: Graph, consumers: dict, name: str, absorbed: set[int]) -> str:
-    """``name``, or the output of the Relu / Clip that is its only reader: the integer step absorbs it
-    (noted in ``absorbed``), so the tensor between the two stays float and unquantized."""
+def _activation_after(graph: Graph, consumers: dict, name: str, absorbed: set[int], epilogues: bool) -> str:
+    """``name``, or the output of the activation that is its only reader: a Relu / Clip, which the integer step
+    absorbs; with ``epilogues`` (GPU plans) any activation a float kernel's epilogue takes.  It is noted in
+    ``absorbed``, and the tensor between the two stays float and unquantized."""
     act = graph_queries.sole_consumer(graph, consumers, name)
-    if (is_std(act, "Relu") or is_std(act, "Clip")) and all(graph.const(i) is not None for i in act.inputs[1:] if i):
+    clamp = (is_std(act, "Relu") or is_std(act, "Clip")) and all(
+        graph.const(i) is not None for i in act.inputs[1:] if i)
+    fused = epilogues and act is not None and act.proto is None and len(_dynamic(graph, act)) == 1 and (
+        (act.domain in ("", "ai.onnx") and act.op_type in _EPILOGUE) or
+        (act.domain == OPTCLI_DOMAIN and act.op_type in _OPTCLI_UNARY))
+    if clamp or fused:
         absorbed.add(id(act))
         return act.outputs[0]
     return name
@@ -104,9 +112,12 @@ def _data_inputs(graph: Graph, node: Node) -> list[str]:
     return [i for i in names if i and graph.const(i) is None]
 
 
-def choose(graph: Graph, quantized_ops: list[Node], keep_float: list[Node]) -> tuple[list[str], dict[str, str]]:
+def choose(graph: Graph, quantized_ops: list[Node], keep_float: list[Node], for_gpu: bool = False
+           ) -> tuple[list[str], dict[str, str]]:
     """(the tensors to quantize, in graph order; each one's group leader: tensors of one group share
-    one scale and zero point)."""
+    one scale and zero point).  ``for_gpu``: the plan has a GPU target, whose float view fuses a conv's
+    activation into its epilogue (a FakeQuant between them would cost two steps) and has no byte tables
+    (growing through element-wise functions would only add FakeQuant steps)."""
     consumers = graph_queries.consumers(graph)
     forbidden = graph.output_names() | graph_queries.implicit_refs(graph)
     forbidden |= {i for n in keep_float for i in n.inputs if i}
@@ -122,7 +133,7 @@ def choose(graph: Graph, quantized_ops: list[Node], keep_float: list[Node]) -> t
     for node in quantized_ops:
         take(node.inputs[0])
         if node.op_type in INTEGER_OUTPUT_OPS and len(node.outputs) == 1:
-            take(_activation_after(graph, consumers, node.outputs[0], absorbed))
+            take(_activation_after(graph, consumers, node.outputs[0], absorbed, for_gpu))
 
     # grow through the ops with integer steps until nothing changes
     growers: list[tuple[Node, list[str], list[str], bool]] = []  # (node, data inputs, outputs, mover)
@@ -136,9 +147,9 @@ def choose(graph: Graph, quantized_ops: list[Node], keep_float: list[Node]) -> t
         if is_std(node, node.op_type) and node.op_type in _MOVERS and (node.op_type != "Pad" or len(node.inputs) > 1):
             growers.append((node, _data_inputs(graph, node), outputs, True))
         elif _is_same_shape_add(graph, node) or _is_gate_mul(graph, node):
-            output = _activation_after(graph, consumers, node.outputs[0], absorbed)
+            output = _activation_after(graph, consumers, node.outputs[0], absorbed, for_gpu)
             growers.append((node, _dynamic(graph, node), [output], False))
-        elif is_std(node, "GlobalAveragePool") or _is_unary(graph, node):
+        elif is_std(node, "GlobalAveragePool") or (_is_unary(graph, node) and not for_gpu):
             growers.append((node, _dynamic(graph, node), outputs, False))
     growers = [g for g in growers if id(g[0]) not in absorbed]
     changed = True
