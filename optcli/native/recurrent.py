@@ -114,14 +114,20 @@ def prepared_layer(cell: str, wt: np.ndarray, folded: np.ndarray, rt: np.ndarray
     # small layers take the biases as the GEMM's residual, made once for the shape (one pass less)
     biases = np.ascontiguousarray(np.broadcast_to(folded, (dirs, seq, batch, gh))) if small else None
     bias_addrs = [None] * dirs if biases is None else [_ptr(biases) + 4 * d * seq * batch * gh for d in range(dirs)]
-    f32, empty, add = np.float32, np.empty, np.add
+    f32, nd, empty, add = np.dtype(np.float32), np.ndarray, np.empty, np.add
 
     def ok(a: np.ndarray | None, shape: tuple) -> bool:
-        return a is None or (type(a) is np.ndarray and a.dtype == f32 and a.shape == shape and a.flags.c_contiguous)
+        return a is None or (type(a) is nd and a.dtype is f32 and a.shape == shape and a.flags.c_contiguous)
 
     def call(x: np.ndarray, p: np.ndarray | None, h0: np.ndarray | None, c0: np.ndarray | None):
-        require(ok(x, x_shape) and ok(p, p_shape) and (p is None) != has_p and ok(h0, state)
-                and (c0 is None or (lstm and ok(c0, state))), "recurrent layer")
+        # x and h0 checked inline (a decoder Loop's GRU step calls this every iteration), p and c0,
+        # absent in most models, through ok
+        if not (type(x) is nd and x.dtype is f32 and x.shape == x_shape and x.flags.c_contiguous
+                and (h0 is None or (type(h0) is nd and h0.dtype is f32 and h0.shape == state
+                                    and h0.flags.c_contiguous))
+                and (p is None) != has_p and (p is None or ok(p, p_shape))
+                and (c0 is None or (lstm and ok(c0, state)))):
+            require(False, "recurrent layer")
         if small:
             buf = empty(n_xp + n_out, f32)
             base = _ptr(buf)
@@ -129,13 +135,13 @@ def prepared_layer(cell: str, wt: np.ndarray, folded: np.ndarray, rt: np.ndarray
         else:
             buf, out = empty(n_xp, f32), empty(n_out, f32)
             base, y_addr = _ptr(buf), _ptr(out)
-        xp = buf[:n_xp].reshape(dirs, seq, batch, gh)
         for d in range(dirs):  # xp[d] = x @ W[d]^T: [seq * batch, I] @ [I, G * H]
             rc = gemm(x, wt_addrs[d], None, bias_addrs[d], base + 4 * d * seq * batch * gh, 1, seq * batch, size,
                       gh, 0, 0.0, 0.0)
             if rc:
                 _check(rc, "recurrent input projection")
         if biases is None:
+            xp = buf[:n_xp].reshape(dirs, seq, batch, gh)
             add(xp, folded, out=xp)
         yh_addr = y_addr + 4 * n_y
         rc = fn(code, base, *fixed, p, h0, c0, None, y_addr, yh_addr,

@@ -47,10 +47,27 @@ def run_fallback(proto: bytes, opsets: dict[str, int], inputs: list, names: list
     op = _control_flow(proto, tuple(sorted(opsets.items())))
     if op is None:
         return run_reference(proto, opsets, inputs, names)
-    env = {n: x for n, x in zip(names, inputs) if n and x is not None}
-    args = list(inputs[:op.n_inputs]) + [None] * (op.n_inputs - len(inputs))
-    outs = op.run(args, env)
-    return [outs[k] if k < len(outs) and name else None for k, name in enumerate(op.output_names)]
+    return op.bound(names)(inputs)
+
+
+def bound_fallback(proto: bytes, opsets: dict[str, int], names: list[str]):
+    """``run_fallback`` for one plan step, as a function of its inputs: the compiled If/Loop/Scan
+    looked up on the first call and kept (the lookup, by the node's bytes, and the step's name
+    bookkeeping cost ~2 us a run of a voice detector whose whole net is one If), not at load, so
+    a body that cannot compile fails where it did, in the run."""
+    key = tuple(sorted(opsets.items()))
+    run = None
+
+    def call(inputs: list) -> list:
+        nonlocal run
+        if run is None:
+            op = _control_flow(proto, key)
+            if op is None:
+                return run_reference(proto, opsets, inputs, names)
+            run = op.bound(names)
+        return run(inputs)
+
+    return call
 
 
 @lru_cache(maxsize=256)
@@ -66,21 +83,23 @@ def _control_flow(proto: bytes, opsets: tuple[tuple[str, int], ...]) -> ControlF
 
 
 class _Counter:
-    """The iterations of one Loop/Scan invocation, held against the limit and the stop flag."""
+    """The iterations of one Loop/Scan invocation, held against the limit and the stop flag.  The
+    limit and the run's stop flag are read once per invocation (neither changes during a run);
+    the flag's ``stopped`` is polled every iteration, its message made only when it is set."""
 
-    __slots__ = ("op", "count")
+    __slots__ = ("op", "count", "limit", "stop")
 
     def __init__(self, op: str):
         self.op, self.count = op, 0
+        self.limit, self.stop = reference.MAX_LOOP_ITERATIONS, reference.RUN_STOP.get()
 
     def tick(self) -> None:
         self.count += 1
-        limit = reference.MAX_LOOP_ITERATIONS
-        if self.count > limit:
-            raise RunLimitError(f"a {self.op} runs more than {limit} iterations, the limit "
+        if self.count > self.limit:
+            raise RunLimitError(f"a {self.op} runs more than {self.limit} iterations, the limit "
                                 "(OPTCLI_MAX_LOOP_ITERATIONS) that keeps a file from running forever")
-        stop = reference.RUN_STOP.get()
-        if stop is not None:
+        stop = self.stop
+        if stop is not None and stop.stopped:
             stop.check(f"in a {self.op}'s iteration {self.count}")
 
 
@@ -112,11 +131,44 @@ class Body:
         self.output_empty = [_empty_like_declared(o) for o in graph.output]
         self.consts: dict[str, Any] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
         self.steps: list[tuple] = []  # (fn, attrs or _ENV, input names, output names)
+        self.op_types: list[str] = []  # each step's op ("" for one outside the default domain)
         for node in graph.node:
             fn, attrs = _compile_node(node, opsets, {**self.outer_consts, **self.consts})
             if not self._fold(node, fn, attrs):
                 self.steps.append((fn, attrs, list(node.input), list(node.output)))
+                self.op_types.append(node.op_type if node.domain in ("", "ai.onnx") else "")
         self._lay_out()
+
+    def scatter_in_place(self, carried: list[tuple[str, str]]) -> list[int]:
+        """Let the ScatterND steps that own a Loop-carried value write into it: for each carried
+        (input name, output name), where the one step that reads the input is a ScatterND taking
+        it as its data and giving the output, and nothing else reads either (no other step, no
+        other body output, no nested body or onnx.reference node, which read names the slots do
+        not show), that step becomes ``tensor.scatter_nd_in_place``.  Returns the positions of
+        the carried values so taken: the Loop copies their first value (the caller's) once and
+        the body then fills the same array every iteration, where each iteration copied it whole."""
+        from optcli.ops.tensor import scatter_nd_in_place
+
+        if any(attrs is _ENV for _, attrs, _, _ in self.steps):
+            return []
+        taken = []
+        for k, (name_in, name_out) in enumerate(carried):
+            if not name_in or not name_out or name_in == name_out or name_in in self.consts \
+                    or name_in in self.output_names or self.output_names.count(name_out) != 1:
+                continue
+            readers = [j for j, (_, _, ins, _) in enumerate(self.steps) if name_in in ins or name_out in ins]
+            if len(readers) != 1:
+                continue
+            j = readers[0]
+            fn, attrs, ins, outs = self.steps[j]
+            if self.op_types[j] != "ScatterND" or ins[0] != name_in or ins.count(name_in) != 1 \
+                    or not outs or outs[0] != name_out:
+                continue
+            self.steps[j] = (scatter_nd_in_place, attrs, ins, outs)
+            taken.append(k)
+        if taken:
+            self._lay_out()
+        return taken
 
     def _fold(self, node, fn, attrs) -> bool:
         """Evaluate a node of constants once, here: exporters put weight arithmetic inside bodies
@@ -194,6 +246,25 @@ class Body:
         self._run_program(vals, outer, self._env)
         return [vals[i] for i in self._results]
 
+    def bound(self, outer: dict[str, Any]) -> list:
+        """The slots' starting values for every iteration of one Loop/Scan invocation: the
+        constants and the values read from the enclosing graphs (which no iteration changes),
+        filled once instead of every iteration."""
+        base = self._template.copy()
+        for name, i in self._outer:
+            base[i] = outer[name]
+        return base
+
+    def run_bound(self, base: list, values: list, outer: dict[str, Any]) -> list:
+        """The outputs of one iteration: ``values`` every input in order (none absent), on the
+        slots ``bound`` gave."""
+        vals = base.copy()
+        for i, v in zip(self._input_slots, values):
+            if i is not None:
+                vals[i] = v
+        self._run_program(vals, outer, self._env)
+        return [vals[i] for i in self._results]
+
     def _env(self, vals: list, outer: dict[str, Any]) -> dict[str, Any]:
         """The names a nested If/Loop/Scan may read: the outer ones, then this body's so far."""
         env = dict(outer)
@@ -215,7 +286,7 @@ def _straight_line(program: tuple) -> Any:
     making go into the source (``generated_code.function`` refuses anything else); the functions
     and attrs are the generated function's globals.  A
     step that gives fewer results than its outputs leaves the rest unset, as the loop did."""
-    lines, names = ["def run(vals, outer, env_of):"], {}
+    lines, names = ["def run(vals, outer, env_of):"], {"nd": np.ndarray}
     for k, (fn, attrs, ins, outs) in enumerate(program):
         names[f"f{k}"] = fn
         if attrs is _ENV:
@@ -224,8 +295,18 @@ def _straight_line(program: tuple) -> Any:
             names[f"a{k}"] = attrs
             second = f"a{k}"
         args = ", ".join("None" if i is None else f"vals[{i}]" for i in ins)
-        lines.append(f"    o = f{k}([{args}], {second})")
         named = [(j, i) for j, i in enumerate(outs) if i is not None]
+        if type(fn) is ShapeCached and ins and ins[0] is not None and len(outs) == 1 and named:
+            # the input's shape seen before: its reshape written out; else the kernel (which records it)
+            names[f"s{k}"] = fn.shapes
+            lines += [f"    x = vals[{ins[0]}]",
+                      f"    s = s{k}.get(x.shape) if type(x) is nd else None",
+                      f"    if s is not None: vals[{outs[0]}] = x.reshape(s)",
+                      "    else:",
+                      f"        o = f{k}([{args}], {second})",
+                      f"        if o: vals[{outs[0]}] = o[0]"]
+            continue
+        lines.append(f"    o = f{k}([{args}], {second})")
         if len(outs) == 1 and named:
             lines.append(f"    if o: vals[{outs[0]}] = o[0]")
         elif named:
@@ -263,10 +344,40 @@ def _compile_node(node, opsets: dict[str, int], consts: dict[str, Any]):
         fn = _body_kernel(node.op_type, domain)
         attrs = StepAttrs({**attribute_values(node)[0], "_opset": int(opsets.get("", 0) or 0),
                            "_n_outputs": len(node.output)})
+        if domain == "" and node.op_type in _SHAPE_ONLY and all(not n or n in consts for n in node.input[1:]):
+            fn = ShapeCached(fn)
         return fn, attrs
     proto = node.SerializeToString(deterministic=True)
     names = list(node.input)
     return (lambda args, env: run_reference(proto, opsets, args, names)), _ENV
+
+
+_SHAPE_ONLY = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+_MAX_SHAPES = 64  # input shapes a shape-only step remembers (a dynamic dim could bring a new one every run)
+
+
+class ShapeCached:
+    """A shape-only body step (Reshape, Squeeze, Unsqueeze, Flatten) whose shape or axes are
+    constants: its output is its input reshaped to a shape that depends on the input's shape
+    alone, remembered per input shape the first time the kernel gives it.  The body's generated
+    function (``_straight_line``) writes ``x.reshape(shapes[x.shape])`` for it and calls the
+    kernel (through this object, which records the shape) only for a shape it has not seen: a
+    decoder's Loop body holds seven of these, ~0.8 us each through the kernel's own memo, ~0.2
+    inline.  The kernel still makes every first answer, so its checks and errors are as before."""
+
+    __slots__ = ("fn", "shapes")
+
+    def __init__(self, fn):
+        self.fn, self.shapes = fn, {}
+
+    def __call__(self, args: list, attrs) -> list:
+        out = self.fn(args, attrs)
+        x = args[0]
+        if type(x) is np.ndarray and out and type(out[0]) is np.ndarray:
+            if len(self.shapes) >= _MAX_SHAPES:
+                self.shapes.clear()
+            self.shapes[x.shape] = out[0].shape
+        return out
 
 
 def _body_kernel(op_type: str, domain: str):
@@ -307,6 +418,30 @@ class ControlFlow:
         missing = [n for n in needed if n not in self.bodies]
         if missing:
             raise ValueError(f"{self.op} has no {', '.join(missing)} graph")
+        self.owned_carried: tuple[int, ...] = ()  # Loop: carried values the body updates in place
+        if self.op == "Loop":
+            body = self.bodies["body"]
+            pairs = list(zip(body.input_names[2:], body.output_names[1:]))
+            if len(body.input_names) >= 2 and len(pairs) == len(body.input_names) - 2:
+                self.owned_carried = tuple(body.scatter_in_place(pairs))
+
+    def bound(self, names: list[str]):
+        """The node as a plan step's function of its inputs (``names``: the explicit inputs, then
+        the outer values its bodies read): an environment of the named values, the explicit inputs
+        padded to the node's count, the outputs the node names (None for an unnamed one)."""
+        n_inputs = self.n_inputs
+        named = tuple((k, name) for k, name in enumerate(names) if name)
+        wanted = tuple(enumerate(bool(name) for name in self.output_names))
+        padding = [None] * n_inputs
+
+        def run(inputs: list) -> list:
+            n = len(inputs)
+            env = {name: inputs[k] for k, name in named if k < n and inputs[k] is not None}
+            args = inputs[:n_inputs] if n >= n_inputs else [*inputs, *padding[n:]]
+            outs = self.run(args, env)
+            return [outs[k] if k < len(outs) and want else None for k, want in wanted]
+
+        return run
 
     def run(self, args: list, env: dict) -> list:
         if self.op == "If":
@@ -327,12 +462,16 @@ class ControlFlow:
                              f"for {len(carried)} carried values")
         trips = None if m is None or np.asarray(m).size == 0 else int(np.asarray(m).reshape(-1)[0])
         go = True if cond is None or np.asarray(cond).size == 0 else _as_bool(cond)
+        for k in self.owned_carried:  # the body writes into these: the Loop's own copies, not the caller's
+            if carried[k] is not None:
+                carried[k] = np.array(carried[k])
         scans: list[list] = [[] for _ in range(n_scans)]
         counter = _Counter("Loop")
+        base = body.bound(env)
         it = 0
         while go and (trips is None or it < trips):
             counter.tick()
-            outs = body.run_inputs([np.array(it, np.int64), _TRUE, *carried], env)
+            outs = body.run_bound(base, [np.array(it, np.int64), _TRUE, *carried], env)
             go = _as_bool(outs[0])
             carried = outs[1:1 + n_carried]
             for k in range(n_scans):
@@ -377,9 +516,10 @@ class ControlFlow:
         states = list(args[:n])
         outs_k: list[list] = [[] for _ in range(k_out)]
         counter = _Counter("Scan")
+        base = body.bound(env)
         for t in range(steps):
             counter.tick()
-            outs = body.run_inputs([*states, *(x[t] for x in scans_in)], env)
+            outs = body.run_bound(base, [*states, *(x[t] for x in scans_in)], env)
             states = outs[:n]
             for k in range(k_out):
                 outs_k[k].append(np.asarray(outs[n + k]))

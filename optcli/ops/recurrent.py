@@ -206,20 +206,26 @@ def _weights(cell: Cell, w, r, b, attrs: dict[str, Any], dirs: int, work: type) 
     return made
 
 
+_ABSENT_INPUTS = (None,) * 8
+_F32 = np.dtype(np.float32)
+
+
 def run_recurrent(cell: Cell, inputs: list[np.ndarray | None], attrs: dict[str, Any],
                   use_native: bool = True) -> list[np.ndarray]:
     """Y, Y_h (and Y_c for LSTM) of one recurrent layer; ``use_native=False`` runs the numpy loop
     (the tests compare the two)."""
-    def get(k: int) -> np.ndarray | None:
-        return inputs[k] if k < len(inputs) else None
-
-    x, w, r, b, lens, h0 = (get(k) for k in range(6))
-    c0, p = (get(6), get(7)) if cell.op == "LSTM" else (None, None)
-    if use_native and lens is None and type(x) is np.ndarray and x.dtype == np.float32 and x.ndim == 3:
-        x = np.ascontiguousarray(x)  # a transposed view (an exporter's Transpose before the layer): copied once
+    # the inputs padded to eight by slicing (a GRU step in a decoder's Loop runs this every
+    # iteration: a generator over a getter cost ~1 us of its ~8)
+    x, w, r, b, lens, h0, c0, p = (*inputs[:8], *_ABSENT_INPUTS[len(inputs):])
+    if cell.op != "LSTM":
+        c0 = p = None
+    if use_native and lens is None and type(x) is np.ndarray and x.dtype is _F32 and x.ndim == 3:
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)  # a transposed view (an exporter's Transpose before the layer): copied once
         layer = _prepared_layer(cell, x, w, r, b, p, h0, c0, attrs)
         if layer is not None:
-            return [v for v in layer(x, p, h0, c0) if v is not None]
+            y, yh, yc = layer(x, p, h0, c0)
+            return [y, yh] if yc is None else [y, yh, yc]
     dtype = x.dtype
     work = np.float64 if dtype == np.float64 else np.float32
     batch_first = int(attrs.get("layout", 0)) == 1
@@ -271,17 +277,19 @@ def _prepared_layer(cell: Cell, x: np.ndarray, w, r, b, p, h0, c0, attrs: dict[s
     (``x`` made C-contiguous by the caller, the states already so).  None elsewhere (the general
     path)."""
     memo = getattr(attrs, "memo", None)
-    if memo is None or not native.available() or int(attrs.get("layout", 0)) == 1:
+    if memo is None or not native.available():
         return None
-    if any(v is not None and (type(v) is not np.ndarray or v.dtype != np.float32 or not v.flags.c_contiguous)
-           for v in (h0, c0, p)):
-        return None
+    for v in (h0, c0, p):
+        if v is not None and (type(v) is not np.ndarray or v.dtype is not _F32 or not v.flags.c_contiguous):
+            return None
     # One slot, the last input shape's: a model of dynamic sequence length (a streaming recogniser)
     # would otherwise keep a prepared layer, buffers and all, for every length it ever saw.
     key = (x.shape, p is None)
     hit = memo.get("recurrent layer")
-    if hit is not None and hit[0] == key and all(a is c for a, c in zip(hit[1], (w, r, b))):
-        return hit[2]
+    if hit is not None and hit[0] == key and hit[1][0] is w and hit[1][1] is r and hit[1][2] is b:
+        return hit[2]  # made only where layout 0 held (an attribute: fixed for the step)
+    if int(attrs.get("layout", 0)) == 1:
+        return None
     direction, dirs = _direction(cell, attrs)
     seq, batch, size = x.shape
     if seq * batch * size == 0 or w.dtype != np.float32:

@@ -522,7 +522,20 @@ def scatter_elements(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
 
 @kernel("ScatterND")
 def scatter_nd(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    return [_scatter_nd(inputs, attrs, True)]
+
+
+def scatter_nd_in_place(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
+    """ScatterND written into its data input itself, for a Loop whose carried value only this step
+    reads and replaces (``control_flow.Body.scatter_in_place``: the Loop owns that array): a
+    decoder writing one row of its [1, N, K] outputs per iteration copied all N rows every
+    iteration, N^2 rows in all.  A data input it may not write (read-only) is copied as before."""
+    return [_scatter_nd(inputs, attrs, False)]
+
+
+def _scatter_nd(inputs: Inputs, attrs: Attrs, copy: bool) -> np.ndarray:
     data, raw, updates = np.asarray(inputs[0]), np.asarray(inputs[1]), np.asarray(inputs[2])
+    copy = copy or type(data) is not np.ndarray or not data.flags.writeable
     k = raw.shape[-1]
     reduction = attrs.get("reduction", "none")
     if raw.size == k and raw.dtype in _INDEX_TYPES and 0 < k <= data.ndim and reduction in ("", "none") \
@@ -533,9 +546,11 @@ def scatter_nd(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
         for v, d in zip(row, data.shape):
             if not -d <= v < d:  # in range, a negative index counts from the end as numpy's does
                 raise IndexError(f"ScatterND: index {v} is out of range for a dim of {data.shape[:k]}")
-        out = data.copy()
-        out[tuple(row)] = updates.reshape(data.shape[k:])
-        return [out]
+        out = data.copy() if copy else data
+        # the update's shape is its slot's after leading 1s, which assignment drops (reshaping it
+        # cost ~0.5 us a call) except into one element, which takes no sequence
+        out[tuple(row)] = updates if k < data.ndim else updates.reshape(())
+        return out
     if 0 < k <= data.ndim and raw.size <= 32 and raw.dtype in _INDEX_TYPES and reduction in ("", "none") \
             and updates.shape == raw.shape[:-1] + data.shape[k:]:
         # A few index rows (a decoder's Loop writes one row of its outputs per iteration): checked
@@ -546,14 +561,14 @@ def scatter_nd(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
             for v, d in zip(row, dims):
                 if not -d <= v < d:  # in range, a negative index counts from the end as numpy's does
                     raise IndexError(f"ScatterND: index {v} is out of range for a dim of {dims}")
-        out = data.copy()
+        out = data.copy() if copy else data
         flat = updates.reshape((len(rows),) + data.shape[k:])
         for r, row in enumerate(rows):
             out[tuple(row)] = flat[r]
-        return [out]
+        return out
     idx = _indices("ScatterND", raw, data.shape[:k])
     index = tuple(idx[..., j] for j in range(idx.shape[-1]))
-    return [_scatter(data.copy(), index, updates, reduction)]
+    return _scatter(data.copy() if copy else data, index, updates, reduction)
 
 
 def _sort_order(x: np.ndarray, axis: int, descending: bool) -> np.ndarray:

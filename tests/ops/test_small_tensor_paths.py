@@ -140,7 +140,8 @@ def test_transpose_matches_numpy(shape, perm):
             transpose([x], _bound({"perm": perm[:-1]}))
 
 
-@pytest.mark.parametrize("shape,axis", [((1, 30), 1), ((1, 64, 1), 1), ((2, 3, 5), -1), ((2, 3, 5), 0)])
+@pytest.mark.parametrize("shape,axis", [((1, 30), 1), ((1, 64, 1), 1), ((2, 3, 5), -1), ((2, 3, 5), 0),
+                                        ((1, 1024), 1), ((1, 4000), -1)])
 def test_float32_softmax_matches_the_reference(shape, axis):
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32) * 10
     e = np.exp(x.astype(np.float64) - x.max(axis=axis, keepdims=True))
@@ -149,6 +150,27 @@ def test_float32_softmax_matches_the_reference(shape, axis):
     assert got.dtype == np.float32 and got.shape == x.shape
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     assert not np.shares_memory(got, x)
+
+
+def test_long_row_softmax_sums_to_one():
+    """A long row (a vocabulary) is summed by numpy's pairwise reduction, not the dot product with
+    ones that short rows take: float32 accumulation there drifts ~1e-6 at 1e5 elements."""
+    x = (np.random.default_rng(2).standard_normal((1, 300_000)) * 3).astype(np.float32)
+    got = softmax([x], _bound({"axis": 1}))[0]
+    assert abs(got.astype(np.float64).sum() - 1.0) < 3e-7
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("shape", [(1, 30), (1, 64, 1), (1, 3000)])
+def test_one_row_softmax_of_a_nan_or_inf_is_all_nan(shape, bad):
+    """A row holding a NaN, or +inf (inf - inf), is NaN everywhere, as the general path makes it,
+    wherever the bad value sits (the row's max is the element argmax points at)."""
+    for at in (0, -1):
+        x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+        x.reshape(-1)[at] = bad
+        with np.errstate(invalid="ignore"):
+            got = softmax([x], _bound({"axis": 1}))[0]
+        assert np.isnan(got).all(), f"{bad} at {at}"
 
 
 @pytest.mark.parametrize("name", ["tanh", "sigmoid"])

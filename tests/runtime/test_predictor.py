@@ -210,3 +210,30 @@ def test_the_fast_input_path_takes_exact_feeds_only(small_nb, small_cnn, monkeyp
     with pytest.raises(InputError, match="got 2 inputs"):
         p.run((x, x))
     assert len(slow) == 4
+
+
+def test_dynamic_dims_skip_the_checks_for_feeds_like_the_last_accepted(monkeypatch):
+    """A plan with a symbolic dim checks a feed fully once per (dtype, shape) signature in a row:
+    the same signature again takes the fast path; a new shape, a dim that disagrees between two
+    inputs or another dtype goes through ``_check_inputs``, which still refuses what is wrong."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "y"], ["z"])], "dyn",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["n", 3]) for n in ("x", "y")],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n", 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    p = optcli.load(optcli.optimize(model=model, valid_targets="arm").data)
+    slow = []
+    check = p._check_inputs
+    monkeypatch.setattr(p, "_check_inputs", lambda feeds: slow.append(1) or check(feeds))
+    for rows, checks in ((2, 1), (2, 1), (5, 2), (5, 2), (2, 3)):
+        x, y = (np.full((rows, 3), v, np.float32) for v in (1.0, 2.0))
+        np.testing.assert_array_equal(p.run({"x": x, "y": y})["z"], np.full((rows, 3), 3.0, np.float32))
+        assert len(slow) == checks, f"{rows} rows: {len(slow)} full checks, expected {checks}"
+    with pytest.raises(InputError, match="dims with one name must agree"):
+        p.run({"x": np.zeros((2, 3), np.float32), "y": np.zeros((4, 3), np.float32)})
+    with pytest.raises(InputError, match="dtype float64"):
+        p.run({"x": np.zeros((2, 3)), "y": np.zeros((2, 3))})
+    with pytest.raises(InputError, match="unknown 'extra'"):
+        p.run({"x": np.zeros((2, 3), np.float32), "y": np.zeros((2, 3), np.float32), "extra": 1})

@@ -12,7 +12,7 @@ import numpy as np
 
 from optcli.errors import OptError
 from optcli.ops import get_kernel
-from optcli.ops.control_flow import run_fallback
+from optcli.ops.control_flow import bound_fallback
 from optcli.ops.evaluate import kernel_attrs
 from optcli.plan import Step
 
@@ -35,4 +35,4 @@ def bind_step(step: Step, opsets: dict[str, int]) -> StepFn:
     proto, names = step.proto, list(step.inputs)
     if proto is None:
         raise OptError(f"step '{step.name}' ({step.op_type}) has no kernel '{step.kernel}' on this machine")
-    return lambda inputs: run_fallback(proto, opsets, inputs, names)
+    return bound_fallback(proto, opsets, names)
