@@ -34,6 +34,11 @@
 
 #define PW_MR 4
 #define PW_PANEL (96 * 1024) /* a band's packed columns */
+/* Items of at least this many rows pack their band of columns themselves even where other items share it (more
+ * threads than bands: the late layers of a mobile net, 49 columns and hundreds of rows, split by rows): a band
+ * packed again costs about 4 / rows of the item's products (16 bytes a cycle packed, 64 products a cycle by
+ * vpdpbusd), a few percent, where packing once in a pass of its own costs a second hand-off to the pool. */
+#define PW_REPACK_ROWS 32
 
 typedef struct {
     qconv_t q;
@@ -497,9 +502,10 @@ static void gemm_item(void *ctx, int64_t it) {
              nc);
 }
 
-/* Work item of a call whose bands of columns each take all the rows (nm == 1): its band packed into the thread's
- * scratch, then its rows.  One hand-off to the pool instead of two (pack, then GEMM): most of a mobile net's
- * 1x1 convs take 5-30 us, and the second hand-off was a visible part of that at 2 threads. */
+/* Work item of a call whose bands of columns each take all the rows (nm == 1), or whose items have rows enough
+ * that packing their band again costs less than a pass of its own (PW_REPACK_ROWS): its band packed into the
+ * thread's scratch, then its rows.  One hand-off to the pool instead of two (pack, then GEMM): most of a mobile
+ * net's 1x1 convs take 5-30 us, and the second hand-off was a visible part of that at 2 threads. */
 static void packed_gemm_item(void *ctx, int64_t it) {
     pw_t *p = ctx;
     qconv_t *q = &p->q;
@@ -582,8 +588,8 @@ OPT_API int optcli_qconv2d_pointwise(const void *x, const int32_t *wq, const int
     const int64_t macs = q->N * q->M * q->K * q->P;
     const int cap = macs < (1 << 18) ? 1 : 0;
     plan_items(&p, PW_PANEL, TILE, cap);
-    if (q->nm == 1) { /* no band shares its columns: each item packs its own */
-        opt_parallel(packed_gemm_item, &p, q->N * q->G * q->nn, cap);
+    if (q->nm == 1 || q->mb >= PW_REPACK_ROWS) { /* each item packs its own band (see PW_REPACK_ROWS) */
+        opt_parallel(packed_gemm_item, &p, q->N * q->G * q->nn * q->nm, cap);
         free(p.wsum);
         return q->failed ? OPT_ENOMEM : 0;
     }

@@ -27,6 +27,8 @@ SHAPES = {
     "K 161, 7x7, 2 images": (2, 161, 7, 7, 37, 1),
     "grouped, K 6": (1, 18, 5, 9, 12, 3),
     "K 96, 56x57 (bands of columns)": (1, 96, 56, 57, 24, 1),
+    # one band of columns split by rows at 2+ threads, 32 rows and more an item: each item packs the band again
+    "K 160, 7x7, 320 rows (items by rows)": (1, 160, 7, 7, 320, 1),
 }
 
 
