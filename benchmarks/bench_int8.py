@@ -142,7 +142,7 @@ def step_kinds(predictor, feeds: dict, repeats: int) -> dict[str, float]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=40)
@@ -153,7 +153,7 @@ def main() -> None:
                     help="also time each step of both optcli plans N times and print their minimums by kind")
     ap.add_argument("--write-docs", action="store_true",
                     help="also write the summary table into docs/benchmarks-int8.md (its block for this thread count)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     summary = []
     for label in args.models.split(","):
         model, shape, input_name = load_model(label)
