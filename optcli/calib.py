@@ -86,4 +86,8 @@ def _fit(path: Path, v: Value, x: np.ndarray) -> np.ndarray:
     if v.shape is not None and (x.ndim != len(v.shape) or any(
             isinstance(d, int) and d != s for d, s in zip(v.shape, x.shape))):
         raise UsageError(f"{path}: sample shape {list(x.shape)} does not fit input '{v.name}' {list(v.shape)}")
+    if x.dtype.kind in "fc" and not np.isfinite(x).all():
+        bad = int(x.size - np.count_nonzero(np.isfinite(x)))
+        raise UsageError(f"{path}: input '{v.name}' holds {bad} NaN or infinite value(s) of {x.size}: a calibration "
+                         "or verification sample must be finite (a range or an error measured on it means nothing)")
     return x

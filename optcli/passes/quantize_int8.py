@@ -105,26 +105,28 @@ def _run(graph: Graph, feeds: dict, sim: _Simulation | None = None,
     return {v.name: env[v.name] for v in graph.outputs}, seen
 
 
+def _finite(x: np.ndarray) -> np.ndarray:
+    """The finite values of a tensor the calibration watches: an overflow to inf (or a NaN from inf - inf)
+    inside the float model says nothing about the range its other values need."""
+    x = np.asarray(x)
+    return x if np.isfinite(x).all() else x[np.isfinite(x)]
+
+
 class _Stats:
     def __init__(self):
         self.lo, self.hi, self.hist, self.edges = np.inf, -np.inf, None, None
 
     def observe_range(self, x: np.ndarray) -> None:
-        self.lo, self.hi = min(self.lo, float(x.min())), max(self.hi, float(x.max()))
+        x = _finite(x)
+        if x.size:
+            self.lo, self.hi = min(self.lo, float(x.min())), max(self.hi, float(x.max()))
 
     def observe_hist(self, x: np.ndarray) -> None:
         if self.edges is None:
             lo, hi = min(self.lo, 0.0), max(self.hi, 0.0)
             self.edges = np.linspace(lo, hi if hi > lo else lo + 1e-6, BINS + 1)
             self.hist = np.zeros(BINS, np.float64)
-        self.hist += np.histogram(x, bins=self.edges)[0]
-
-
-def _params(lo: float, hi: float) -> dict:
-    lo, hi = min(lo, 0.0), max(hi, 0.0)
-    scale = (hi - lo) / 255.0 if hi > lo else 1.0
-    zp = float(np.clip(np.rint(-128 - lo / scale), -128, 127))
-    return {"scale": float(scale), "zero_point": zp, "qmin": -128.0, "qmax": 127.0}
+        self.hist += np.histogram(_finite(x), bins=self.edges)[0]
 
 
 def _percentile_range(s: _Stats, q: float = 1e-4) -> tuple[float, float]:
@@ -240,7 +242,8 @@ def choose_ops(graph: Graph, ops: list[Node], weights: dict[int, np.ndarray], ra
 
 
 def _uint8_params(lo: float, hi: float) -> tuple[float, int]:
-    """onnxruntime's activation quantization: u8, (hi - lo) / 255, the zero point where 0 lands."""
+    """onnxruntime's activation quantization: u8, (hi - lo) / 255, the zero point where 0 lands (lo and hi
+    finite: calibration keeps only finite values, so the scale is a finite float32)."""
     lo, hi = min(lo, 0.0), max(hi, 0.0)
     scale = float(np.float32((hi - lo) / 255.0)) if hi > lo else 1.0
     return scale, int(np.clip(np.rint(-lo / scale), 0, 255))

@@ -154,3 +154,39 @@ def test_gpu_plan_fuses_the_activation_and_its_fake_quant(calib):
     kinds = [(s.op_type, s.target) for s in plan.plan.steps]
     assert ("HardSwish", "opencl") not in kinds and kinds.count(("Conv", "opencl")) == 2, kinds
     assert sum(op == "FakeQuant" for op, _ in kinds) <= 1, kinds  # the graph input's, at most
+
+
+def test_calibration_samples_must_be_finite(tmp_path):
+    """A NaN or inf in a sample is the data's fault, named with its file (it made a FakeQuant of infinite
+    scale, which the compiler's own .nb check then refused as an internal error)."""
+    from optcli.errors import UsageError
+
+    for i, x in enumerate(_samples(3)):
+        if i == 1:
+            x[0, 2, 3, 4] = np.nan
+        np.save(tmp_path / f"{i}.npy", x)
+    with pytest.raises(UsageError, match=r"1\.npy: input 'x' holds 1 NaN or infinite"):
+        optcli.optimize(model=_model(), quant_type="INT8", calib_data=tmp_path)
+
+
+def test_a_tensor_that_overflows_in_calibration_is_quantized_from_its_finite_values(tmp_path):
+    """x * 1e30 * 1e30 overflows to inf where |x| > 3.4e-22: the ranges come from the finite values (an
+    infinite range made a FakeQuant of infinite scale, which the compiler's .nb check refused as an internal
+    error); the plan compiles and runs."""
+    n = helper.make_node
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array((rng.standard_normal((4, 3, 1, 1)) * 0.3).astype(np.float32), "w")
+    big = numpy_helper.from_array(np.array(1e30, np.float32), "big")
+    nodes = [n("Conv", ["x", "w"], ["c"]), n("Mul", ["c", "big"], ["m1"]), n("Mul", ["m1", "big"], ["m2"]),
+             n("Conv", ["m2", "w4"], ["y"])]
+    w4 = numpy_helper.from_array((rng.standard_normal((2, 4, 1, 1)) * 0.3).astype(np.float32), "w4")
+    graph = helper.make_graph(nodes, "overflow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])], [w, big, w4])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    for i in range(4):  # most values ~1e-24 (finite after the Muls), some 1e-19 (inf)
+        x = rng.standard_normal((1, 3, 4, 4)) * 1e-24
+        x[0, :, 0, 0] = 1e-19
+        np.save(tmp_path / f"{i}.npy", x.astype(np.float32))
+    plan = optcli.optimize(model=model, quant_type="INT8", calib_data=tmp_path)
+    out = optcli.load(plan.data).run({"x": (rng.standard_normal((1, 3, 4, 4)) * 1e-23).astype(np.float32)})["y"]
+    assert out.shape == (1, 2, 4, 4)
