@@ -223,8 +223,9 @@ OPT_API int optcli_quantize_f32(const float *x, void *y, int64_t n, float scale,
 OPT_API int optcli_dequantize_f32(const void *x, float *y, int64_t n, float scale, int32_t zp, int32_t x_signed);
 /* Byte table lookup (qelementwise.c): y[i] = table[x[i]] over n bytes, table[256] indexed by the raw byte. */
 OPT_API int optcli_lookup_u8(const void *x, void *y, int64_t n, const uint8_t *table);
-/* For the tests: the lookup's path, 1 the portable loop; 0 picks by the CPU again (2: AVX-512 VBMI), -1
- * changes nothing.  Returns the path now in use, or -1 if refused. */
+/* For the tests: the lookup's and the float-to-byte quantization's path, 1 the portable loops; 0 picks by the
+ * CPU again (the lookup by AVX-512 VBMI, reported as 2; the quantization by AVX-512 F/BW/VL where the CPU has
+ * them), -1 changes nothing.  Returns the lookup's path now in use, or -1 if refused. */
 OPT_API int optcli_lookup_variant(int which);
 /* Quantized multiply of x [rows, inner] by a per-row gate g [rows] (qelementwise.c): y = clamp(rint(float((x - zp[0])
  * * (g - zp[1])) * p[0]) + zp[2], p[1], p[2]); zp[3], zp[4]: x signed, g signed. */

@@ -81,7 +81,8 @@ def dequantize(x: np.ndarray, scale: np.float32, zero_point: int) -> np.ndarray:
 
 
 def lookup_variant(which: int) -> int:
-    """Tests: the lookup's path (1 the portable loop, 0 by the CPU, -1 asks); returns the path in use (2: VBMI)."""
+    """Tests: the lookup's and the quantization's path (1 the portable loops, 0 by the CPU, -1 asks); returns the
+    lookup's path in use (2: VBMI)."""
     require(library._lib is not None, "lookup variant")
     return int(library.function("optcli_lookup_variant")(which))
 

@@ -122,19 +122,27 @@ def test_a_step_prepares_its_call_once(native_lib):
     np.testing.assert_array_equal(qadd([a2, b2], step)[0], reference(a2, b2, attrs))  # the prepared path
 
 
+@pytest.mark.parametrize("path", [0, 1], ids=["by-CPU", "portable"])
 @pytest.mark.parametrize("dtype, zp", [(np.uint8, 0), (np.uint8, 255), (np.uint8, 131), (np.int8, -128), (np.int8, 5)])
-def test_native_quantize_linear_equals_numpy(native_lib, dtype, zp):
-    """The input's QuantizeLinear of an integer plan (kernels/host/qelementwise.c): the numpy kernel's bytes,
-    .5 ties (rounded half to even after a float32 division), NaN, infinities and saturation included."""
-    from optcli.native.qelementwise import quantize as native_quantize
+def test_native_quantize_linear_equals_numpy(native_lib, dtype, zp, path):
+    """The input's QuantizeLinear of an integer plan (kernels/host/qelementwise.c), on the CPU's path (AVX-512
+    where it has it) and the portable loop: the numpy kernel's bytes, .5 ties (rounded half to even after a
+    float32 division), NaN, infinities and saturation included, and a length that leaves a partial vector."""
+    from optcli.native import qelementwise
     from optcli.ops.quant import quantize
 
     scale = np.float32(0.037)
     rng = np.random.default_rng(zp & 0xFF)
-    x = (rng.standard_normal(40_000) * 6).astype(np.float32)
+    x = (rng.standard_normal(40_001) * 6).astype(np.float32)
     x[:2000] = (np.arange(-1000, 1000) + 0.5).astype(np.float32) * scale  # ties after the division
     x[2000:2006] = [np.nan, np.inf, -np.inf, 3e38, -3e38, -0.0]
-    got = native_quantize(x.reshape(8, 5000), scale, zp, np.dtype(dtype))
+    x[-3:] = [np.nan, 1e9, -7.5 * scale]  # in the last, partial vector
+    before = qelementwise.lookup_variant(-1)
+    qelementwise.lookup_variant(path)
+    try:
+        got = qelementwise.quantize(x.reshape(13, 3077), scale, zp, np.dtype(dtype))
+    finally:
+        qelementwise.lookup_variant(0 if before == 2 else before)
     np.testing.assert_array_equal(got.reshape(-1), quantize(x, scale, dtype(zp), np.dtype(dtype)))
 
 
