@@ -53,7 +53,7 @@ def _dequantized_weight(graph: Graph, dq: Node | None, transposed: bool) -> tupl
     return _weight(graph, dq.input(0), dq.input(1), dq.input(2), int(dq.attrs.get("axis", 1)), transposed)
 
 
-def _gemm_form(graph: Graph, node: Node) -> tuple[bool, str] | None:
+def _gemm_form(node: Node) -> tuple[bool, str] | None:
     """(transB, its bias input) for a Gemm the step can take: transA 0, alpha 1, beta 1 where C is given."""
     if int(node.attrs.get("transA", 0)) or float(node.attrs.get("alpha", 1.0)) != 1.0:
         return None
@@ -86,7 +86,7 @@ def _from_qdq(graph: Graph, node: Node, producers: dict, consumers: dict, names:
     if x is None or len(node.outputs) != 1 or len(node.inputs) < 2:
         return None
     if node.op_type == "Gemm":
-        form = _gemm_form(graph, node)
+        form = _gemm_form(node)
         if form is None:
             return None
         transposed, bias_name = form
