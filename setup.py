@@ -22,7 +22,8 @@ SOURCES = ["kernels/host/blocked_conv.c", "kernels/host/blocked_window.c", "kern
            "kernels/host/stem.c", "kernels/host/window.c", "kernels/host/pool.c", "kernels/host/epilogue.c",
            "kernels/host/elementwise.c", "kernels/host/fc_rows.c", "kernels/host/recurrent.c", "kernels/host/qgemm.c",
            "kernels/host/qelementwise.c", "kernels/host/qdepthwise.c", "kernels/host/qdepthwise_lanes.c", "kernels/host/upsample.c",
-           "kernels/host/qpointwise.c", "kernels/host/qpool.c"]
+           "kernels/host/qpointwise.c", "kernels/host/qpool.c",
+           "kernels/host/qmatmul.c"]
 HEADERS = ["kernels/host/optcli_native.h", "kernels/host/simd.h", "kernels/host/gemm_kernel.h",
            "kernels/host/stem_kernel.h", "kernels/host/blocked_conv_kernel.h", "kernels/host/blocked_window_kernel.h",
            "kernels/host/qconv_kernel.h"]

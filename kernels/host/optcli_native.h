@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 17 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 18 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -206,6 +206,15 @@ OPT_API int optcli_maxpool2d_q8(const uint8_t *x, uint8_t *y, const int64_t *geo
  * bias (K = C / group * KH * KW in the order (c, kh, kw)). */
 OPT_API int optcli_qconv2d_dense(const void *x, const int32_t *wq, const int32_t *bias, const float *mult, void *y,
                                  const int64_t *geom, const int32_t *qp);
+/* Integer dense layer (qmatmul.c, optcli.QMatMul): y [R, M] (u8 / s8 by qp[5]) = requant(x [R, K] (u8 / s8 by
+ * qp[4]) times w [K, M] plus bias), x and y row-major.  w: optcli/native/qgemm.py's pack_columns, int8
+ * [ceil(M / 16)][ceil(K / 4)][16][4] (zeros past K and M); aux: int32 column sums of w [M], bias [M] (zeros for
+ * none), then per tile of 16 columns the residual entries' starts [tiles + 1] and the entries (quad < ceil(K /
+ * 4), 64 residual bytes: 17 int32 each; none unless split).  mult [M] float32; dims: R, K (1 to 65536), M, split
+ * (1: the main weights' byte pairs cannot clip vpmaddubsw's int16 sums); qp: x_zp, y_zp, qmin, qmax, x signed,
+ * y signed.  The same integers as optcli_qconv2d_gemm's 1x1 conv of x^T. */
+OPT_API int optcli_qmatmul_rows(const void *x, const int8_t *w, const int32_t *aux, const float *mult, void *y,
+                                const int64_t *dims, const int32_t *qp);
 /* For the tests: the dot-product path, 1 plain C, 2 AVX2, 3 AVX2 with FMA depthwise lanes, 4 as 3 with the
  * 1x1 and dense convs by AVX-512 VNNI (x86-64 CPUs that have them); 0 picks by the CPU again, -1 changes nothing.
  * Returns the path now in use, or -1 if refused. */

@@ -9,8 +9,9 @@ This face re-exports what the package calls as ``native.<name>``; the code lives
 - ``caches``: data addresses of read-only arrays, geometry arrays, ``derived``;
 - one wrapper module per C file: ``window`` (depthwise conv, pooling), ``stem``, ``gemm``, ``fc_rows``,
   ``epilogue``, ``elementwise``, ``blocked_conv`` and ``blocked_window`` (the NCHWc layout, imported
-  by optcli/ops/blocked.py when it needs them), ``qgemm`` and ``qelementwise`` (the integer convs and
-  adds of optcli.QConv and optcli.QAdd, imported by optcli/ops/qconv.py and qadd.py).
+  by optcli/ops/blocked.py when it needs them), ``qgemm`` and ``qelementwise`` (the integer convs, dense
+  layers and adds of optcli.QConv, optcli.QMatMul and optcli.QAdd, imported by optcli/ops/qconv.py,
+  qmatmul.py and qadd.py).
 """
 
 from optcli.activation_codes import ACTIVATION_CODES

@@ -37,7 +37,7 @@ import numpy as np
 
 LOG = logging.getLogger("optcli")
 
-ABI = 17  # OPTCLI_NATIVE_ABI in kernels/host/optcli_native.h
+ABI = 18  # OPTCLI_NATIVE_ABI in kernels/host/optcli_native.h
 LIB_PREFIX = "_optcli_native"  # the extension's file name starts with this (threadpoolctl matches it)
 LIBRARY_ENV = "OPTCLI_NATIVE_LIBRARY"  # a testing hook: load this file instead (sanitizer builds)
 
@@ -99,6 +99,7 @@ _SIGNATURES = {
     "optcli_qconv2d_depthwise": ([_vp, _vp, _vp, _vp, _vp, _vp, _vp], ctypes.c_int),
     "optcli_qconv2d_pointwise": ([_vp, _vp, _vp, _vp, _vp, _vp, _vp], ctypes.c_int),
     "optcli_qconv2d_dense": ([_vp, _vp, _vp, _vp, _vp, _vp, _vp], ctypes.c_int),
+    "optcli_qmatmul_rows": ([_vp, _vp, _vp, _vp, _vp, _vp, _vp], ctypes.c_int),
     "optcli_qgemm_variant": ([ctypes.c_int], ctypes.c_int),  # tests only
     "optcli_maxpool2d_q8": ([_vp, _vp, _vp, ctypes.c_int], ctypes.c_int),
     "optcli_qadd": ([_vp, _vp, _vp, ctypes.c_int64, _vp, _vp], ctypes.c_int),

@@ -28,6 +28,46 @@ def pack_pairs(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(high * 65536 + low, dtype=np.int32)  # in int32 range: |high| <= 128
 
 
+def split_pairs(flat: np.ndarray, whole: bool) -> tuple[np.ndarray, np.ndarray]:
+    """int32 weights [rows, even K] as (main, residual) summing to them, each byte pair (k even, k + 1) of main
+    unable to clip vpmaddubsw's saturating int16 sum of two u8 x s8 products: its positive parts summing to at
+    most 128 and its negative ones to at least -128 (255 * 128 < 2**15); a pair that could clip keeps its
+    values clipped to [-64, 64] in main and the excess (within [-64, 63]: a pair's parts sum to 126 or -128 at
+    most) in the residual.  ``whole``: no split (main the weights, the residual zeros)."""
+    a, b = flat[:, 0::2], flat[:, 1::2]
+    pos, neg = np.maximum(a, 0) + np.maximum(b, 0), np.minimum(a, 0) + np.minimum(b, 0)
+    unsafe = np.repeat((pos > 128) | (neg < -128), 2, axis=1) & (not whole)  # both values of a pair that could clip
+    main = np.where(unsafe, np.clip(flat, -64, 64), flat)
+    return main, flat - main
+
+
+def pack_columns(w: np.ndarray, bias: np.ndarray | None, split: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The weights and auxiliary blob optcli_qmatmul_rows reads (kernels/host/qmatmul.c) for int8 ``w`` [K, M]:
+    tiles of 16 columns, [tile][ceil(K / 4)][16 columns][4 k] int8 (zeros past K and M), split as
+    ``split_pairs`` splits them where ``split`` (the AVX2 path's vpmaddubsw); and int32 column sums of w [M],
+    the bias [M] (zeros for none), the residual entries' starts per tile [tiles + 1] and the entries (quad
+    index, its 64 residual bytes as 16 int32: the bytes as they lie, read back as bytes)."""
+    k, m = w.shape
+    q, tiles = -(-k // 4), -(-m // 16)
+    flat = np.zeros((tiles * 16, 4 * q), np.int32)
+    flat[:m, :k] = w.T
+    main, rest = split_pairs(flat, not split)
+
+    def tiled(v: np.ndarray) -> np.ndarray:  # [tiles * 16, 4q] -> [tiles, q, 16, 4] bytes
+        return np.ascontiguousarray(v.astype(np.int8).reshape(tiles, 16, q, 4).transpose(0, 2, 1, 3))
+
+    rest_t = tiled(rest).reshape(tiles, q, 64)
+    tile_of, quad_of = np.nonzero(rest_t.any(axis=2))  # row-major: in tile order
+    starts = np.zeros(tiles + 1, np.int64)
+    np.add.at(starts, tile_of + 1, 1)
+    entries = np.concatenate([quad_of.astype(np.int32)[:, None],
+                              np.ascontiguousarray(rest_t[tile_of, quad_of]).view(np.int32)], axis=1)
+    wsum = w.sum(axis=0, dtype=np.int64).astype(np.int32)  # |sum| <= 65536 * 128
+    b = np.zeros(m, np.int32) if bias is None else bias.astype(np.int32)
+    aux = np.concatenate([wsum, b, np.cumsum(starts).astype(np.int32), entries.ravel()]).astype(np.int32)
+    return tiled(main), np.ascontiguousarray(aux)
+
+
 def pack_quads(w: np.ndarray, bias: np.ndarray | None, x_zero_point: int, x_signed: bool,
                group: int = 1, whole: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The weights and bias optcli_qconv2d_pointwise reads (kernels/host/qpointwise.c): int8 ``w`` [M, K, 1, 1]
@@ -45,11 +85,8 @@ def pack_quads(w: np.ndarray, bias: np.ndarray | None, x_zero_point: int, x_sign
     q = -(-k // 4)
     flat = np.zeros((m, 4 * q), np.int32)
     flat[:, :k] = w.reshape(m, k)
-    a, b = flat[:, 0::2], flat[:, 1::2]
-    pos, neg = np.maximum(a, 0) + np.maximum(b, 0), np.minimum(a, 0) + np.minimum(b, 0)
-    unsafe = np.repeat((pos > 128) | (neg < -128), 2, axis=1) & (not whole)  # both values of a pair that could clip
-    main = np.where(unsafe, np.clip(flat, -64, 64), flat)
-    rest = flat - main  # within [-64, 63]: a pair's parts sum to 126 or -128 at most
+    main, rest = split_pairs(flat, whole)
+
     def quads(v: np.ndarray) -> np.ndarray:  # each 4 bytes as one int32, the first the lowest (any byte order)
         as_u8 = v.astype(np.int8).view(np.uint8).reshape(m, q, 4).astype(np.uint32)
         return (as_u8 << np.array([0, 8, 16, 24], np.uint32)).sum(axis=2, dtype=np.uint32).view(np.int32)
@@ -95,6 +132,38 @@ def prepared_weights(w: np.ndarray, bias: np.ndarray | None, geom: tuple[int, ..
         if blob[1 + m * quads + m] <= MAX_RESIDUAL * m * quads:
             return kind, blob, b
     return "gemm", pack_pairs(w), bias
+
+
+def prepared_qmatmul(rows: int, x_dtype: np.dtype, w: np.ndarray, bias: np.ndarray | None, mult: np.ndarray,
+                     qp: tuple[int, ...], y_dtype: np.dtype):
+    """A function of ``x`` (C-contiguous, ``x_dtype``, ``rows`` * K elements) returning the requantized product
+    [rows, M] in ``y_dtype`` (optcli_qmatmul_rows); int8 ``w`` [K, M] packed once, split for vpmaddubsw unless
+    the path in use has VNNI or the dot product (an AVX2 path given whole weights runs plain C: still exact)."""
+    require(library._lib is not None and w.ndim == 2 and w.dtype == np.int8, "prepared qmatmul")
+    k, m = w.shape
+    require(1 <= k <= MAX_K and m >= 1 and rows >= 0 and len(qp) == 6, "prepared qmatmul")
+    require(np.dtype(x_dtype) in (np.dtype(np.uint8), np.dtype(np.int8)), "prepared qmatmul")
+    require(np.dtype(y_dtype) in (np.dtype(np.uint8), np.dtype(np.int8)), "prepared qmatmul")
+    require(mult.dtype == np.float32 and mult.shape == (m,), "prepared qmatmul")
+    require(bias is None or (bias.dtype == np.int32 and bias.shape == (m,)), "prepared qmatmul")
+    split = variant() not in (4, 5, 6)
+    weights, aux = pack_columns(w, bias, split)
+    fn = library.function("optcli_qmatmul_rows")
+    mult = np.ascontiguousarray(mult)
+    dims = np.array([rows, k, m, int(split)], dtype=np.int64)
+    qp_array = np.array(qp, dtype=np.int32)
+    x_dtype, y_dtype, size = np.dtype(x_dtype), np.dtype(y_dtype), rows * k
+    empty = np.empty
+
+    def call(x: np.ndarray) -> np.ndarray:
+        require(type(x) is np.ndarray and x.dtype == x_dtype and x.size == size and x.flags.c_contiguous, "qmatmul")
+        y = empty((rows, m), y_dtype)
+        rc = fn(x, weights, aux, mult, y, dims, qp_array)
+        if rc:
+            _check(rc, "integer matmul")
+        return y
+
+    return call
 
 
 def variant(which: int = -1) -> int:

@@ -90,22 +90,30 @@ def _native_call(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: d
                                 geom, qp, dtype_of(attrs.get("y_signed", 0)))
 
 
-@kernel("QConv", domain=OPTCLI_DOMAIN)
-def qconv(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
-    """A quantized 2-D conv from u8/s8 to u8/s8: exact int32 accumulation, onnxruntime's requantization."""
+def run_memoized(key: str, inputs: list[np.ndarray | None], attrs: dict[str, Any], check, native_call,
+                 ref) -> list[np.ndarray]:
+    """A weighted integer step's run (QConv, QMatMul): the native call prepared for this input's shape and dtype
+    (weights packed) kept in the step's memo and reused while its weight and bias are the same arrays; else
+    ``check`` the inputs and prepare it, or run the numpy reference ``ref`` where ``native_call`` gives None."""
     x, w = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     memo = attrs.memo if type(attrs) is StepAttrs else None
-    hit = memo.get("qconv") if memo is not None else None
+    hit = memo.get(key) if memo is not None else None
     if hit is not None and hit[0] is w and hit[1] is bias and hit[2] == x.shape and hit[3] == x.dtype:
         return [hit[4](np.ascontiguousarray(x))]
-    _check_inputs(x, w, bias, attrs)
-    call = _native_call(x, w, bias, attrs)
+    check(x, w, bias, attrs)
+    call = native_call(x, w, bias, attrs)
     if call is None:
-        return [reference(x, w, bias, attrs)]
+        return [ref(x, w, bias, attrs)]
     if memo is not None:
-        memo["qconv"] = (w, bias, x.shape, x.dtype, call)
+        memo[key] = (w, bias, x.shape, x.dtype, call)
     return [call(np.ascontiguousarray(x))]
+
+
+@kernel("QConv", domain=OPTCLI_DOMAIN)
+def qconv(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """A quantized 2-D conv from u8/s8 to u8/s8: exact int32 accumulation, onnxruntime's requantization."""
+    return run_memoized("qconv", inputs, attrs, _check_inputs, _native_call, reference)
 
 
 @shape_fn("QConv", domain=OPTCLI_DOMAIN)

@@ -107,9 +107,9 @@ class Families:
 
 # Every module of this package that registers kernels or shape functions (one per op family).
 FAMILIES = Families("optcli.ops", ("activation", "blocked", "conv", "elementwise", "fused", "gemm", "normalization",
-                                   "pool", "qadd", "qconv", "qlookup", "qmul", "quant", "quant_contrib", "recurrent",
-                                   "recurrent_quant", "reduce", "resize", "tensor", "tensor_shape_functions",
-                                   "transfer"))
+                                   "pool", "qadd", "qconv", "qlookup", "qmatmul", "qmul", "quant", "quant_contrib",
+                                   "recurrent", "recurrent_quant", "reduce", "resize", "tensor",
+                                   "tensor_shape_functions", "transfer"))
 
 _KERNELS: dict[tuple[str, str], list[Kernel]] = {}
 _BY_ID: dict[str, Kernel] = {}

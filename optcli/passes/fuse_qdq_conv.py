@@ -25,6 +25,8 @@ from optcli.passes._helpers.qdq import (
     RANGE,
     clamp,
     dequantized,
+    int8_weight,
+    int32_bias,
     is_std,
     replace_chains,
     requantized,
@@ -41,48 +43,8 @@ _CONV_ATTRS = ("strides", "pads", "dilations", "group", "kernel_shape", "auto_pa
 
 def _weight(graph: Graph, w_name: str, scale_name: str, zp_name: str, axis: int) -> tuple[str, list[float]] | None:
     """A constant symmetric int8 [M, C/g, KH, KW] weight and its scales (one, or one per output channel)."""
-    w, scale = graph.const(w_name), graph.const(scale_name)
-    zp = graph.const(zp_name) if zp_name else None
-    if w is None or scale is None or w.dtype != np.int8 or w.ndim != 4 or (zp_name and zp is None):
-        return None
-    if zp is not None and np.any(zp != 0):
-        return None
-    scales = scale.astype(np.float32).reshape(-1)
-    if scales.size not in (1, w.shape[0]) or (scales.size > 1 and axis % 4 != 0):
-        return None
-    if not np.all(np.isfinite(scales) & (scales > 0)):
-        return None
-    return w_name, [float(s) for s in scales]
-
-
-def _bias(graph: Graph, names: Names, node: Node | None, name: str, x_scale: float, w_scale: list[float],
-          producers: dict[str, Node]) -> str | None:
-    """The bias as an int32 initializer in units of x_scale * w_scale: '' for none, None if it cannot be."""
-    if not name:
-        return ""
-    product = np.float32(x_scale) * np.asarray(w_scale, np.float32)
-    dq = producers.get(name)
-    if is_std(dq, "DequantizeLinear") and not dq.attrs.get("block_size"):
-        b, s = graph.const(dq.input(0)), graph.const(dq.input(1))
-        zp = graph.const(dq.input(2)) if dq.input(2) else None
-        if b is None or s is None or b.dtype != np.int32 or b.ndim != 1 or (dq.input(2) and zp is None):
-            return None
-        if zp is not None and np.any(zp != 0):
-            return None
-        s = s.astype(np.float32).reshape(-1)
-        if s.size in (1, b.size) and np.array_equal(np.broadcast_to(s, b.shape), np.broadcast_to(product, b.shape)):
-            return dq.input(0)
-        value = b.astype(np.float64) * np.broadcast_to(s, b.shape).astype(np.float64)
-    elif graph.const(name) is not None:
-        value = graph.const(name).astype(np.float64)
-    else:
-        return None
-    if value.ndim != 1 or not np.all(np.isfinite(value)):
-        return None
-    q = np.rint(value / np.broadcast_to(product, value.shape).astype(np.float64))
-    if np.any(np.abs(q) >= 2**31 - 1):
-        return None
-    return names.initializer(f"{node.name if node else name}_bias_int32", q.astype(np.int32))
+    found = int8_weight(graph, w_name, scale_name, zp_name, 4, 0, axis)
+    return None if found is None else (w_name, found[1])
 
 
 def _qconv(name: str, x: str, w: str, bias: str, y: str, conv_attrs: dict, xq: tuple, w_scale: list[float],
@@ -103,7 +65,7 @@ def _from_qdq(graph: Graph, conv: Node, producers: dict, consumers: dict, names:
         return None
     act, q, yq = out
     bounds = clamp(graph, act, yq[0], yq[1], yq[2])
-    bias = _bias(graph, names, conv, conv.input(2), x[1][0], weight[1], producers)
+    bias = int32_bias(graph, names, conv, conv.input(2), x[1][0], weight[1], producers)
     if bounds is None or bias is None:
         return None
     node = _qconv(names.fresh(f"{conv.name}_qconv"), x[0], weight[0], bias, q.outputs[0], conv.attrs, x[1],

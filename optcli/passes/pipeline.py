@@ -46,6 +46,7 @@ from optcli.passes import (
     fuse_qdq_add,
     fuse_qdq_conv,
     fuse_qdq_lookup,
+    fuse_qdq_matmul,
     fuse_qdq_movement,
     fuse_qdq_se,
     inline_constant_if,
@@ -65,6 +66,7 @@ PASSES: list[ModuleType] = [
     qoperator_to_qdq,
     fold_constants_before_qdq,  # run-time pad arithmetic folded, shapes static: the chains below can match
     fuse_qdq_conv,  # host-only plans: quantized convs become integer steps, before fold_qdq makes FakeQuants
+    fuse_qdq_matmul,  # and the quantized MatMul / Gemm (classifier heads, dense layers)
     fuse_qdq_add,  # and the residual Adds between them
     fuse_qdq_movement,  # and the pools, pads and reshapes that only move their bytes
     fuse_qdq_lookup,  # float islands of one quantized tensor (hard-swish, gates): byte tables

@@ -53,6 +53,8 @@ OPTCLI_OPS: dict[str, tuple[int, int, dict[str, str]]] = {
                      "y_scale": "FLOAT", "y_zero_point": "INT", "qmin": "INT", "qmax": "INT", "x_signed": "INT",
                      "y_signed": "INT"}),
 }
+OPTCLI_OPS["QMatMul"] = (2, 3, {k: v for k, v in OPTCLI_OPS["QConv"][2].items()
+                                if k.startswith(("x_", "w_", "y_", "q"))})  # QConv's, less the window
 _QADD_ATTRS = ("a_scale", "a_zero_point", "b_scale", "b_zero_point", "y_scale", "y_zero_point", "qmin", "qmax")
 OPTCLI_OPS["QAdd"] = (2, 2, {**{k: "FLOAT" if k.endswith("scale") else "INT" for k in _QADD_ATTRS},
                              "a_signed": "INT", "b_signed": "INT", "y_signed": "INT"})
@@ -63,7 +65,8 @@ OPTCLI_OPS["QGlobalAveragePool"] = (1, 1, {**{k: "FLOAT" if k.endswith("scale") 
 OPTCLI_OPS["QMul"] = (2, 2, {**{k: "FLOAT" if k.endswith("scale") else "INT" for k in _QMUL_ATTRS},
                              "x_signed": "INT", "g_signed": "INT", "y_signed": "INT"})
 OPTCLI_OPS["QLookup"] = (2, 2, {})  # its table, a constant input: _constants_problem
-REQUIRED_ATTRS = {"QConv": frozenset({"x_scale", "x_zero_point", "w_scale", "y_scale", "y_zero_point", "qmin", "qmax"}),
+_QDENSE_REQUIRED = frozenset({"x_scale", "x_zero_point", "w_scale", "y_scale", "y_zero_point", "qmin", "qmax"})
+REQUIRED_ATTRS = {"QConv": _QDENSE_REQUIRED, "QMatMul": _QDENSE_REQUIRED,
                   "QAdd": frozenset(_QADD_ATTRS), "QGlobalAveragePool": frozenset(_QGAP_ATTRS),
                   "QMul": frozenset(_QMUL_ATTRS)}
 
@@ -88,24 +91,27 @@ def check_steps(plan: Plan, source: str) -> None:
 def _constants_problem(step, plan: Plan) -> str:
     """A QLookup's table is a constant uint8 / int8 tensor of 256 values (ops/qlookup.py).
     A QConv's weight and bias are constants of the plan, made by optcli's pass: int8 [M, C/g, KH, KW]
-    and int32 [M], with 1 or M weight scales.  A crafted file's other dtypes would otherwise reach the
-    kernel (a uint8 or bool weight read as int8) and fail there as a bug of ours."""
+    and int32 [M], with 1 or M weight scales; a QMatMul's int8 [K, M] and int32 [M], 1 or M scales.  A
+    crafted file's other dtypes would otherwise reach the kernel (a uint8 or bool weight read as int8) and
+    fail there as a bug of ours."""
     if step.domain == "optcli" and step.op_type == "QLookup" and len(step.inputs) == 2:
         from optcli.ops.qlookup import check_table
 
         return check_table(plan.weights.get(step.inputs[1]))
-    if step.domain != "optcli" or step.op_type != "QConv" or len(step.inputs) < 2:
+    if step.domain != "optcli" or step.op_type not in ("QConv", "QMatMul") or len(step.inputs) < 2:
         return ""
+    op, rank, m_axis = (step.op_type, 4, 0) if step.op_type == "QConv" else (step.op_type, 2, 1)
     w = plan.weights.get(step.inputs[1])
-    if w is None or w.dtype != np.int8 or w.ndim != 4:
-        return "a QConv's weight must be a constant int8 tensor of rank 4"
+    if w is None or w.dtype != np.int8 or w.ndim != rank:
+        return f"a {op}'s weight must be a constant int8 tensor of rank {rank}"
+    m = w.shape[m_axis]
     if len(step.inputs) > 2 and step.inputs[2]:
         b = plan.weights.get(step.inputs[2])
-        if b is None or b.dtype != np.int32 or b.shape != (w.shape[0],):
-            return f"a QConv's bias must be a constant int32 tensor of {w.shape[0]} values"
+        if b is None or b.dtype != np.int32 or b.shape != (m,):
+            return f"a {op}'s bias must be a constant int32 tensor of {m} values"
     scales = step.attrs.get("w_scale")
-    if isinstance(scales, (list, tuple)) and len(scales) not in (1, w.shape[0]):
-        return f"QConv has {len(scales)} weight scales for {w.shape[0]} output channels"
+    if isinstance(scales, (list, tuple)) and len(scales) not in (1, m):
+        return f"{op} has {len(scales)} weight scales for {m} output channels"
     return ""
 
 
@@ -211,17 +217,17 @@ def _attrs_problem(step: Step, types: dict[str, str], required: set[str]) -> str
                 return f"attribute '{name}' {_describe(value)} is out of range ({WINDOW_LOW[name]} to {INT32_MAX})"
     if step.domain == "optcli" and step.op_type == "FakeQuant":
         return _fake_quant_problem(step.attrs)
-    if step.domain == "optcli" and step.op_type in ("QConv", "QAdd", "QMul", "QGlobalAveragePool"):
+    if step.domain == "optcli" and step.op_type in ("QConv", "QMatMul", "QAdd", "QMul", "QGlobalAveragePool"):
         return _quantized_problem(step.attrs, step.op_type)
     return ""
 
 
 def _quantized_problem(attrs: dict, op: str) -> str:
-    """Scales positive, finite and normal in float32, with requantization ratios (QConv: x_scale * w_scale /
-    y_scale; QAdd: a_scale / y_scale, b_scale / y_scale) that are positive normal float32 (a huge or tiny
-    scale would make them inf or 0: every output one value); zero points and clamp bounds inside their
+    """Scales positive, finite and normal in float32, with requantization ratios (QConv, QMatMul: x_scale *
+    w_scale / y_scale; QAdd: a_scale / y_scale, b_scale / y_scale) that are positive normal float32 (a huge or
+    tiny scale would make them inf or 0: every output one value); zero points and clamp bounds inside their
     dtypes."""
-    if op == "QConv":
+    if op in ("QConv", "QMatMul"):
         ins, scales = ("x",), [attrs["x_scale"], attrs["y_scale"], *attrs["w_scale"]]
         if not attrs["w_scale"]:
             return "QConv needs positive finite scales (x_scale, y_scale and one or more w_scale)"
@@ -236,9 +242,9 @@ def _quantized_problem(attrs: dict, op: str) -> str:
         if not all(math.isfinite(s) and s > 0 and np.isfinite(np.float32(s)) and np.float32(s) >= tiny
                    for s in scales):
             return f"{op} needs positive finite scales" + (
-                " (x_scale, y_scale and one or more w_scale)" if op == "QConv" else "")
+                " (x_scale, y_scale and one or more w_scale)" if op in ("QConv", "QMatMul") else "")
         f32 = np.float32
-        if op == "QConv":
+        if op in ("QConv", "QMatMul"):
             ratios = f32(attrs["x_scale"]) * np.asarray(attrs["w_scale"], f32) / f32(attrs["y_scale"])
         elif op == "QMul":
             ratios = np.array([f32(attrs["x_scale"]) * f32(attrs["g_scale"]) / f32(attrs["y_scale"])])

@@ -44,6 +44,8 @@
  * then float32 params[3], bytes x [rows * inner], g [rows].  25 (optcli_qgap_rows): e = rows, inner, x_zp, y_zp,
  * x signed, y signed; then float32 params[3], bytes x [rows * inner].  Kind 26: no arrays; OUT holds the integer
  * kernels' dot-product path (optcli_qgemm_variant(-1): 6 where the CPU has the dot product, else 1).
+ * Kind 27 (optcli_qmatmul_rows, qmatmul.c): e = R, K, M, split, its 6 qp values, the packed weights' bytes, the
+ * aux blob's int32 count; then bytes x [R * K], the weights, int32 aux, float32 multipliers [M].
  * OUT receives the output as float32 (layer norm: y, then mean and 1 / std).  Exit status 0 when
  * every kernel returned 0.  OPTCLI_LANES=4|8|16 in the environment forces that vector width (see
  * optcli_gemm_variant), for runs on the host under a sanitizer.
@@ -101,6 +103,18 @@ static int run_int8_case(FILE *f, int64_t kind, int has_bias, float **y, int64_t
                      : optcli_qconv2d_gemm(x, w, b, mult, yq, e, qp);
         *y = bytes_to_floats(yq, *ny, qp[5]);
         free(x), free(w), free(b), free(mult);
+    } else if (kind == 27) {
+        const int32_t qp[6] = {(int32_t)e[4], (int32_t)e[5], (int32_t)e[6], (int32_t)e[7], (int32_t)e[8],
+                               (int32_t)e[9]};
+        uint8_t *x = read_bytes(f, e[0] * e[1]);
+        void *w = read_bytes(f, e[10]);
+        int32_t *aux = read_bytes(f, e[11] * 4);
+        float *mult = read_floats(f, e[2]);
+        *ny = e[0] * e[2];
+        yq = malloc((size_t)(*ny > 0 ? *ny : 1));
+        rc = optcli_qmatmul_rows(x, w, aux, mult, yq, e, qp);
+        *y = bytes_to_floats(yq, *ny, qp[5]);
+        free(x), free(w), free(aux), free(mult);
     } else if (kind == 26) { /* the integer kernels' dot-product path in use (optcli_qgemm_variant) */
         *ny = 1;
         *y = malloc(sizeof(float));
@@ -158,7 +172,7 @@ static int run_case(const char *in, const char *out) {
     float *y = NULL;
     int64_t ny;
     int rc;
-    if (h[0] == 15 || h[0] == 16 || (h[0] >= 22 && h[0] <= 26)) { /* the integer kernels */
+    if (h[0] == 15 || h[0] == 16 || (h[0] >= 22 && h[0] <= 27)) { /* the integer kernels */
         rc = run_int8_case(f, h[0], has_bias, &y, &ny);
     } else if (h[0] == 0 || h[0] == 8) { /* depthwise: w [M, 1, KH, KW]; stem: w [M, C, KH, KW] */
         int64_t nx = g[0] * g[1] * g[2] * g[3], nw = g[4] * (h[0] == 8 ? g[1] : 1) * g[5] * g[6];

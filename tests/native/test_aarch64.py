@@ -496,6 +496,7 @@ def _int8_cases(tmp: Path, variant: int = 6) -> list[tuple[Path, Path, np.ndarra
             f.write(np.array(e + [0] * (24 - len(e)), np.int64).tobytes())
             f.write(x.tobytes())
         cases.append((src, dst, qpool_reference(x, *geom).astype(np.float32), f"qpool {name}"))
+    cases += _qmatmul_cases(tmp)
     src, dst = tmp / "qvariant.in", tmp / "qvariant.out"
     with open(src, "wb") as f:  # the tile the CPU model must take: the test fails if the kernels ran another
         f.write(np.array([26, 0, 0, *[0] * 17], np.int64).tobytes() + np.zeros(24, np.int64).tobytes())
@@ -509,6 +510,30 @@ def _int8_cases(tmp: Path, variant: int = 6) -> list[tuple[Path, Path, np.ndarra
             f.write(qadd.params(attrs).tobytes() + a.tobytes() + b.tobytes())
         cases.append((src, dst, qadd.reference(a, b, attrs).astype(np.float32), f"qadd {signs}"))
     return cases + _island_cases(tmp)
+
+
+def _qmatmul_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
+    """The integer dense layer (qmatmul.c: sdot under qemu) on every shape of tests/quant/test_qmatmul.py, u8 and
+    s8 in and out, whole weights and split ones (their residual entries) in turn, against the numpy reference."""
+    from optcli.native.qgemm import pack_columns
+    from optcli.ops import qmatmul
+    from tests.quant.test_qmatmul import SHAPES, _case
+
+    cases = []
+    for i, (lead, k, m) in enumerate(SHAPES):
+        x, w, b, attrs = _case(np.random.default_rng(i), lead, k, m, i % 2, (i // 2) % 2, bool(i % 3))
+        weights, aux = pack_columns(w, b, split=bool(i % 2))
+        rows = int(np.prod(lead, dtype=np.int64))
+        qp = [attrs[a] for a in ("x_zero_point", "y_zero_point", "qmin", "qmax", "x_signed", "y_signed")]
+        src, dst = tmp / f"qmatmul{i}.in", tmp / f"qmatmul{i}.out"
+        with open(src, "wb") as f:
+            f.write(np.array([27, 0, 0, *[0] * 17], np.int64).tobytes())
+            e = [rows, k, m, i % 2, *qp, weights.nbytes, aux.size]
+            f.write(np.array(e + [0] * (24 - len(e)), np.int64).tobytes())
+            f.write(x.tobytes() + weights.tobytes() + aux.tobytes() + qmatmul.multiplier(attrs, m).tobytes())
+        cases.append((src, dst, qmatmul.reference(x, w, b, attrs).astype(np.float32).reshape(rows, m),
+                      f"qmatmul {lead} x {k} x {m}"))
+    return cases
 
 
 def _island_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:

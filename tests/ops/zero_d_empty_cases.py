@@ -432,6 +432,23 @@ def _qconv_equivalent(names, outs):
 add("QConv", Case("empty batch", [q8(0, 3, 4, 4), q8(2, 3, 3, 3, dtype=np.int8), ints(5, -7, dtype=np.int32)],
                   dict(_QCONV), equivalent=_qconv_equivalent), domain=OPTCLI)
 
+_QMATMUL = {"x_scale": 0.02, "x_zero_point": 128, "w_scale": [0.01, 0.03], "y_scale": 0.05, "y_zero_point": 3,
+            "qmin": 0, "qmax": 255, "x_signed": 0, "y_signed": 0}
+
+
+def _qmatmul_equivalent(names, outs):
+    """optcli.QMatMul with no bias and no clamp is QLinearMatMul with its quantization as attributes."""
+    scales = {"xs": np.float32(_QMATMUL["x_scale"]), "xz": np.uint8(_QMATMUL["x_zero_point"]),
+              "ws": np.asarray(_QMATMUL["w_scale"], np.float32), "wz": np.zeros(2, np.int8),
+              "ys": np.float32(_QMATMUL["y_scale"]), "yz": np.uint8(_QMATMUL["y_zero_point"])}
+    node = helper.make_node("QLinearMatMul", [names[0], "xs", "xz", names[1], "ws", "wz", "ys", "yz"], outs)
+    return [node], scales
+
+
+add("QMatMul", Case("empty rows", [q8(0, 3), q8(3, 2, dtype=np.int8)], dict(_QMATMUL), equivalent=_qmatmul_equivalent),
+    Case("empty batch", [q8(2, 0, 3), q8(3, 2, dtype=np.int8)], dict(_QMATMUL), equivalent=_qmatmul_equivalent),
+    domain=OPTCLI)
+
 _QADD = {"a_scale": 0.02, "a_zero_point": 7, "b_scale": 0.05, "b_zero_point": 250, "y_scale": 0.06,
          "y_zero_point": 128, "qmin": 0, "qmax": 255, "a_signed": 0, "b_signed": 0, "y_signed": 0}
 
@@ -531,6 +548,7 @@ NO_ZERO_D: dict[tuple[str, str], str] = {
     (OPTCLI, "DynamicQuantizeMatMul"): "as FullyConnected: B is a 2-D weight, so the output has rank >= 1",
     (OPTCLI, "ChannelAffine"): "scale and shift apply along axis 1: rank >= 2",
     (OPTCLI, "QConv"): _SPATIAL,
+    (OPTCLI, "QMatMul"): "as FullyConnected: w is a 2-D weight [K, M], x [..., K]: the output has rank >= 1",
     (OPTCLI, "QMul"): "the gate is per channel of an (N, C, *spatial) input: rank >= 3",
     (OPTCLI, "QGlobalAveragePool"): _SPATIAL,
     (MS, "QLinearConcat"): _RANK_1,

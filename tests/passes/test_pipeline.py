@@ -85,8 +85,9 @@ def test_unknown_pass_name_is_a_usage_error():
 def test_describe_passes():
     described = pipeline.describe_passes()
     names = [n for n, _ in described]
-    assert names[:13] == ["qoperator_to_qdq", "fold_constants_before_qdq", "fuse_qdq_conv", "fuse_qdq_add",
-                          "fuse_qdq_movement", "fuse_qdq_lookup", "fuse_qdq_se", "fold_qdq", "fold_constants",
-                          "inline_constant_if", "constants_into_bodies", "compile_bodies", "eliminate_identity"]
+    assert names[:14] == ["qoperator_to_qdq", "fold_constants_before_qdq", "fuse_qdq_conv", "fuse_qdq_matmul",
+                          "fuse_qdq_add", "fuse_qdq_movement", "fuse_qdq_lookup", "fuse_qdq_se", "fold_qdq",
+                          "fold_constants", "inline_constant_if", "constants_into_bodies", "compile_bodies",
+                          "eliminate_identity"]
     assert names[-5:] == ["insert_copies", "select_kernels", "choose_host_layout", "compress_weights", "plan_memory"]
     assert len(names) == len(set(names)) and all(d for _, d in described)

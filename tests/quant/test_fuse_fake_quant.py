@@ -20,7 +20,8 @@ from tests.quant.quantized_models import feeds, ort_extended_nodes, ort_run, qua
 FUSIONS = {"fuse_fake_quant", "drop_redundant_fake_quant"}
 WHOLE_GPU = {"keep_small_islands_on_host"}  # these models are too small to be worth a GPU otherwise
 # host plans' integer steps (tests/quant/test_q*.py, test_qdq_movement.py, test_qdq_islands.py)
-INTEGER_CONVS = {"fuse_qdq_conv", "fuse_qdq_add", "fuse_qdq_movement", "fuse_qdq_lookup", "fuse_qdq_se"}
+INTEGER_CONVS = {"fuse_qdq_conv", "fuse_qdq_matmul", "fuse_qdq_add", "fuse_qdq_movement", "fuse_qdq_lookup",
+                 "fuse_qdq_se"}
 
 
 @pytest.fixture(scope="module")

@@ -137,28 +137,34 @@ def qconv_nb(tmp_path_factory):
     return optcli.optimize(model=qdq, valid_targets="arm").data
 
 
-@pytest.mark.parametrize("attrs, message", [
-    ({"x_scale": 0.0}, "positive finite scales"),
-    ({"y_scale": -0.5}, "positive finite scales"),
-    ({"x_scale": math.nan}, "positive finite scales"),
-    ({"y_scale": math.inf}, "positive finite scales"),
-    ({"x_scale": 1e300}, "positive finite scales"),
-    ({"w_scale": [1e-44] * 8}, "positive finite scales"),
-    ({"x_scale": 1e30, "y_scale": 1e-30}, "multiplier"),
-    ({"x_scale": 1e-30, "y_scale": 1e30}, "multiplier"),
-    ({"w_scale": []}, "positive finite scales"),
-    ({"w_scale": [0.1, 0.2]}, "weight scales for 8 output channels"),
-    ({"x_zero_point": 256}, "'x_zero_point' 256 is outside"),
-    ({"x_zero_point": -129}, "'x_zero_point' -129 is outside"),
-    ({"x_signed": 0, "x_zero_point": -1}, "'x_zero_point' -1 is outside"),
-    ({"y_zero_point": 300}, "'y_zero_point' 300 is outside"),
-    ({"y_signed": 1, "y_zero_point": 200}, "'y_zero_point' 200 is outside"),
-    ({"y_signed": 0, "y_zero_point": -3, "qmin": 0}, "'y_zero_point' -3 is outside"),
-    ({"qmin": 10, "qmax": 5}, "qmin and qmax"),
-    ({"qmax": 1000}, "qmin and qmax"),
-    ({"x_signed": 7}, "'x_signed' must be 0 or 1"),
-    ({"x_scale": "0.1"}, "attribute 'x_scale' must be FLOAT"),
-])
+def crafted_quant_attrs(channels: int) -> list:
+    """(tampered attributes, what the load error says) for an integer step with QConv's quantization attributes
+    and ``channels`` output channels (QConv, QMatMul)."""
+    return [
+        ({"x_scale": 0.0}, "positive finite scales"),
+        ({"y_scale": -0.5}, "positive finite scales"),
+        ({"x_scale": math.nan}, "positive finite scales"),
+        ({"y_scale": math.inf}, "positive finite scales"),
+        ({"x_scale": 1e300}, "positive finite scales"),
+        ({"w_scale": [1e-44] * channels}, "positive finite scales"),
+        ({"x_scale": 1e30, "y_scale": 1e-30}, "multiplier"),
+        ({"x_scale": 1e-30, "y_scale": 1e30}, "multiplier"),
+        ({"w_scale": []}, "positive finite scales"),
+        ({"w_scale": [0.1, 0.2]}, f"weight scales for {channels} output channels"),
+        ({"x_zero_point": 256}, "'x_zero_point' 256 is outside"),
+        ({"x_zero_point": -129}, "'x_zero_point' -129 is outside"),
+        ({"x_signed": 0, "x_zero_point": -1}, "'x_zero_point' -1 is outside"),
+        ({"y_zero_point": 300}, "'y_zero_point' 300 is outside"),
+        ({"y_signed": 1, "y_zero_point": 200}, "'y_zero_point' 200 is outside"),
+        ({"y_signed": 0, "y_zero_point": -3, "qmin": 0}, "'y_zero_point' -3 is outside"),
+        ({"qmin": 10, "qmax": 5}, "qmin and qmax"),
+        ({"qmax": 1000}, "qmin and qmax"),
+        ({"x_signed": 7}, "'x_signed' must be 0 or 1"),
+        ({"x_scale": "0.1"}, "attribute 'x_scale' must be FLOAT"),
+    ]
+
+
+@pytest.mark.parametrize("attrs, message", crafted_quant_attrs(8))
 def test_crafted_scales_and_zero_points_are_refused_at_load(qconv_nb, attrs, message):
     optcli.load(qconv_nb)  # the untouched file loads
     with pytest.raises(NbFormatError, match=message):

@@ -1,4 +1,4 @@
-"""What the passes that make integer steps of QDQ chains share (fuse_qdq_conv, fuse_qdq_add): reading a
+"""What the passes that make integer steps of QDQ chains share (fuse_qdq_conv, fuse_qdq_matmul, fuse_qdq_add): reading a
 per-tensor quantization from constants, the clamp a Relu / Clip becomes in the quantized domain, and
 the sweep of DequantizeLinear nodes no one reads any more."""
 
@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from optcli.ir import Graph, Node
+from optcli.ir import Graph, Names, Node
 from optcli.ops.quant import quantize
 from optcli.passes._helpers import graph_queries
 from optcli.passes._helpers.graph_queries import drop_values
@@ -31,6 +31,24 @@ def scalar_params(graph: Graph, scale_name: str, zp_name: str) -> tuple[float, i
     if not (math.isfinite(s) and s > 0):
         return None
     return s, int(zp.reshape(-1)[0]), zp.dtype.name
+
+
+def int8_weight(graph: Graph, w_name: str, scale_name: str, zp_name: str, rank: int, channel_axis: int,
+                axis: int) -> tuple[np.ndarray, list[float]] | None:
+    """A constant symmetric (zero point 0) int8 weight of ``rank`` and its positive finite scales: one, or one
+    per output channel along ``channel_axis`` (where the DequantizeLinear's ``axis`` is that axis)."""
+    w, scale = graph.const(w_name), graph.const(scale_name)
+    zp = graph.const(zp_name) if zp_name else None
+    if w is None or scale is None or w.dtype != np.int8 or w.ndim != rank or (zp_name and zp is None):
+        return None
+    if zp is not None and np.any(zp != 0):
+        return None
+    scales = scale.astype(np.float32).reshape(-1)
+    if scales.size not in (1, w.shape[channel_axis]) or (scales.size > 1 and axis % rank != channel_axis):
+        return None
+    if not np.all(np.isfinite(scales) & (scales > 0)):
+        return None
+    return w, [float(s) for s in scales]
 
 
 def dequantized(graph: Graph, producers: dict[str, Node], name: str) -> tuple[str, tuple[float, int, str]] | None:
@@ -81,6 +99,37 @@ def clamp(graph: Graph, act: Node | None, y_scale: float, y_zp: int, dtype: str)
     qlo = lo if bounds[0] is None else max(lo, q(bounds[0]))
     qhi = hi if bounds[1] is None else min(hi, q(bounds[1]))
     return (qlo, qhi) if qlo <= qhi else None
+
+
+def int32_bias(graph: Graph, names: Names, node: Node | None, name: str, x_scale: float, w_scale: list[float],
+               producers: dict[str, Node]) -> str | None:
+    """The bias as an int32 initializer in units of x_scale * w_scale: '' for none, None if it cannot be
+    (onnxruntime's quantizer stores it so already: taken as is when its scale is that product)."""
+    if not name:
+        return ""
+    product = np.float32(x_scale) * np.asarray(w_scale, np.float32)
+    dq = producers.get(name)
+    if is_std(dq, "DequantizeLinear") and not dq.attrs.get("block_size"):
+        b, s = graph.const(dq.input(0)), graph.const(dq.input(1))
+        zp = graph.const(dq.input(2)) if dq.input(2) else None
+        if b is None or s is None or b.dtype != np.int32 or b.ndim != 1 or (dq.input(2) and zp is None):
+            return None
+        if zp is not None and np.any(zp != 0):
+            return None
+        s = s.astype(np.float32).reshape(-1)
+        if s.size in (1, b.size) and np.array_equal(np.broadcast_to(s, b.shape), np.broadcast_to(product, b.shape)):
+            return dq.input(0)
+        value = b.astype(np.float64) * np.broadcast_to(s, b.shape).astype(np.float64)
+    elif graph.const(name) is not None:
+        value = graph.const(name).astype(np.float64)
+    else:
+        return None
+    if value.ndim != 1 or not np.all(np.isfinite(value)):
+        return None
+    q = np.rint(value / np.broadcast_to(product, value.shape).astype(np.float64))
+    if np.any(np.abs(q) >= 2**31 - 1):
+        return None
+    return names.initializer(f"{node.name if node else name}_bias_int32", q.astype(np.int32))
 
 
 def replace_chains(graph: Graph, matches: list[tuple[Node, Node, list[Node]]]) -> None:

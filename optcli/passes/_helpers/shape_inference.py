@@ -40,6 +40,7 @@ SHAPE_AS: dict[tuple[str, str], str] = {
     **{("", op): "identity" for op in ("Gelu", "HardSwish")},
     ("optcli", "FullyConnected"): "matmul",
     ("optcli", "DynamicQuantizeMatMul"): "matmul",
+    ("optcli", "QMatMul"): "matmul",  # an integer MatMul: x [..., K] by w [K, M]
     ("optcli", "QConv"): "conv",  # an integer Conv: the window attributes of Conv, its x and w
     ("optcli", "QGlobalAveragePool"): "global_pool",
 }
