@@ -34,7 +34,15 @@ from optcli.errors import UsageError
 from optcli.ir import OPTCLI_DOMAIN, Graph, Names, Node, Value
 from optcli.ops.evaluate import evaluate_node
 from optcli.ops.weight_quant import dequantize, quantize
-from optcli.passes import fold_qdq, fuse_qdq_add, fuse_qdq_conv, fuse_qdq_lookup, fuse_qdq_movement, fuse_qdq_se
+from optcli.passes import (
+    fold_qdq,
+    fuse_qdq_add,
+    fuse_qdq_conv,
+    fuse_qdq_lookup,
+    fuse_qdq_matmul,
+    fuse_qdq_movement,
+    fuse_qdq_se,
+)
 from optcli.passes._helpers import graph_queries, ptq_tensors
 from optcli.passes.base import PassContext
 from optcli.progress import progress
@@ -289,14 +297,15 @@ def _write_qdq(graph: Graph, tensors: list[str], params: dict[str, tuple[float, 
 
 
 def _quantize_weight(graph: Graph, node: Node, formats: dict) -> None:
-    """Symmetric int8 per output channel.  A 2-D Conv's weight becomes the int8 tensor and a
-    DequantizeLinear (the form ``fuse_qdq_conv`` takes as its integer weight; ``fold_qdq`` makes it the
-    float weight with int8 storage where the conv stays float); the other ops get the dequantized
-    float weight, stored as int8 (``compress_weights``)."""
+    """Symmetric int8 per output channel.  A 2-D Conv's and a dense layer's (MatMul, Gemm) 2-D weight
+    becomes the int8 tensor and a DequantizeLinear along the output channels (the form ``fuse_qdq_conv`` and
+    ``fuse_qdq_matmul`` take as their integer weight; ``fold_qdq`` makes it the float weight with int8
+    storage where the op stays float); the other ops get the dequantized float weight, stored as int8
+    (``compress_weights``)."""
     w = graph.const(node.inputs[1])
     axis = _weight_axis(node, w)
     q, scales = quantize(w, "int8", axis)
-    if node.op_type == "Conv" and w.ndim == 4:
+    if (node.op_type == "Conv" and w.ndim == 4) or (node.op_type in ("MatMul", "Gemm") and w.ndim == 2):
         names = Names(graph)
         base = node.inputs[1]
         q_name = names.initializer(f"{base}_int8", q)
@@ -304,7 +313,7 @@ def _quantize_weight(graph: Graph, node: Node, formats: dict) -> None:
         z_name = names.initializer(f"{base}_zero_points", np.zeros(len(scales), np.int8))
         out = names.fresh(f"{base}_dequantized")
         graph.values[out] = Value(out, "float32", tuple(w.shape))
-        graph.nodes.insert(0, Node("DequantizeLinear", [q_name, s_name, z_name], [out], {"axis": 0},
+        graph.nodes.insert(0, Node("DequantizeLinear", [q_name, s_name, z_name], [out], {"axis": axis},
                                    names.fresh(f"{base}_dequantize")))
         node.inputs[1] = out
         return
@@ -315,7 +324,7 @@ def _quantize_weight(graph: Graph, node: Node, formats: dict) -> None:
 
 # What lowers the QDQ chains: integer steps on host-only plans (each pass checks the targets itself),
 # then the float view of what is left (FakeQuant steps, dequantized weights), as for onnxruntime's models.
-_LOWERING = (fuse_qdq_conv, fuse_qdq_add, fuse_qdq_movement, fuse_qdq_lookup, fuse_qdq_se, fold_qdq)
+_LOWERING = (fuse_qdq_conv, fuse_qdq_matmul, fuse_qdq_add, fuse_qdq_movement, fuse_qdq_lookup, fuse_qdq_se, fold_qdq)
 
 
 def _lower(graph: Graph, ctx: PassContext) -> dict[str, int]:

@@ -9,7 +9,8 @@ its output quantized; a quantized tensor whose producer or readers stay float co
 and adds error for nothing.  So the tensors are chosen from the ops that have an integer step:
 
 * the seeds: the activation input of every quantized op (Conv, Gemm, MatMul, ...) and the output of
-  those with an integer step (2-D Conv), taken after a following Relu / Clip, which the step absorbs;
+  those with an integer step (2-D Conv, MatMul and Gemm), taken after a MatMul's bias Add and a following
+  Relu / Clip, which the step absorbs;
 * grown through the ops that have an integer step when one of their inputs or outputs is quantized:
   two-operand Adds of one shape, the squeeze-excite Mul and GlobalAveragePool, element-wise functions
   of one tensor (byte tables), and the ops that only move bytes (MaxPool, Pad, Reshape, Concat, Split...);
@@ -37,8 +38,9 @@ _UNARY = frozenset({"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", 
 _OPTCLI_UNARY = frozenset({"Swish"})  # optcli's fusions of exporters' patterns (x * Sigmoid(x))
 # the activations a conv's float epilogue takes (activation_codes.ACTIVATIONS; optcli.Swish beside them)
 _EPILOGUE = frozenset({"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Gelu"})
-# compute ops whose integer step writes a quantized output (the others read a quantized input only)
-INTEGER_OUTPUT_OPS = frozenset({"Conv"})
+# compute ops whose integer step writes a quantized output (the others read a quantized input only): QConv
+# (2-D convs: fuse_qdq_conv) and QMatMul (fuse_qdq_matmul), whose chain may hold a bias Add after a MatMul
+INTEGER_OUTPUT_OPS = frozenset({"Conv", "MatMul", "Gemm"})
 
 
 class _Union:
@@ -74,6 +76,18 @@ def _activation_after(graph: Graph, consumers: dict, name: str, absorbed: set[in
         absorbed.add(id(act))
         return act.outputs[0]
     return name
+
+
+def _bias_after(graph: Graph, consumers: dict, matmul: Node) -> str:
+    """A MatMul's output, or that of the Add of a constant bias [M] that is its only reader (the QMatMul
+    step takes it: exporters write a dense layer as MatMul + Add)."""
+    name = matmul.outputs[0]
+    add = graph_queries.sole_consumer(graph, consumers, name)
+    if not is_std(add, "Add") or len(add.inputs) != 2:
+        return name
+    other = add.input(1) if add.input(0) == name else add.input(0)
+    bias, w = graph.const(other), graph.const(matmul.input(1))
+    return add.outputs[0] if bias is not None and w is not None and bias.shape == (w.shape[-1],) else name
 
 
 def _dynamic(graph: Graph, node: Node) -> list[str]:
@@ -133,7 +147,8 @@ def choose(graph: Graph, quantized_ops: list[Node], keep_float: list[Node], for_
     for node in quantized_ops:
         take(node.inputs[0])
         if node.op_type in INTEGER_OUTPUT_OPS and len(node.outputs) == 1:
-            take(_activation_after(graph, consumers, node.outputs[0], absorbed, for_gpu))
+            out = _bias_after(graph, consumers, node) if node.op_type == "MatMul" else node.outputs[0]
+            take(_activation_after(graph, consumers, out, absorbed, for_gpu))
 
     # grow through the ops with integer steps until nothing changes
     growers: list[tuple[Node, list[str], list[str], bool]] = []  # (node, data inputs, outputs, mover)
