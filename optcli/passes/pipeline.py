@@ -61,17 +61,22 @@ from optcli.passes import (
     slices_to_split,
 )
 
-PASSES: list[ModuleType] = [
-    # pre-quantized models: QOperator ops -> QDQ; QDQ pairs -> FakeQuant, dequantized weights -> int8 storage
-    qoperator_to_qdq,
-    fold_constants_before_qdq,  # run-time pad arithmetic folded, shapes static: the chains below can match
+# What lowers QDQ chains, in order (quantize_int8 runs them again on the chains its PTQ writes)
+QDQ_LOWERING: list[ModuleType] = [
     fuse_qdq_conv,  # host-only plans: quantized convs become integer steps, before fold_qdq makes FakeQuants
     fuse_qdq_matmul,  # and the quantized MatMul / Gemm (classifier heads, dense layers)
     fuse_qdq_add,  # and the residual Adds between them
     fuse_qdq_movement,  # and the pools, pads and reshapes that only move their bytes
     fuse_qdq_lookup,  # float islands of one quantized tensor (hard-swish, gates): byte tables
     fuse_qdq_se,  # then the squeeze-excite pool and per-channel Mul
-    fold_qdq,
+    fold_qdq,  # what is left: FakeQuant steps, dequantized weights stored as integers
+]
+
+PASSES: list[ModuleType] = [
+    # pre-quantized models: QOperator ops -> QDQ; QDQ pairs -> integer steps or FakeQuant, weights -> int8 storage
+    qoperator_to_qdq,
+    fold_constants_before_qdq,  # run-time pad arithmetic folded, shapes static: the chains below can match
+    *QDQ_LOWERING,
     # cleanup
     fold_constants,
     inline_constant_if,  # after folding made its condition a constant; folds the branch it inlines

@@ -34,15 +34,6 @@ from optcli.errors import UsageError
 from optcli.ir import OPTCLI_DOMAIN, Graph, Names, Node, Value
 from optcli.ops.evaluate import evaluate_node
 from optcli.ops.weight_quant import dequantize, quantize
-from optcli.passes import (
-    fold_qdq,
-    fuse_qdq_add,
-    fuse_qdq_conv,
-    fuse_qdq_lookup,
-    fuse_qdq_matmul,
-    fuse_qdq_movement,
-    fuse_qdq_se,
-)
 from optcli.passes._helpers import graph_queries, ptq_tensors
 from optcli.passes.base import PassContext
 from optcli.progress import progress
@@ -322,14 +313,13 @@ def _quantize_weight(graph: Graph, node: Node, formats: dict) -> None:
     formats[name] = ("int8", axis, scales)
 
 
-# What lowers the QDQ chains: integer steps on host-only plans (each pass checks the targets itself),
-# then the float view of what is left (FakeQuant steps, dequantized weights), as for onnxruntime's models.
-_LOWERING = (fuse_qdq_conv, fuse_qdq_matmul, fuse_qdq_add, fuse_qdq_movement, fuse_qdq_lookup, fuse_qdq_se, fold_qdq)
-
-
 def _lower(graph: Graph, ctx: PassContext) -> dict[str, int]:
+    """The passes that lower onnxruntime's QDQ models, in the pipeline's order: integer steps on host-only
+    plans (each checks the targets itself), then the float view of what is left (``fold_qdq``)."""
+    from optcli.passes import pipeline  # (the pipeline imports this pass)
+
     counts: dict[str, int] = {}
-    for module in _LOWERING:
+    for module in pipeline.QDQ_LOWERING:
         if module.NAME in ctx.disabled_passes:
             continue
         for key, value in module.run(graph, ctx).items():

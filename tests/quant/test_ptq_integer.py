@@ -214,7 +214,7 @@ def test_dense_layers_run_as_integer_matmuls(tmp_path):
         np.save(tmp_path / f"{i}.npy", rng.standard_normal((5, 24)).astype(np.float32))
     plan = optcli.optimize(model=model, quant_type="INT8", calib_data=tmp_path)
     ops = plan.report["ops_after"]
-    assert ops.get("QMatMul") == 3 and "FakeQuant" not in ops, ops
+    assert ops == {"QuantizeLinear": 1, "QMatMul": 3, "DequantizeLinear": 1, "Softmax": 1}, ops
     view = optcli.optimize(model=model, quant_type="INT8", calib_data=tmp_path, disabled_passes={"fuse_qdq_matmul"})
     assert "QMatMul" not in view.report["ops_after"]
     fp32 = optcli.load(optcli.optimize(model=model).data)
