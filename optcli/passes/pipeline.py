@@ -30,7 +30,6 @@ from optcli.passes import (
     fold_constants_before_qdq,
     fold_dynamic_reshape_shapes,
     fold_pad_into_conv,
-    fold_qdq,
     fold_shape_chains,
     fold_transpose_into_dense,
     fuse_activation_patterns,
@@ -43,17 +42,12 @@ from optcli.passes import (
     fuse_gru_cell,
     fuse_layer_norm,
     fuse_matmul_add,
-    fuse_qdq_add,
-    fuse_qdq_conv,
-    fuse_qdq_lookup,
-    fuse_qdq_matmul,
-    fuse_qdq_movement,
-    fuse_qdq_se,
     inline_constant_if,
     insert_copies,
     keep_small_islands_on_host,
     place_nodes,
     plan_memory,
+    qdq_lowering,
     qoperator_to_qdq,
     quantize_int8,
     remove_dead_nodes,
@@ -61,22 +55,11 @@ from optcli.passes import (
     slices_to_split,
 )
 
-# What lowers QDQ chains, in order (quantize_int8 runs them again on the chains its PTQ writes)
-QDQ_LOWERING: list[ModuleType] = [
-    fuse_qdq_conv,  # host-only plans: quantized convs become integer steps, before fold_qdq makes FakeQuants
-    fuse_qdq_matmul,  # and the quantized MatMul / Gemm (classifier heads, dense layers)
-    fuse_qdq_add,  # and the residual Adds between them
-    fuse_qdq_movement,  # and the pools, pads and reshapes that only move their bytes
-    fuse_qdq_lookup,  # float islands of one quantized tensor (hard-swish, gates): byte tables
-    fuse_qdq_se,  # then the squeeze-excite pool and per-channel Mul
-    fold_qdq,  # what is left: FakeQuant steps, dequantized weights stored as integers
-]
-
 PASSES: list[ModuleType] = [
     # pre-quantized models: QOperator ops -> QDQ; QDQ pairs -> integer steps or FakeQuant, weights -> int8 storage
     qoperator_to_qdq,
     fold_constants_before_qdq,  # run-time pad arithmetic folded, shapes static: the chains below can match
-    *QDQ_LOWERING,
+    *qdq_lowering.PASSES,  # QDQ chains -> integer steps (host-only plans), the rest -> FakeQuant
     # cleanup
     fold_constants,
     inline_constant_if,  # after folding made its condition a constant; folds the branch it inlines

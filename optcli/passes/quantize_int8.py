@@ -34,6 +34,7 @@ from optcli.errors import UsageError
 from optcli.ir import OPTCLI_DOMAIN, Graph, Names, Node, Value
 from optcli.ops.evaluate import evaluate_node
 from optcli.ops.weight_quant import dequantize, quantize
+from optcli.passes import qdq_lowering
 from optcli.passes._helpers import graph_queries, ptq_tensors
 from optcli.passes.base import PassContext
 from optcli.progress import progress
@@ -314,12 +315,10 @@ def _quantize_weight(graph: Graph, node: Node, formats: dict) -> None:
 
 
 def _lower(graph: Graph, ctx: PassContext) -> dict[str, int]:
-    """The passes that lower onnxruntime's QDQ models, in the pipeline's order: integer steps on host-only
-    plans (each checks the targets itself), then the float view of what is left (``fold_qdq``)."""
-    from optcli.passes import pipeline  # (the pipeline imports this pass)
-
+    """The passes that lower onnxruntime's QDQ models (``qdq_lowering``): integer steps on host-only plans
+    (each checks the targets itself), then the float view of what is left (``fold_qdq``)."""
     counts: dict[str, int] = {}
-    for module in pipeline.QDQ_LOWERING:
+    for module in qdq_lowering.PASSES:
         if module.NAME in ctx.disabled_passes:
             continue
         for key, value in module.run(graph, ctx).items():
