@@ -321,7 +321,8 @@ ALWAYS_INLINE void small_group(dw_t *a, float *s, int64_t p0, const int T) {
 
 /* np.maximum lane by lane (the larger, or a NaN of either) as one 8-lane compare and select: in
  * the AVX2 clone a cmpps pair, an or and a blendvps, where vmax_nan's 4-lane halves took twice the
- * instructions (the small pools' taps are nothing but this). */
+ * instructions (a pool's taps are nothing but this: the 2x2 / 2 pool of P-net's 10 x 118 x 118 map
+ * 20.5 -> 14.9 us through ctypes, 1 thread, minimum of 400, the two builds interleaved). */
 ALWAYS_INLINE v8f pool_max(v8f v, v8f acc) {
     v8i m = (v > acc) | (v != v);
     return (v8f)((m & (v8i)v) | (~m & (v8i)acc));
@@ -346,7 +347,7 @@ ALWAYS_INLINE void pool_item(dw_t *a, int64_t it, const int op) {
                 const float *src = row + a->toff[t];
                 int64_t j = 0;
                 if (op == OP_MAX) {
-                    for (; j + VL <= OW; j += VL) vstore(y + j, vmax_nan(vload(src + j), vload(y + j)));
+                    for (; j + VL <= OW; j += VL) vstore(y + j, pool_max(vload(src + j), vload(y + j)));
                     for (; j < OW; j++) {
                         float v = src[j], m = y[j];
                         y[j] = (v > m || v != v) ? v : m;
@@ -434,9 +435,9 @@ HOT_CLONES static void item_max_2x2(void *ctx, int64_t it) {
             float *y = a->y + (plane * a->OH + oh) * OW;
             int64_t j = 0;
             for (; j + VL <= OW; j += VL) {
-                v8f top = vmax_nan(vload_even(r0 + 2 * j), vload_odd(r0 + 2 * j));
-                v8f bottom = vmax_nan(vload_even(r1 + 2 * j), vload_odd(r1 + 2 * j));
-                vstore(y + j, vmax_nan(top, bottom));
+                v8f top = pool_max(vload_even(r0 + 2 * j), vload_odd(r0 + 2 * j));
+                v8f bottom = pool_max(vload_even(r1 + 2 * j), vload_odd(r1 + 2 * j));
+                vstore(y + j, pool_max(top, bottom));
             }
             for (; j < OW; j++) {
                 float m = r0[2 * j];
