@@ -34,6 +34,7 @@
 #define THIN_ROWS 4            /* GK_TM: products of this few rows take the thin work item */
 #define NARROW_COLS 16         /* products of fewer columns take the narrow work item (dot products) */
 #define TRANSPOSED_COLS 256    /* products of NARROW_COLS..this many columns may be taken transposed */
+#define ALONE_MACS (1 << 20)   /* below ~1M multiply-adds (~10 us on one core) waking a worker costs more */
 
 /* A 2-D convolution's geometry, for the implicit GEMM: X is never formed, its columns are
  * packed straight from the zero-padded input (C x HP x WP per image): row k = (c, kh, kw) of X at
@@ -165,9 +166,11 @@ static int run(gemm_t *g, int64_t batch) {
      * over).  A column band is never wider than the L2 holds packed. */
     int threads = optcli_get_num_threads();
     /* One thread takes the whole product as one item: split, each row band would pack its columns
-     * of X again (MTCNN R-net's 28 -> 48 3x3 conv on 11x11, 81 columns: two row bands each) */
-    int64_t macs = batch * M * K * N,
-            want = threads == 1 || batch >= 4 * threads ? 1 : (4 * threads + batch - 1) / batch;
+     * of X again (MTCNN R-net's 28 -> 48 3x3 conv on 11x11, 81 columns: two row bands each).  So
+     * does a product below ALONE_MACS at any thread count: it runs on the caller alone anyway, and
+     * split for 2 threads the same conv took 25 us where one item took 18. */
+    int64_t macs = batch * M * K * N, alone = macs < ALONE_MACS,
+            want = threads == 1 || alone || batch >= 4 * threads ? 1 : (4 * threads + batch - 1) / batch;
     if (N < NARROW_COLS && !g->conv) { /* dot products along K: see GK(narrow) */
         /* X transposed, each column contiguous (one column is already): N x K floats per image,
          * small beside W's M x K */
@@ -209,7 +212,7 @@ static int run(gemm_t *g, int64_t batch) {
             g->nb = round_up((N + split - 1) / split, mr);
         }
         g->nn = (N + g->nb - 1) / g->nb;
-        opt_parallel(v.transposed, g, batch * g->nm * g->nn, macs < (1 << 20) ? 1 : 0);
+        opt_parallel(v.transposed, g, batch * g->nm * g->nn, alone);
         return 0;
     }
     if (M <= THIN_ROWS && !g->conv) { /* bands of columns only, no packing: see GK(thin_block) */
@@ -232,8 +235,7 @@ static int run(gemm_t *g, int64_t batch) {
         g->mb = round_up((M + split - 1) / split, mr);
     }
     g->nm = (M + g->mb - 1) / g->mb;
-    /* below ~1M multiply-adds (~10 us on one core) a worker's wake-up costs more than it saves */
-    int cap = macs < (1 << 20) ? 1 : 0;
+    int cap = (int)alone;
     if (g->conv && g->nn == 1 && g->nm > 1) {
         /* Row bands of one column band would each gather the same columns from the input again:
          * pack them once, shared, in a job of its own (a plain X packs with vector copies, cheaper

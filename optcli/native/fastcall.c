@@ -54,6 +54,7 @@ typedef int (*invoke_fn)(void *fn, const arg_t *a);
 typedef void *vp;
 typedef int64_t i64;
 
+INVOKER(i, (int), I(0)) /* optcli_set_num_threads: run() sizes the pool twice a call at threads=1 */
 INVOKER(pppi, (vp, vp, vp, int), P(0), P(1), P(2), I(3))
 INVOKER(pppipp, (vp, vp, vp, int, vp, vp), P(0), P(1), P(2), I(3), P(4), P(5))
 INVOKER(ppppiff, (vp, vp, vp, vp, int, float, float), P(0), P(1), P(2), P(3), I(4), F(5), F(6))
@@ -91,7 +92,7 @@ static const struct {
     invoke_fn fn;
 } INVOKERS[] = {
 #define ROW(sig) {#sig, invoke_##sig}
-    ROW(pppi),       ROW(pppipp),     ROW(ppppiff),       ROW(pppppiff),  ROW(ppppppiff), ROW(ppppppp),
+    ROW(i),          ROW(pppi),       ROW(pppipp),     ROW(ppppiff),       ROW(pppppiff),  ROW(ppppppiff), ROW(ppppppp),
     ROW(ppppppqqqf), ROW(pppppqiff),     ROW(pppppqqqqiff), ROW(ppppqqqiff), ROW(pppqiff),
     ROW(pppqpp),     ROW(pppqqqq),   ROW(ppq),           ROW(ppqffff),   ROW(ppqfii),    ROW(ppqiff),
     ROW(ppqppppqqqqiff), ROW(ppqp),      ROW(pppqqpp),   ROW(ppqq),      ROW(ppqqpp),    ROW(ppqqqq),

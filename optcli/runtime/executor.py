@@ -32,6 +32,7 @@ from optcli.runtime.host.steps import StepError, StepFn, bind_step
 from optcli.runtime.run_control import RunStop
 
 _NEVER = RunStop()  # the stop flag of a run nobody can stop (a caller that passed none)
+_READ_RUN_STOP = frozenset({"Loop", "Scan", "If"})  # ops whose kernels may run a Loop or Scan (ops/control_flow.py)
 
 
 def _host(value):
@@ -58,6 +59,11 @@ class Executor:
         self._program: list[_Step] | None = None
         self._straight: Callable | None | bool = False  # False: not made yet; None: the plan keeps the loop
         self.fns = [None if i in on_gpu else bind_step(s, plan.opsets) for i, s in enumerate(plan.steps)]
+        # Only Loop and Scan read the run's stop flag from RUN_STOP (in If bodies and in the reference
+        # fallback too): a plan without them is not given it (setting and resetting it was a tenth of a
+        # one-step model's run() fixed cost)
+        self._stop_var = any(s.op_type in _READ_RUN_STOP or get_kernel(s.cpu_kernel or s.kernel) is None
+                             for s in plan.steps)
         if len(on_gpu) < len(plan.steps):
             keep_freed_memory()  # host steps allocate their outputs: no page faults run after run
 
@@ -94,6 +100,8 @@ class Executor:
             if self._straight is False:  # first run, or fns replaced
                 self._straight = straight_line(self.plan, self.fns, self.free_after, _kernel_failure)
             if self._straight is not None:
+                if not self._stop_var:
+                    return self._straight(feeds, _NEVER if stop is None else stop)
                 scope = RUN_STOP.set(stop)  # Loop and Scan (ops/control_flow.py) look at it on every iteration
                 try:
                     return self._straight(feeds, _NEVER if stop is None else stop)

@@ -141,7 +141,9 @@ def _pool_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
     shapes = [((1, 5, 13, 11), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
               ((2, 3, 9, 20), {"kernel_shape": [2, 3], "strides": [2, 1], "ceil_mode": 1}),
               ((1, 7, 12, 12), {"kernel_shape": [3, 3], "dilations": [2, 2], "pads": [2, 1, 2, 1]}),
-              ((1, 3, 17, 38), {"kernel_shape": [2, 2], "strides": [2, 2]})]  # 2x2 max: vectors and a tail
+              ((1, 3, 17, 38), {"kernel_shape": [2, 2], "strides": [2, 2]}),  # 2x2 max: vectors and a tail
+              # max read straight from the input (rows of a vector or more), column stride 2, asymmetric pads
+              ((1, 3, 15, 37), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 0, 0, 1], "ceil_mode": 1})]
     for i, (xs, attrs) in enumerate(shapes):
         for op, kernel in ((1, max_pool), (2, average_pool)):
             full = {**attrs, "count_include_pad": i % 2}

@@ -32,6 +32,15 @@ CASES = [
     ("c28-22-3x3-s2-ceil", (1, 28, 22, 22), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
     ("c9x2-small-pads", (2, 9, 6, 5), {"kernel_shape": [2, 3], "strides": [1, 2], "pads": [1, 1, 0, 2]}),
     ("c3-16x16-out", (1, 3, 32, 32), {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [0, 0, 1, 1]}),
+    # max pools with output rows of a vector or more read the input straight (direct_max), column
+    # stride 1 or 2: one channel on a prime plane, dilations with asymmetric pads, one input row,
+    # a 1 x 1 window on a 1 x 9 plane, rows under a vector on a plane over 256 outputs
+    ("c1-prime-s1", (1, 1, 29, 31), {"kernel_shape": [3, 3]}),
+    ("c3-s2-dil-asym", (1, 3, 23, 37), {"kernel_shape": [3, 2], "strides": [2, 2], "dilations": [2, 3],
+                                        "pads": [2, 1, 0, 1]}),
+    ("c5-one-row-s2", (1, 5, 1, 40), {"kernel_shape": [1, 3], "strides": [1, 2], "pads": [0, 1, 0, 1]}),
+    ("c2-1x9-1x1", (1, 2, 1, 9), {"kernel_shape": [1, 1]}),
+    ("c3-tall-narrow", (2, 3, 300, 7), {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 0, 1, 0]}),
 ]
 IDS = {c[0]: c[1:] for c in CASES}
 
@@ -91,6 +100,32 @@ def test_nan_and_inf_like_numpy(pool_calls):
     for kernel in (max_pool, average_pool):
         assert_close(kernel([x], dict(attrs))[0], _numpy(kernel, x, attrs), what=kernel.__name__)
     assert pool_calls == ["max", "avg"]
+
+
+def test_direct_max_pool_keeps_nans_and_infs(pool_calls):
+    """Output rows of a vector or more (direct_max): a NaN in the middle of a row, in the input's last
+    row (its scalar tail) and past the last whole vector of a row wins its windows, an inf too."""
+    x = RNG.standard_normal((1, 3, 12, 41)).astype(np.float32)
+    x[0, 0, 5, 17], x[0, 2, 11, 40], x[0, 1, 3, 38], x[0, 1, 0, 0] = np.nan, np.nan, np.nan, np.inf
+    for attrs in ({"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, {"kernel_shape": [2, 3]}):
+        got = max_pool([x], dict(attrs))[0]
+        assert_close(got, _numpy(max_pool, x, attrs), what=f"direct max pooling with NaNs {attrs}")
+        assert np.isnan(got).sum() == np.isnan(_numpy(max_pool, x, attrs)).sum() > 0
+    assert pool_calls == ["max", "max"]
+
+
+def test_direct_max_pool_window_of_padding_rows_only(pool_calls):
+    """A dilated window whose taps both fall in the padding (output row 2 reads input rows -1 and 4 of a
+    4-row input padded by 3) gives -inf, as the numpy kernel's -inf padded input does; the rows around
+    it read input rows.  Eight planes: one band of all the rows per item, so row 2 follows row 1 in it."""
+    x = RNG.standard_normal((1, 8, 4, 12)).astype(np.float32)
+    attrs = {"kernel_shape": [2, 1], "dilations": [5, 1], "pads": [3, 0, 3, 0]}
+    got = max_pool([x], dict(attrs))[0]
+    want = _numpy(max_pool, x, attrs)
+    assert got.shape == want.shape == (1, 8, 5, 12)
+    assert_close(got, want, what="window of padding rows")
+    assert np.isneginf(got[0, :, 2]).all() and np.isfinite(got[0, :, [0, 1, 3, 4]]).all()
+    assert pool_calls == ["max"]
 
 
 def test_2x2_max_pool_keeps_nans_anywhere_in_the_window(pool_calls):

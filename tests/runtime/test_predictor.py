@@ -102,19 +102,51 @@ def test_threads_bound_blas_during_run(small_nb, small_cnn, monkeypatch):
     assert after == before, "the run's thread limit must be undone when it returns"
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_threads_bound_the_native_pool_during_run(small_nb, small_cnn, monkeypatch, threads):
+    """The native pool runs at the predictor's size during a run and goes back to its own after it
+    (its setter gives the size it replaced: one call a run where no change is needed)."""
+    from optcli import native
+
+    if not native.available():
+        pytest.skip(native.status())
+    before = native.get_num_threads()
+    p = optcli.load(small_nb, threads=threads)
+    original, seen = p._executor.run, []
+
+    def spy(*args, **kwargs):
+        seen.append(native.get_num_threads())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(p._executor, "run", spy)
+    p.run(small_cnn[2])
+    p.run(small_cnn[2])
+    assert seen == [threads, threads]
+    assert native.get_num_threads() == before, "the run's pool size must be undone when it returns"
+
+
 def test_the_thread_limit_reads_each_library_as_threadpoolctl_does():
     """The limiter calls each library's own get-threads function, looked up once (threadpoolctl
     looks it up by name on every call): it must read what threadpoolctl reads, before and after a
-    change, for every library threadpoolctl finds (OpenBLAS, the native pool)."""
+    change, for every library threadpoolctl finds (OpenBLAS, the native pool).  A library with no
+    getter (the native pool) is read through its setter, which must give the size it replaced."""
     from threadpoolctl import ThreadpoolController
 
-    from optcli.runtime.predictor import _fast_getter
+    from optcli.runtime.predictor import _fast_getter, _fast_setter
 
     controllers = ThreadpoolController().lib_controllers
     assert controllers
     for c in controllers:
         get = _fast_getter(c)
         before = c.get_num_threads()
+        if get is None:
+            swap, want = _fast_setter(c), 1 if before != 1 else 2
+            try:
+                assert swap(want) == before and c.get_num_threads() == want, c.internal_api
+                assert swap(before) == want and c.get_num_threads() == before, c.internal_api
+            finally:
+                c.set_num_threads(before)
+            continue
         assert get() == before, c.internal_api
         c.set_num_threads(1 if before != 1 else 2)
         try:
