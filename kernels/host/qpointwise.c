@@ -545,13 +545,26 @@ static int read_blob(pw_t *p, const int32_t *wq) {
 static void plan_items(pw_t *p, int64_t panel, int64_t unit, int cap) {
     qconv_t *q = &p->q;
     const int threads = optcli_get_num_threads();
+    const int64_t want = cap || threads == 1 ? 1 : 4 * (int64_t)threads;
     int64_t nb = panel / (p->tstride * (unit / TILE)) * unit;
     if (nb < unit) nb = unit;
     if (nb > p->tiles * TILE) nb = p->tiles * TILE;
+    /* With too few bands for the threads, more (narrower) bands first: a band of columns packs only its own,
+     * where bands of rows each pack their band again (a 112x112 map of 8 channels was 2 bands, one of 256
+     * columns: 1.09x from the second thread).  Then bands of equal width, not full panels and a remainder. */
+    int64_t nn = (q->P + nb - 1) / nb;
+    const int64_t units = (q->P + unit - 1) / unit;
+    if (q->N * q->G * nn < want) {
+        int64_t more = (want + q->N * q->G - 1) / (q->N * q->G);
+        if (more > units) more = units;
+        if (more > nn) nn = more;
+    }
+    nb = ((q->P + nn - 1) / nn + unit - 1) / unit * unit;
     q->nb = nb;
     q->nn = (q->P + nb - 1) / nb;
-    const int64_t items = q->N * q->G * q->nn, want = cap || threads == 1 ? 1 : 4 * (int64_t)threads;
-    const int64_t split = items < want ? (want + items - 1) / items : 1;
+    /* bands of rows only where there are fewer than two bands of columns a thread: they cost a pack each */
+    const int64_t items = q->N * q->G * q->nn;
+    const int64_t split = items < want && items < 2 * (int64_t)threads ? (want + items - 1) / items : 1;
     q->mb = (q->mg + split - 1) / split;
     const int64_t mr = !p->whole ? PW_MR : opt_qconv_vnni512 == 1 ? 8 : opt_qconv_vnni256 == 1 ? 6 : PW_MR; /* rows */
     q->mb = (q->mb + mr - 1) / mr * mr;

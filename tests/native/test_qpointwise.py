@@ -29,6 +29,8 @@ SHAPES = {
     "K 96, 56x57 (bands of columns)": (1, 96, 56, 57, 24, 1),
     # one band of columns split by rows at 2+ threads, 32 rows and more an item: each item packs the band again
     "K 160, 7x7, 320 rows (items by rows)": (1, 160, 7, 7, 320, 1),
+    # a wide map of few channels: more, equal bands of columns for the threads (was a full panel and 256 columns)
+    "K 8, 112x113 (equal bands)": (1, 8, 112, 113, 48, 1),
 }
 
 
