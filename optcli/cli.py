@@ -114,7 +114,8 @@ def _split_passes(values: tuple[str, ...]) -> set[str]:
               "(QUANT_INT8) or 2x (QUANT_INT16); weights are restored to float once at load.", **BOOL_FLAG)
 @click.option("--quant_type", type=click.Choice(["QUANT_INT8", "QUANT_INT16", "INT8"]), default=None,
               help="QUANT_INT8/QUANT_INT16 (with --quant_model): weight-only, symmetric, per output channel. "
-                   "INT8: full post-training quantization (int8 weights and activations) calibrated on --calib_data.")
+                   "INT8: full post-training quantization (int8 weights, u8 activations) calibrated on --calib_data: "
+                   "integer kernels on the host (arm), the same quantization as a float view on GPU targets.")
 @click.option("--calibrator", type=click.Choice(["minmax", "percentile", "entropy"]), default="percentile",
               show_default=True, help="How INT8 activation ranges come from the calibration samples.")
 @click.option("--enable_fp16", help="Store weights as fp16 (about 2x smaller) and GPU tensors as half "
