@@ -154,7 +154,10 @@ def test_grouped_conv_matches_numpy(case, block, pool_threads):
 def test_conversions_round_trip(block, pool_threads):
     bc = _bc()
     rng = np.random.default_rng(1)
-    for shape in [(1, 1, 1, 1), (2, 13, 5, 7), (1, 37, 56, 56), (1, 16, 3, 3)]:
+    # (channels filling groups of 8 take the in-register transposes: 24 at B = 16 is a block of 16 and one
+    # of 8 real lanes and 8 zeros; positions past the last 8 take the scalar loop)
+    for shape in [(1, 1, 1, 1), (2, 13, 5, 7), (1, 37, 56, 56), (1, 16, 3, 3), (1, 24, 7, 9), (2, 32, 4, 11),
+                  (1, 8, 3, 17), (1, 48, 1, 8)]:
         x = rng.standard_normal(shape).astype(np.float32)
         xb = bc.to_blocked(x, block)
         np.testing.assert_array_equal(xb, to_blocked(x, block))  # pad lanes zero
