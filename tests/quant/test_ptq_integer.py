@@ -225,3 +225,21 @@ def test_dense_layers_run_as_integer_matmuls(tmp_path):
         assert err / scale <= RELATIVE["int8"], "the integer steps compute the float view's quantization"
         err, scale = max_error(got, fp32.run({"x": x})["y"])
         assert err / scale < 0.1
+
+
+def test_outputs_are_quantized_only_where_an_integer_step_writes_them():
+    """A 1-D conv has no integer step (QConv is 2-D): its output quantized would only cost a FakeQuant before
+    the float Softmax that reads it; a 2-D conv's is quantized, its QConv writes it."""
+    rng = np.random.default_rng(8)
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w1"], ["c1"]), n("Softmax", ["c1"], ["y1"], axis=-1),
+             n("Unsqueeze", ["x", "axes"], ["x4"]), n("Conv", ["x4", "w2"], ["c2"]), n("Softmax", ["c2"], ["y2"])]
+    inits = [numpy_helper.from_array(rng.standard_normal((6, 4, 3)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.standard_normal((6, 4, 1, 3)).astype(np.float32), "w2"),
+             numpy_helper.from_array(np.array([2], np.int64), "axes")]
+    graph = helper.make_graph(nodes, "conv1d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 20])],
+                              [helper.make_tensor_value_info("y1", TensorProto.FLOAT, [1, 6, 18]),
+                               helper.make_tensor_value_info("y2", TensorProto.FLOAT, [1, 6, 1, 18])], inits)
+    g = read_model(model=helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    tensors, _ = ptq_tensors.choose(g, quantize_int8.quantizable(g), [])
+    assert "c2" in tensors and "c1" not in tensors and "x" in tensors, tensors

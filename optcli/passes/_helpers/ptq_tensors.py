@@ -38,9 +38,10 @@ _UNARY = frozenset({"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", 
 _OPTCLI_UNARY = frozenset({"Swish"})  # optcli's fusions of exporters' patterns (x * Sigmoid(x))
 # the activations a conv's float epilogue takes (activation_codes.ACTIVATIONS; optcli.Swish beside them)
 _EPILOGUE = frozenset({"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Gelu"})
-# compute ops whose integer step writes a quantized output (the others read a quantized input only): QConv
-# (2-D convs: fuse_qdq_conv) and QMatMul (fuse_qdq_matmul), whose chain may hold a bias Add after a MatMul
-INTEGER_OUTPUT_OPS = frozenset({"Conv", "MatMul", "Gemm"})
+# compute ops whose integer step writes a quantized output (the others read a quantized input only), by the rank
+# of the weight the step takes: QConv (2-D convs: fuse_qdq_conv) and QMatMul (fuse_qdq_matmul), whose chain may
+# hold a bias Add after a MatMul.  A 1-D conv's output quantized would only cost a FakeQuant.
+INTEGER_OUTPUT_OPS = {"Conv": 4, "MatMul": 2, "Gemm": 2}
 
 
 class _Union:
@@ -146,7 +147,8 @@ def choose(graph: Graph, quantized_ops: list[Node], keep_float: list[Node], for_
 
     for node in quantized_ops:
         take(node.inputs[0])
-        if node.op_type in INTEGER_OUTPUT_OPS and len(node.outputs) == 1:
+        w = graph.const(node.inputs[1])
+        if INTEGER_OUTPUT_OPS.get(node.op_type) == getattr(w, "ndim", None) and len(node.outputs) == 1:
             out = _bias_after(graph, consumers, node) if node.op_type == "MatMul" else node.outputs[0]
             take(_activation_after(graph, consumers, out, absorbed, for_gpu))
 
