@@ -23,12 +23,14 @@ def _snr_db(expected: np.ndarray, got: np.ndarray) -> float:
     return float(10 * np.log10(np.sum(expected ** 2) / np.sum((got - expected) ** 2)))
 
 
-@pytest.mark.parametrize("name", ["mobilenet_v2", "resnet18", "efficientnet_lite0"])
+@pytest.mark.parametrize("name", ["mobilenet_v2", "resnet18", "efficientnet_lite0", "mobilenet_v3"])
 def test_top1_agreement_on_200_seeded_inputs(name, tmp_path_factory):
     """These random-weight models give nearly the same class for every input (EfficientNet-Lite0:
     one class for all 200), so top-1 agreement alone would pass a constant model: the int8 output
     must also follow what varies from input to input (the SNR of its deviation from the fp32
-    mean; a model that ignores its input scores 0 dB).  Real weights: test_real_weights.py."""
+    mean; a model that ignores its input scores 0 dB).  Real weights: test_real_weights.py.  Every
+    conv is an integer step and no FakeQuant is left on the host, MobileNetV3's hard-swish and
+    squeeze-excite blocks included (byte tables, QMul, QGlobalAveragePool)."""
     model = build(name, resolution=32)
     calib = _calib_dir(tmp_path_factory, model)
     fp32 = optcli.load(optcli.optimize(model=model).data)
@@ -39,7 +41,7 @@ def test_top1_agreement_on_200_seeded_inputs(name, tmp_path_factory):
     got = np.concatenate([int8.run(x)["output"] for x in tests])
     assert np.mean(ref.argmax(1) == got.argmax(1)) >= 0.98
     snr = _snr_db(ref - ref.mean(0), got - ref.mean(0))
-    assert snr >= 10, snr  # measured 12.9, 18.0, 11.0 dB
+    assert snr >= 10, snr  # measured 12.9, 18.0, 11.0, 14.9 dB
     assert result.report["sizes"]["weights_by_dtype"]["int8"] > 0
     ops = result.report["ops_after"]
     convs = sum(n.op_type == "Conv" for n in model.graph.node)
