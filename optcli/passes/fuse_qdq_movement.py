@@ -72,19 +72,20 @@ def _selects_only(graph: Graph, node: Node) -> bool:
     return True
 
 
-def _constant(graph: Graph, name: str) -> np.ndarray | None:
+def _constant(graph: Graph, producers: dict, name: str) -> np.ndarray | None:
     """A constant, or the float a DequantizeLinear of constants makes (onnxruntime's quantizer quantizes a
     Pad's value too; fold_constants_before_qdq keeps DequantizeLinear nodes)."""
     const = graph.const(name)
     if const is not None:
         return const
-    dq = graph.producers().get(name)
+    dq = producers.get(name)
     if not is_std(dq, "DequantizeLinear") or not all(graph.const(i) is not None for i in dq.inputs if i):
         return None
     return evaluate_node(dq, [graph.const(i) if i else None for i in dq.inputs], graph.opsets)[0]
 
 
-def _pad_value(graph: Graph, pad: Node, params: tuple[float, int, str], names: Names) -> list[str] | None:
+def _pad_value(graph: Graph, producers: dict, pad: Node, params: tuple[float, int, str], names: Names
+               ) -> list[str] | None:
     """The Pad's inputs for the 8-bit tensor: its constant value quantized, where that is exact."""
     if len(pad.inputs) < 2 or not pad.input(1):
         return None  # opset < 11: pads and value as attributes, left to the float view
@@ -93,7 +94,7 @@ def _pad_value(graph: Graph, pad: Node, params: tuple[float, int, str], names: N
         return list(pad.inputs)  # edge / reflect copy values
     value = np.float32(0.0)
     if len(pad.inputs) > 2 and pad.input(2):
-        const = _constant(graph, pad.input(2))
+        const = _constant(graph, producers, pad.input(2))
         if const is None or const.size != 1:
             return None
         value = np.float32(const.reshape(-1)[0])
@@ -152,7 +153,7 @@ def _integer_node(graph: Graph, node: Node, producers: dict, consumers: dict, na
             return None  # another scale or zero point: a requantization, not a copy
         inputs[i] = dq[0]
     if node.op_type == "Pad":
-        padded = _pad_value(graph, node, params, names)
+        padded = _pad_value(graph, producers, node, params, names)
         if padded is None:
             return None
         inputs = [inputs[0], *padded[1:]]

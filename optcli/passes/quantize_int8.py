@@ -207,12 +207,12 @@ def _output_error(reference: list[dict], got: list[dict]) -> float:
 def _simulation(graph: Graph, chosen: list[Node], ops: list[Node], weights: dict[int, np.ndarray],
                 ranges: dict[str, tuple[float, float]], for_gpu: bool) -> tuple[_Simulation, list[str]]:
     """The plan that quantizes ``chosen`` (the rest of ``ops`` kept in float), and its quantized tensors
-    in graph order."""
+    in graph order; ``weights`` (node id -> int8-rounded weight) where the simulation should use them."""
     picked = {id(n) for n in chosen}
     tensors, groups = ptq_tensors.choose(graph, chosen, [n for n in ops if id(n) not in picked], for_gpu)
     params = _group_params(ranges, groups)
     tensors = [t for t in tensors if t in params]
-    return _Simulation({i: weights[i] for i in picked}, {t: params[t] for t in tensors}), tensors
+    return _Simulation({i: weights[i] for i in picked if i in weights}, {t: params[t] for t in tensors}), tensors
 
 
 def choose_ops(graph: Graph, ops: list[Node], weights: dict[int, np.ndarray], ranges: dict, samples: list[dict],
@@ -288,30 +288,29 @@ def _write_qdq(graph: Graph, tensors: list[str], params: dict[str, tuple[float, 
     graph.nodes = nodes
 
 
-def _quantize_weight(graph: Graph, node: Node, formats: dict) -> None:
+def _quantize_weight(graph: Graph, node: Node, formats: dict, names: Names) -> Node | None:
     """Symmetric int8 per output channel.  A 2-D Conv's and a dense layer's (MatMul, Gemm) 2-D weight
     becomes the int8 tensor and a DequantizeLinear along the output channels (the form ``fuse_qdq_conv`` and
     ``fuse_qdq_matmul`` take as their integer weight; ``fold_qdq`` makes it the float weight with int8
-    storage where the op stays float); the other ops get the dequantized float weight, stored as int8
-    (``compress_weights``)."""
+    storage where the op stays float), returned for the caller to place; the other ops get the dequantized
+    float weight, stored as int8 (``compress_weights``), and None."""
     w = graph.const(node.inputs[1])
     axis = _weight_axis(node, w)
     q, scales = quantize(w, "int8", axis)
     if (node.op_type == "Conv" and w.ndim == 4) or (node.op_type in ("MatMul", "Gemm") and w.ndim == 2):
-        names = Names(graph)
         base = node.inputs[1]
         q_name = names.initializer(f"{base}_int8", q)
         s_name = names.initializer(f"{base}_scales", np.asarray(scales, np.float32))
         z_name = names.initializer(f"{base}_zero_points", np.zeros(len(scales), np.int8))
         out = names.fresh(f"{base}_dequantized")
         graph.values[out] = Value(out, "float32", tuple(w.shape))
-        graph.nodes.insert(0, Node("DequantizeLinear", [q_name, s_name, z_name], [out], {"axis": axis},
-                                   names.fresh(f"{base}_dequantize")))
         node.inputs[1] = out
-        return
-    name = graph.add_initializer(f"{node.inputs[1]}_int8", dequantize(q, "int8", axis, scales))
+        return Node("DequantizeLinear", [q_name, s_name, z_name], [out], {"axis": axis},
+                    names.fresh(f"{base}_dequantize"))
+    name = names.initializer(f"{node.inputs[1]}_int8", dequantize(q, "int8", axis, scales))
     node.inputs[1] = name
     formats[name] = ("int8", axis, scales)
+    return None
 
 
 def _lower(graph: Graph, ctx: PassContext) -> dict[str, int]:
@@ -335,27 +334,28 @@ def run(graph: Graph, ctx: PassContext) -> dict[str, int]:
     samples = ctx.int8.samples
     if not samples:
         raise UsageError("--quant_type=INT8 needs calibration inputs: give --calib_data=DIR")
-    ops = quantizable(graph)
+    ops = every_op = quantizable(graph)
     for_gpu = any(getattr(t, "device", "cpu") == "gpu" for t in ctx.targets)
     # every tensor a quantized plan could use (keeping ops in float only removes some): one calibration
     candidates, _ = ptq_tensors.choose(graph, ops, [], for_gpu)
     ranges = calibrate(graph, samples, set(candidates) | {n.inputs[0] for n in ops}, method)
     ops = [n for n in ops if n.inputs[0] in ranges]
-    weights = {id(n): _quantized_weight(graph.const(n.inputs[1]), _weight_axis(n, graph.const(n.inputs[1])))
-               for n in ops}
     kept: list[dict] = []
-    if ctx.int8.precision_auto:
+    if ctx.int8.precision_auto:  # (the trials simulate the int8 weights too; the final plan needs no simulation)
+        weights = {id(n): _quantized_weight(graph.const(n.inputs[1]), _weight_axis(n, graph.const(n.inputs[1])))
+                   for n in ops}
         budget = ctx.int8.auto_budget or RELATIVE["int8"]
         ops, kept = choose_ops(graph, ops, weights, ranges, samples, budget, for_gpu)
     ctx.results.int8_kept_float = kept
     for name in kept:
         ctx.warn(f"node '{name['node']}' ({name['op']}) stays in float: int8 there would bring the output error "
                  f"to {name['with_others']:.2e}")
-    sim, tensors = _simulation(graph, ops, quantizable(graph), weights, ranges, for_gpu)
+    sim, tensors = _simulation(graph, ops, every_op, {}, ranges, for_gpu)
     formats = ctx.results.weight_hints
     _write_qdq(graph, tensors, sim.tensors)
-    for node in ops:
-        _quantize_weight(graph, node, formats)
+    names = Names(graph)  # (one scan of the graph for every weight's fresh names)
+    dequantize_weights = [_quantize_weight(graph, node, formats, names) for node in ops]
+    graph.nodes[:0] = [n for n in dequantize_weights if n is not None]
     graph.metadata["quant"] = "int8"
     graph.toposort()
     graph.remove_unused_initializers()
