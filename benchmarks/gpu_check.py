@@ -1,14 +1,17 @@
 """The GPU check's driver (issue 21), run by ``bash benchmarks/gpu_check.sh run`` (see benchmarks/README.md).
 
-Five parts, each with a time budget, each recorded with a status whatever happens to the others:
+Six parts, each with a time budget, each recorded with a status whatever happens to the others:
 
 1. ``environment``: the machine, the driver, the versions, ``optcli devices`` (text and JSON), and
    the device the rest runs on (``--device NAME``, else the NVIDIA GPU; with ``--dry-run`` the
    device optcli picks);
 2. ``tests``: the GPU tests with ``OPTCLI_OPENCL_DEVICE`` naming that device (pytest's own summary
    line says where they ran);
-3. ``parity``, 4. ``timing``, 5. ``load``: see ``gpu_check_models.py``, each in a process of its own
-   that is stopped at its limit (a hung driver cannot stop the rest).
+3. ``parity``, 4. ``timing``, 6. ``load``: see ``gpu_check_models.py``, each in a process of its own
+   that is stopped at its limit (a hung driver cannot stop the rest);
+5. ``recurrent``: ``gpu_recurrent_sweep.py``, LSTM and GRU layers of several widths with the whole
+   sequence in one launch and with a launch per step (what ``WHOLE_SEQUENCE_HIDDEN`` comes from),
+   each checked against onnxruntime.
 
 Before them, unless ``--dry-run`` without ``--icd``, the NVIDIA OpenCL library is looked up and an
 ICD file naming it is written to a folder of our own, which ``OCL_ICD_VENDORS`` points at.  The
@@ -37,10 +40,11 @@ NVIDIA_LIB = "libnvidia-opencl.so.1"
 LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/local/nvidia/lib64", "/usr/lib64", "/usr/local/nvidia/lib",
             "/usr/lib", "/usr/local/cuda/compat", "/usr/lib/wsl/lib")
 LIB_PATH_ENV = "GPU_CHECK_LIB_PATH"  # folders (":"-separated) searched instead of ldconfig and LIB_DIRS
-PARTS = ("environment", "tests", "parity", "timing", "load")
+PARTS = ("environment", "tests", "parity", "timing", "recurrent", "load")
 # seconds: on PoCL here the whole GPU test subset took 20 s with warm caches; the GPU compiles from cold
-BUDGETS = {False: {"environment": 30, "tests": 110, "parity": 70, "timing": 110, "load": 90},
-           True: {"environment": 20, "tests": 60, "parity": 35, "timing": 45, "load": 30}}  # --quick
+BUDGETS = {False: {"environment": 30, "tests": 110, "parity": 70, "timing": 110, "recurrent": 50, "load": 90},
+           True: {"environment": 20, "tests": 60, "parity": 35, "timing": 45, "recurrent": 20, "load": 30}}  # --quick
+RECURRENT_TOLERANCE = 1e-3  # a hundred steps of fp32 recurrence, as the corpus's recurrent models
 TESTS = {False: "tests/test_models_gpu.py tests/runtime/test_opencl_runtime.py tests/runtime/test_dynamic_gpu.py "
                 "tests/gpu",
          True: "tests/test_models_gpu.py tests/runtime/test_opencl_runtime.py"}
@@ -297,6 +301,25 @@ class Check:
             data.update(status="error", message=f"its process ended with exit code {rc} (see gpu_check.log)")
         return data
 
+    def recurrent(self, budget: float) -> dict:
+        """Part 5, in a child process stopped at the part's limit."""
+        out = self.work / "recurrent.json"
+        cmd = [sys.executable, str(Path(__file__).with_name("gpu_recurrent_sweep.py")), "--budget", str(budget - 5),
+               "--out", str(out), *(["--device", self.selector] if self.selector else [])]
+        rc, timed_out = run_limited(cmd, budget + 15, None)
+        rows = json.loads(out.read_text()) if out.exists() else []
+        data: dict = {"rows": rows}
+        bad = [f"{r['op']} {r['hidden']} {mode}" for r in rows for mode in ("whole_sequence", "per_step")
+               if mode in r and not r[mode]["max_rel_err"] <= RECURRENT_TOLERANCE]
+        if timed_out or rc != 0:
+            return {**data, "status": "error", "message": f"exit code {rc}" + (" (stopped at its limit)" * timed_out)}
+        if bad:
+            return {**data, "status": "failed", "message": f"off onnxruntime by more than {RECURRENT_TOLERANCE}: "
+                                                           + ", ".join(bad)}
+        cut = [r for r in rows if "skipped" in r]
+        return {**data, "status": "partial" if cut else "ok",
+                **({"message": f"the budget ran out: {len(cut)} of {len(rows)} not run"} if cut else {})}
+
     def run(self) -> int:
         self.save()
         if self.args.icd or not self.args.dry_run:
@@ -309,8 +332,10 @@ class Check:
             why = self.result["parts"]["environment"].get("message", "the environment part failed")
             self.skip_rest(f"no device to run on: {why}")
         self.part("tests", self.tests)
-        for name in ("parity", "timing", "load"):
+        for name in ("parity", "timing"):
             self.part(name, lambda budget, name=name: self.models_part(name, budget))
+        self.part("recurrent", self.recurrent)
+        self.part("load", lambda budget: self.models_part("load", budget))
         failed = [p for p, d in self.result["parts"].items() if d["status"] in ("failed", "error")]
         stopped = self.result["icd"]["status"] == "failed" or self.selector is None
         partial = [p for p, d in self.result["parts"].items() if d["status"] == "partial"]

@@ -327,6 +327,9 @@ def torch_cuda(part: Part, item: str, feeds: dict, max_s: float) -> dict:
 
 def engine_row(part: Part, engine: str, item: str, path: Path, feeds: dict, seconds: float) -> dict:
     if engine.startswith("optcli_opencl_"):  # optcli_opencl_fp32, optcli_opencl_fp32_tuned (--tune=normal)
+        placed = part.placed(part.plan(item, "opencl,arm", engine.split("_")[2]))
+        if placed["opencl_steps"] == 0:  # as in parity: a known gap, not a GPU failure
+            return {"skipped": "no GPU steps: " + "; ".join(placed["host_reasons"])}
         return optcli_opencl(part, item, engine.split("_")[2], feeds, seconds,
                              tune="normal" if engine.endswith("_tuned") else None)
     if engine == "torch_cuda_fp32":

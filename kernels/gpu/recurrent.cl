@@ -2,20 +2,21 @@
 // activations without a fused code (the host runs those).  A layer is
 //   recurrent_project   once: xp = X @ W^T + folded biases, for every step and direction;
 //   recurrent_init      once: the initial states (or zeros) into the plain state buffers;
-//   gru_reset           per step, GRU with linear_before_reset 0 only: r * h(t-1), which every
-//                       hidden unit's h gate needs whole (a dependency across work items);
-//   recurrent_step      per step: one work item per (hidden unit, batch row, direction), both
-//                       directions of a bidirectional layer in the same launch.
-// The host enqueues them in order, ping-ponging the state buffers, so no barrier is needed.
+//   recurrent_steps     the recurrence: one launch for the whole sequence (a work-group per batch
+//                       row and direction, a barrier between steps), or, for wide layers, one
+//                       launch per step spread over the GPU (ops_recurrent.py chooses).
+// Both directions of a bidirectional layer run in the same launch.
 //
 // Layouts.  Tensors are packed (NC4HW4, ``packed_at``): X [seq, batch, input] (layout 1:
 // [batch, seq, input]); Y [seq, dirs, batch, hidden] ([batch, seq, dirs, hidden]); Y_h / Y_c and
 // the initial states [dirs, batch, hidden] ([batch, dirs, hidden]); sequence_lens [batch] (in
-// the storage float: exact up to 2048 in half).  Scratch buffers are plain: xp [dirs, seq, batch,
-// gates * hidden] (the gates in ONNX order: LSTM i, o, f, c; GRU z, r, h), states [dirs, batch,
-// hidden].  The projection weight is [dirs, input + 1, gates * hidden] (W^T, then the folded bias
-// row: Wb + Rb, GRU's Rb of the h gate excepted); the step weight ``wts`` is, one after another,
-//   R [dirs, gates * hidden, hidden] | P [dirs, 3 * hidden] (LSTM peepholes i, o, f) |
+// the storage float: exact up to 2048 in half).  Scratch buffers are plain: xp [dirs, seq,
+// batch, gates * hidden] (the gates in ONNX order: LSTM i, o, f, c; GRU z, r, h), the states h
+// [2 (ping-pong), dirs, batch, hidden] and c [dirs, batch, hidden].  The projection weight is
+// [dirs, input + 1, gates * hidden] (W^T, then the folded bias row: Wb + Rb, GRU's Rb of the h
+// gate excepted); the step weight ``wts`` is, one after another,
+//   R^T [dirs, hidden, gates * hidden] (a step's work items read it side by side) |
+//   P [dirs, 3 * hidden] (LSTM peepholes i, o, f) |
 //   Rb of GRU's h gate [dirs, hidden] | activations [dirs, 3, 3]: (code, alpha, beta) each.
 //
 // flags (bits, optcli/gpu/ops_recurrent.py names them): 0 direction 0 runs backwards (direction
@@ -118,8 +119,8 @@ KERNEL(recurrent_weights, IN(w), IN(r), IN(bias), IN(p), IN(acts), OUT(wproj), O
     const int e = i - nproj;
     const int rn = dirs * gh * hidden, pn = dirs * 3 * hidden, bn = dirs * hidden;
     float v = 0.0f;
-    if (e < rn) {
-        v = LOAD1(r, packed_at(e / hidden / gh, e / hidden % gh, 0, e % hidden, gh, 1, hidden));
+    if (e < rn) {  // R^T: e = (d * hidden + k) * gh + row
+        v = LOAD1(r, packed_at(e / gh / hidden, e % gh, 0, e / gh % hidden, gh, 1, hidden));
     } else if (e < rn + pn) {
         const int q = e - rn;
         if (flag(flags, 2)) v = LOAD1(p, packed_at(q / (3 * hidden), q % (3 * hidden), 0, 0, 3 * hidden, 1, 1));
@@ -146,138 +147,156 @@ KERNEL(recurrent_init, IN(h0), IN(c0), OUT(h), OUT(c), INT(cell), INT(batch), IN
     if (cell == 0) STORE1(flag(flags, 10) ? LOAD1(c0, at) : 0.0f, c, here);
 }
 
-// GRU, linear_before_reset 0: rh = r * h(t-1), r = f(xp_r + R_r h(t-1)).  grid: (hidden, batch, dirs).
-KERNEL(gru_reset, IN(xp), IN(wts), IN(hp), OUT(rh), INT(t), INT(seq), INT(batch), INT(hidden), INT(dirs),
-       INT(flags), FLOAT(clip))
+// Time steps t0 .. t1 - 1 of every direction (direction d at sequence index s: t, or seq - 1 - t
+// running backwards).  cell: 0 LSTM, 1 GRU, 2 RNN.  phases (bits): 1 GRU's reset with
+// linear_before_reset 0, rh = r * h(t-1), r = f(xp_r + R_r h(t-1)), which every hidden unit's h
+// gate needs whole; 2 the update of h (and LSTM's c).  Two ways to launch it (ops_recurrent.py):
+//   whole sequence (t1 - t0 > 1): one work-group per (batch row, direction), grid (L, batch, dirs),
+//     local (L, 1, 1); its work items take the hidden units L apart, and a barrier ends each phase,
+//     so a layer is one launch, not one per step (launches cost microseconds each on a GPU, and a
+//     speech model's step is a few hundred multiply-adds per unit).  Should a local size split x
+//     over several work-groups (a tuned one), the first does it all and the others return.
+//   one step per launch (t1 = t0 + 1): grid (hidden, batch, dirs), any work-groups; the launches'
+//     order separates the steps and the phases (GRU's reset first: phases 1, then 2).
+// hs holds h(t) at (t % 2) * dirs * batch * hidden (ping-pong: every unit reads all of h(t-1));
+// cs is LSTM's c, each unit read and written only by its own work item.  Rows past their sequence
+// length keep their state and give zeros in Y; a row of length 0 ends in zeros.  Y_h / Y_c are
+// written at the last step (flags bits 7 and 8).
+KERNEL(recurrent_steps, IN(xp), IN(wts), IN(lens), OUT(hs), OUT(cs), OUT(rh), OUT(y), OUT(yh), OUT(yc),
+       INT(cell), INT(t0), INT(t1), INT(phases), INT(seq), INT(batch), INT(hidden), INT(dirs), INT(flags),
+       FLOAT(clip))
 {
-    const int j = GID(0), b = GID(1), d = GID(2);
-    if (j >= hidden || b >= batch || d >= dirs) return;
-    const int gh = 3 * hidden;
-    const int s = (d == 1 || flag(flags, 0)) ? seq - 1 - t : t;
-    const int row = (d * batch + b) * hidden;
-    const int act = dirs * (hidden * gh + 4 * hidden) + d * 9;
-    float acc = LOAD1(xp, ((d * seq + s) * batch + b) * gh + hidden + j);
-    const int ri = (d * gh + hidden + j) * hidden;  // R[d, hidden + j, :]
-    for (int k = 0; k < hidden; ++k) acc = FMA(LOAD1(wts, ri + k), LOAD1(hp, row + k), acc);
-    const float r = recurrent_act((int)LOAD1(wts, act), clipped(acc, clip), LOAD1(wts, act + 1), LOAD1(wts, act + 2));
-    STORE1(r * LOAD1(hp, row + j), rh, row + j);
-}
-
-// One time step t of every direction (direction d at sequence index s: t, or seq - 1 - t running
-// backwards).  cell: 0 LSTM, 1 GRU, 2 RNN.  cp: LSTM's c(t-1); GRU's r * h(t-1) from gru_reset
-// (linear_before_reset 0).  Rows past their sequence length keep their state and give zeros in Y;
-// a row of length 0 ends in zeros.  grid: (hidden, batch, dirs).
-KERNEL(recurrent_step, IN(xp), IN(wts), IN(lens), IN(hp), IN(cp), OUT(hn), OUT(cn), OUT(y), OUT(yh), OUT(yc),
-       INT(cell), INT(t), INT(seq), INT(batch), INT(hidden), INT(dirs), INT(flags), FLOAT(clip))
-{
-    const int j = GID(0), b = GID(1), d = GID(2);
-    if (j >= hidden || b >= batch || d >= dirs) return;
+    const int b = GID(1), d = GID(2);
+    if (b >= batch || d >= dirs) return;  // whole work-groups: the local size is 1 along y and z
+    const int whole = t1 - t0 > 1;
+    if (whole && GID(0) >= LSIZE(0)) return;  // the first work-group along x runs the sequence
+    const int first = whole ? LID(0) : GID(0), stride = whole ? LSIZE(0) : GSIZE(0);
     const int gates = cell == 0 ? 4 : (cell == 1 ? 3 : 1);
-    const int gh = gates * hidden;
-    const int s = (d == 1 || flag(flags, 0)) ? seq - 1 - t : t;
-    const int row = (d * batch + b) * hidden;
-    const int here = row + j;
+    const int gh = gates * hidden, gate = hidden;  // R^T[d, k, g * hidden + j]: the units of a gate side by side
+    const int state = dirs * batch * hidden, row = (d * batch + b) * hidden;
     const int peep = dirs * hidden * gh, rbh = peep + dirs * 3 * hidden, act = rbh + dirs * hidden + d * 9;
+    const int reset_first = cell == 1 && !flag(flags, 4);
     float code[3], alpha[3], beta[3];
     for (int k = 0; k < 3; ++k) {
         code[k] = LOAD1(wts, act + 3 * k);
         alpha[k] = LOAD1(wts, act + 3 * k + 1);
         beta[k] = LOAD1(wts, act + 3 * k + 2);
     }
-    // the recurrent products R h(t-1), gate by gate; GRU's h gate takes r * h(t-1) when the reset
-    // comes first (linear_before_reset 0), and then needs no r here
-    const int reset_first = cell == 1 && !flag(flags, 4);
-    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-    const int r0 = (d * gh + j) * hidden, gate = hidden * hidden;  // R[d, j, :]; the next gate's row a gate on
-    if (cell == 0) {
-        for (int k = 0; k < hidden; ++k) {
-            const float hk = LOAD1(hp, row + k);
-            a0 = FMA(LOAD1(wts, r0 + k), hk, a0);
-            a1 = FMA(LOAD1(wts, r0 + gate + k), hk, a1);
-            a2 = FMA(LOAD1(wts, r0 + 2 * gate + k), hk, a2);
-            a3 = FMA(LOAD1(wts, r0 + 3 * gate + k), hk, a3);
+    const int len = flag(flags, 1) ? (int)LOAD1(lens, b) : seq;
+    for (int t = t0; t < t1; ++t) {
+        const int s = (d == 1 || flag(flags, 0)) ? seq - 1 - t : t;
+        const int hp = (t % 2) * state + row, hn = ((t + 1) % 2) * state + row;
+        const int xrow = ((d * seq + s) * batch + b) * gh;
+        const int rt = d * hidden * gh;  // R^T of direction d
+        if (phases & 1) {
+            for (int j = first; j < hidden; j += stride) {
+                float acc = LOAD1(xp, xrow + gate + j);
+                for (int k = 0; k < hidden; ++k) acc = FMA(LOAD1(wts, rt + k * gh + gate + j), LOAD1(hs, hp + k), acc);
+                const float r = recurrent_act((int)code[0], clipped(acc, clip), alpha[0], beta[0]);
+                STORE1(r * LOAD1(hs, hp + j), rh, row + j);
+            }
+            if (whole) BARRIER();
         }
-    } else if (reset_first) {
-        for (int k = 0; k < hidden; ++k) {
-            a0 = FMA(LOAD1(wts, r0 + k), LOAD1(hp, row + k), a0);
-            a2 = FMA(LOAD1(wts, r0 + 2 * gate + k), LOAD1(cp, row + k), a2);
+        if (!(phases & 2)) continue;
+        for (int j = first; j < hidden; j += stride) {
+            // the recurrent products R h(t-1), gate by gate; GRU's h gate takes r * h(t-1) when the
+            // reset comes first (linear_before_reset 0), and then needs no r here
+            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+            const int r0 = rt + j;
+            if (cell == 0) {
+                for (int k = 0; k < hidden; ++k) {
+                    const float hk = LOAD1(hs, hp + k);
+                    const int rk = r0 + k * gh;
+                    a0 = FMA(LOAD1(wts, rk), hk, a0);
+                    a1 = FMA(LOAD1(wts, rk + gate), hk, a1);
+                    a2 = FMA(LOAD1(wts, rk + 2 * gate), hk, a2);
+                    a3 = FMA(LOAD1(wts, rk + 3 * gate), hk, a3);
+                }
+            } else if (reset_first) {
+                for (int k = 0; k < hidden; ++k) {
+                    const int rk = r0 + k * gh;
+                    a0 = FMA(LOAD1(wts, rk), LOAD1(hs, hp + k), a0);
+                    a2 = FMA(LOAD1(wts, rk + 2 * gate), LOAD1(rh, row + k), a2);
+                }
+            } else if (cell == 1) {
+                for (int k = 0; k < hidden; ++k) {
+                    const float hk = LOAD1(hs, hp + k);
+                    const int rk = r0 + k * gh;
+                    a0 = FMA(LOAD1(wts, rk), hk, a0);
+                    a1 = FMA(LOAD1(wts, rk + gate), hk, a1);
+                    a2 = FMA(LOAD1(wts, rk + 2 * gate), hk, a2);
+                }
+            } else {
+                for (int k = 0; k < hidden; ++k) a0 = FMA(LOAD1(wts, r0 + k * gh), LOAD1(hs, hp + k), a0);
+            }
+            const int xi = xrow + j;
+            const float hprev = LOAD1(hs, hp + j);
+            const float cprev = cell == 0 ? LOAD1(cs, row + j) : 0.0f;
+            float h, c = cprev;
+            if (cell == 0) {  // LSTM: gates i, o, f, c
+                float gi = LOAD1(xp, xi) + a0, go = LOAD1(xp, xi + gate) + a1;
+                float gf = LOAD1(xp, xi + 2 * gate) + a2, gc = LOAD1(xp, xi + 3 * gate) + a3;
+                const int p = peep + d * 3 * hidden + j;
+                if (flag(flags, 2)) {
+                    gi = FMA(LOAD1(wts, p), cprev, gi);
+                    gf = FMA(LOAD1(wts, p + 2 * hidden), cprev, gf);
+                }
+                const float i = recurrent_act((int)code[0], clipped(gi, clip), alpha[0], beta[0]);
+                const float f = flag(flags, 3) ? 1.0f - i
+                                               : recurrent_act((int)code[0], clipped(gf, clip), alpha[0], beta[0]);
+                c = f * cprev + i * recurrent_act((int)code[1], clipped(gc, clip), alpha[1], beta[1]);
+                if (flag(flags, 2)) go = FMA(LOAD1(wts, p + hidden), c, go);
+                h = recurrent_act((int)code[0], clipped(go, clip), alpha[0], beta[0]) *
+                    recurrent_act((int)code[2], c, alpha[2], beta[2]);
+            } else if (cell == 1) {  // GRU: gates z, r, h
+                const float z = recurrent_act((int)code[0], clipped(LOAD1(xp, xi) + a0, clip), alpha[0], beta[0]);
+                const float rb = LOAD1(wts, rbh + d * hidden + j);
+                float gh_pre = LOAD1(xp, xi + 2 * gate);  // the h gate's pre-activation
+                if (reset_first) {
+                    gh_pre += a2 + rb;
+                } else {
+                    const float r = recurrent_act((int)code[0], clipped(LOAD1(xp, xi + gate) + a1, clip), alpha[0],
+                                                  beta[0]);
+                    gh_pre += r * (a2 + rb);
+                }
+                h = (1.0f - z) * recurrent_act((int)code[1], clipped(gh_pre, clip), alpha[1], beta[1]) + z * hprev;
+            } else {  // RNN
+                h = recurrent_act((int)code[0], clipped(LOAD1(xp, xi) + a0, clip), alpha[0], beta[0]);
+            }
+            const int live = s < len;
+            if (!live) {
+                h = hprev;
+                c = cprev;
+            }
+            STORE1(h, hs, hn + j);
+            if (cell == 0) STORE1(c, cs, row + j);
+            if (flag(flags, 6)) {
+                // Y's lanes run over directions (layout 0) or steps (layout 1); the last one of each
+                // slice clears the padding lanes after it
+                const int lane = flag(flags, 5) ? s : d, lanes = flag(flags, 5) ? seq : dirs;
+                const int at = flag(flags, 5) ? packed_at(b, s, d, j, seq, dirs, hidden)
+                                              : packed_at(s, d, b, j, dirs, batch, hidden);
+                STORE1(live ? h : 0.0f, y, at);
+                if (lane == lanes - 1) {
+                    for (int l = lane % 4 + 1; l < 4; ++l) STORE1(0.0f, y, at + l - lane % 4);
+                }
+            }
+            if (t == seq - 1 && (flag(flags, 7) || flag(flags, 8))) {
+                // Y_h / Y_c, lanes over batch (layout 1: directions)
+                const int lane = flag(flags, 5) ? d : b, lanes = flag(flags, 5) ? dirs : batch;
+                const int at = state_at(d, b, dirs, batch, hidden, flags) + 4 * j;
+                const int pad = lane == lanes - 1 ? lane % 4 + 1 : 4;
+                const int ended = len == 0;
+                if (flag(flags, 7)) {
+                    STORE1(ended ? 0.0f : h, yh, at);
+                    for (int l = pad; l < 4; ++l) STORE1(0.0f, yh, at + l - lane % 4);
+                }
+                if (flag(flags, 8)) {
+                    STORE1(ended ? 0.0f : c, yc, at);
+                    for (int l = pad; l < 4; ++l) STORE1(0.0f, yc, at + l - lane % 4);
+                }
+            }
         }
-    } else if (cell == 1) {
-        for (int k = 0; k < hidden; ++k) {
-            const float hk = LOAD1(hp, row + k);
-            a0 = FMA(LOAD1(wts, r0 + k), hk, a0);
-            a1 = FMA(LOAD1(wts, r0 + gate + k), hk, a1);
-            a2 = FMA(LOAD1(wts, r0 + 2 * gate + k), hk, a2);
-        }
-    } else {
-        for (int k = 0; k < hidden; ++k) a0 = FMA(LOAD1(wts, r0 + k), LOAD1(hp, row + k), a0);
-    }
-    const int xi = ((d * seq + s) * batch + b) * gh + j;
-    const float hprev = LOAD1(hp, here);
-    const float cprev = cell == 0 ? LOAD1(cp, here) : 0.0f;
-    float h, c = cprev;
-    if (cell == 0) {  // LSTM: gates i, o, f, c
-        float gi = LOAD1(xp, xi) + a0, go = LOAD1(xp, xi + hidden) + a1;
-        float gf = LOAD1(xp, xi + 2 * hidden) + a2, gc = LOAD1(xp, xi + 3 * hidden) + a3;
-        const int p = peep + d * 3 * hidden + j;
-        if (flag(flags, 2)) {
-            gi = FMA(LOAD1(wts, p), cprev, gi);
-            gf = FMA(LOAD1(wts, p + 2 * hidden), cprev, gf);
-        }
-        const float i = recurrent_act((int)code[0], clipped(gi, clip), alpha[0], beta[0]);
-        const float f = flag(flags, 3) ? 1.0f - i : recurrent_act((int)code[0], clipped(gf, clip), alpha[0], beta[0]);
-        c = f * cprev + i * recurrent_act((int)code[1], clipped(gc, clip), alpha[1], beta[1]);
-        if (flag(flags, 2)) go = FMA(LOAD1(wts, p + hidden), c, go);
-        h = recurrent_act((int)code[0], clipped(go, clip), alpha[0], beta[0]) *
-            recurrent_act((int)code[2], c, alpha[2], beta[2]);
-    } else if (cell == 1) {  // GRU: gates z, r, h
-        const float z = recurrent_act((int)code[0], clipped(LOAD1(xp, xi) + a0, clip), alpha[0], beta[0]);
-        const float rb = LOAD1(wts, rbh + d * hidden + j);
-        float gh_pre = LOAD1(xp, xi + 2 * hidden);  // the h gate's pre-activation
-        if (reset_first) {
-            gh_pre += a2 + rb;
-        } else {
-            const float r = recurrent_act((int)code[0], clipped(LOAD1(xp, xi + hidden) + a1, clip), alpha[0], beta[0]);
-            gh_pre += r * (a2 + rb);
-        }
-        h = (1.0f - z) * recurrent_act((int)code[1], clipped(gh_pre, clip), alpha[1], beta[1]) + z * hprev;
-    } else {  // RNN
-        h = recurrent_act((int)code[0], clipped(LOAD1(xp, xi) + a0, clip), alpha[0], beta[0]);
-    }
-    int live = 1, ended = 0;
-    if (flag(flags, 1)) {
-        const int len = (int)LOAD1(lens, b);
-        live = s < len;
-        ended = len == 0;
-    }
-    if (!live) {
-        h = hprev;
-        c = cprev;
-    }
-    STORE1(h, hn, here);
-    if (cell == 0) STORE1(c, cn, here);
-    if (flag(flags, 6)) {
-        // Y's lanes run over directions (layout 0) or steps (layout 1); the last one of each
-        // slice clears the padding lanes after it
-        const int lane = flag(flags, 5) ? s : d, lanes = flag(flags, 5) ? seq : dirs;
-        const int at = flag(flags, 5) ? packed_at(b, s, d, j, seq, dirs, hidden)
-                                      : packed_at(s, d, b, j, dirs, batch, hidden);
-        STORE1(live ? h : 0.0f, y, at);
-        if (lane == lanes - 1) {
-            for (int l = lane % 4 + 1; l < 4; ++l) STORE1(0.0f, y, at + l - lane % 4);
-        }
-    }
-    if (flag(flags, 7) || flag(flags, 8)) {  // the last step: Y_h / Y_c, lanes over batch (layout 1: directions)
-        const int lane = flag(flags, 5) ? d : b, lanes = flag(flags, 5) ? dirs : batch;
-        const int at = state_at(d, b, dirs, batch, hidden, flags) + 4 * j;
-        const int pad = lane == lanes - 1 ? lane % 4 + 1 : 4;
-        if (flag(flags, 7)) {
-            STORE1(ended ? 0.0f : h, yh, at);
-            for (int l = pad; l < 4; ++l) STORE1(0.0f, yh, at + l - lane % 4);
-        }
-        if (flag(flags, 8)) {
-            STORE1(ended ? 0.0f : c, yc, at);
-            for (int l = pad; l < 4; ++l) STORE1(0.0f, yc, at + l - lane % 4);
-        }
+        if (whole) BARRIER();
     }
 }

@@ -13,7 +13,9 @@ head, and each target's signature generator turns that into the language's own s
 Parameters: ``IN(name)`` a read-only tensor in storage precision, ``OUT(name)`` a written one,
 ``INT(name)`` / ``FLOAT(name)`` scalars, ``EPILOGUE`` the fused epilogue's float parameters
 (activation alpha / beta, a fused FakeQuant's scale, zero point and range).  The body uses the
-macros of the prelude: ``GID(i)``, ``LID(i)``, ``FLOAT4``/``F4(a, b, c, d)``,
+macros of the prelude: ``GID(i)``, ``LID(i)``, ``GSIZE(i)``, ``LSIZE(i)`` (the work-group's size),
+``BARRIER()`` (every work item of the work-group waits there, and sees the others' buffer writes
+made before it: every work item must reach it), ``FLOAT4``/``F4(a, b, c, d)``,
 ``LOAD4``/``STORE4``/``LOAD1``/``STORE1`` (storage may be half: conversion happens here,
 arithmetic is always float), ``FMA``, ``INLINE`` for helper functions, ``activate`` for the
 fused epilogue selected by ``ACTIVATION`` (a kernel calling it declares ``EPILOGUE``).
@@ -142,6 +144,8 @@ OPENCL_PRELUDE = r"""
 #define GID(i) ((int)get_global_id(i))
 #define GSIZE(i) ((int)get_global_size(i))
 #define LID(i) ((int)get_local_id(i))
+#define LSIZE(i) ((int)get_local_size(i))
+#define BARRIER() barrier(CLK_GLOBAL_MEM_FENCE)
 #define FLOAT4 float4
 #define F4(a, b, c, d) ((float4)((a), (b), (c), (d)))
 #define F4S(a) ((float4)(a))
@@ -264,6 +268,8 @@ using namespace metal;
 #define GID(i) ((int)_gid[i])
 #define GSIZE(i) ((int)_gsize[i])
 #define LID(i) ((int)_lid[i])
+#define LSIZE(i) ((int)_lsize[i])
+#define BARRIER() threadgroup_barrier(mem_flags::mem_device)
 #define FLOAT4 float4
 #define F4(a, b, c, d) float4((a), (b), (c), (d))
 #define F4S(a) float4(a)
@@ -288,7 +294,8 @@ using namespace metal;
 # Thread-position parameters a Metal kernel gets when its body uses the matching macro.
 _METAL_THREAD_PARAMS = (("GID", "uint3 _gid [[thread_position_in_grid]]"),
                         ("GSIZE", "uint3 _gsize [[threads_per_grid]]"),
-                        ("LID", "uint3 _lid [[thread_position_in_threadgroup]]"))
+                        ("LID", "uint3 _lid [[thread_position_in_threadgroup]]"),
+                        ("LSIZE", "uint3 _lsize [[threads_per_threadgroup]]"))
 
 
 def _metal_signature(name: str, params: list[Param], body: str) -> str:

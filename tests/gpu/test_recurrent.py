@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import optcli
+from optcli.gpu import ops_recurrent
 from optcli.gpu.layout import c4, dims4, pack, packed_elements, unpack
 from optcli.gpu.registry import gpu_kernels_for
 from optcli.runtime.opencl.device import ClLaunchContext, cl, packed_nbytes
@@ -163,9 +164,11 @@ def node_of(case: RecurrentCase):
     return graph, node, data
 
 
-def run_packed(graph, node, feeds: dict[str, np.ndarray], precision: str) -> dict[str, np.ndarray]:
+def run_packed(graph, node, feeds: dict[str, np.ndarray], precision: str,
+               split_groups: bool = False) -> dict[str, np.ndarray]:
     """The GPU kernel's packed outputs (each prefilled with NaN: every element, padding lanes
-    included, must be written)."""
+    included, must be written).  ``split_groups``: the whole-sequence launch gets a local size half
+    its grid, as a tuned one could give it (its first work-group must then run it alone)."""
     kern = gpu_kernels_for(node.op_type)[0]
     assert kern.check(node, graph) is None, kern.check(node, graph)
     dev = device()
@@ -180,6 +183,8 @@ def run_packed(graph, node, feeds: dict[str, np.ndarray], precision: str) -> dic
     ctx = ClLaunchContext(dev, shapes, dict(graph.initializers), buffers, precision)
     ctx.namespace = kern.id
     for launch in kern.launch(ctx, node):
+        if split_groups and launch.local_size:
+            launch.local_size = (launch.local_size[0] // 2, 1, 1)
         ctx.bind(launch, node.name).enqueue(dev.queue)
     result = {}
     for o in outputs:
@@ -190,12 +195,24 @@ def run_packed(graph, node, feeds: dict[str, np.ndarray], precision: str) -> dic
     return result
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+# How the recurrence is launched (ops_recurrent's two ways): the whole sequence in one launch, its
+# work-group as wide as the layer (the default for these small layers); the same with a work-group
+# of 4 (work items take several units each), and split by a tuned local size; one launch per step.
+LAUNCH_MODES = {"whole": {}, "whole-group4": {"SEQUENCE_GROUP": 4},
+                "whole-split": {"SEQUENCE_GROUP": 4, "split": True}, "per-step": {"WHOLE_SEQUENCE_HIDDEN": 0}}
+
+
+@pytest.mark.parametrize("mode", ["whole", "fp16", "whole-group4", "whole-split", "per-step"])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_kernel_against_the_host(case, precision):
+def test_kernel_against_the_host(case, mode, monkeypatch):
+    precision = "fp16" if mode == "fp16" else "fp32"
+    settings = dict(LAUNCH_MODES.get(mode, {}))
+    split = settings.pop("split", False)
+    for name, value in settings.items():
+        monkeypatch.setattr(ops_recurrent, name, value)
     graph, node, feeds = node_of(case)
     expected = reference(graph, node, feeds)
-    packed = run_packed(graph, node, feeds, precision)
+    packed = run_packed(graph, node, feeds, precision, split_groups=split)
     for name, want in zip(node.outputs, expected):
         if not name:
             continue
@@ -229,9 +246,9 @@ def test_on_opencl_against_onnxruntime(case, precision):
         assert_close(outputs[name], want, precision, what=f"{case.id} {name} ({precision}) against onnxruntime")
 
 
-def test_launch_counts():
-    """One launch per step (GRU with linear_before_reset 0: two), both directions in the same one,
-    after the projection and the initial states."""
+def test_launch_counts(monkeypatch):
+    """After the projection and the initial states, one launch for the whole sequence; wider layers
+    one launch per step (GRU with linear_before_reset 0: two), both directions in the same one."""
     def count(case: RecurrentCase) -> dict[str, int]:
         graph, node, _ = node_of(case)
         ctx = ClLaunchContext(device(), {n: tuple(graph.shape_of(n)) for n in [*node.inputs, *node.outputs] if n},
@@ -241,10 +258,14 @@ def test_launch_counts():
             entries[launch.entry] = entries.get(launch.entry, 0) + 1
         return entries
 
-    steps = {"recurrent_project": 1, "recurrent_init": 1, "recurrent_step": 5}
-    assert count(_case("LSTM", "count", attrs=BIDI)) == steps
-    assert count(_case("GRU", "count", attrs={"linear_before_reset": 1})) == steps
-    assert count(_case("GRU", "count")) == {**steps, "gru_reset": 5}
+    once = {"recurrent_project": 1, "recurrent_init": 1, "recurrent_steps": 1}
+    assert count(_case("LSTM", "count", attrs=BIDI)) == once
+    assert count(_case("GRU", "count")) == once
+    monkeypatch.setattr(ops_recurrent, "WHOLE_SEQUENCE_HIDDEN", 5)  # the cases have 6 hidden units
+    per_step = {**once, "recurrent_steps": 5}
+    assert count(_case("LSTM", "count", attrs=BIDI)) == per_step
+    assert count(_case("GRU", "count", attrs={"linear_before_reset": 1})) == per_step
+    assert count(_case("GRU", "count")) == {**once, "recurrent_steps": 10}
 
 
 def _reason(case: RecurrentCase, **changes) -> str | None:

@@ -96,6 +96,10 @@ inline float select(float a, float b, bool c) { return c ? b : a; }
 inline float4 select(float4 a, float4 b, int4 c) {
     return float4{c.x ? b.x : a.x, c.y ? b.y : a.y, c.z ? b.z : a.z, c.w ? b.w : a.w};
 }
+// barriers: the shim runs threadgroups of one thread (shim.py's driver), where a barrier has
+// nobody to wait for
+enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4 };
+inline void threadgroup_barrier(mem_flags) {}
 }  // namespace metal
 
 #define float4(...) ::metal::_make_float4(__VA_ARGS__)

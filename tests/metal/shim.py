@@ -89,13 +89,16 @@ def metal_entries(text: str) -> dict[str, list[str]]:
             kind = next((k for prefix, k in _KINDS.items() if part.startswith(prefix + " ")), None)
             if kind is not None:
                 assert part.endswith(f"[[buffer({i})]]"), f"{m.group(1)}: argument {i} is not at buffer({i})"
-            kinds.append(kind or part.split()[1])  # _gid / _gsize / _lid
+            kinds.append(kind or part.split()[1])  # _gid / _gsize / _lid / _lsize
         entries[m.group(1)] = kinds
     return entries
 
 
 def _driver(entries: dict[str, list[str]]) -> str:
-    """One ``extern "C"`` entry per kernel: loop over the grid, arguments from flat arrays."""
+    """One ``extern "C"`` entry per kernel: loop over the grid, arguments from flat arrays.  Each
+    work item is a threadgroup of its own (one thread: a barrier waits for nobody), which models a
+    kernel that reads its threadgroup's size (``LSIZE``) and works with any; one that reads its
+    local id without it assumes a group size the serial loop cannot give."""
     out = []
     for entry, kinds in entries.items():
         args = []
@@ -103,8 +106,10 @@ def _driver(entries: dict[str, list[str]]) -> str:
             args.append({"IN": f"(const STORAGE*)b[{k}]", "OUT": f"(STORAGE*)b[{k}]", "INT": f"iv[{k}]",
                          "EPI": f"(const float*)b[{k}]",
                          "FLOAT": f"fv[{k}]", "_gid": "uint3{x, y, z}",
-                         "_gsize": "uint3{(uint)g[0], (uint)g[1], (uint)g[2]}"}.get(kind, kind))
-            assert kind != "_lid", f"{entry} uses local ids: a serial grid loop does not model it"
+                         "_gsize": "uint3{(uint)g[0], (uint)g[1], (uint)g[2]}", "_lid": "uint3{0, 0, 0}",
+                         "_lsize": "uint3{1, 1, 1}"}.get(kind, kind))
+            assert kind != "_lid" or "_lsize" in kinds, f"{entry} uses local ids without the group's size: a " \
+                                                        "serial grid loop does not model it"
         out.append(f'extern "C" void run_{entry}(void* const* b, const int* iv, const float* fv, const int* g) {{\n'
                    f"    for (uint z = 0; z < (uint)g[2]; ++z)\n"
                    f"        for (uint y = 0; y < (uint)g[1]; ++y)\n"
