@@ -304,8 +304,10 @@ class Check:
     def recurrent(self, budget: float) -> dict:
         """Part 5, in a child process stopped at the part's limit."""
         out = self.work / "recurrent.json"
+        small = self.args.quick or self.args.size == "small"  # a sweep that fits a dry run on a CPU device
         cmd = [sys.executable, str(Path(__file__).with_name("gpu_recurrent_sweep.py")), "--budget", str(budget - 5),
-               "--out", str(out), *(["--device", self.selector] if self.selector else [])]
+               "--out", str(out), *(["--device", self.selector] if self.selector else []),
+               *(["--hidden", "16,64", "--seq", "10"] if small else [])]
         rc, timed_out = run_limited(cmd, budget + 15, None)
         rows = json.loads(out.read_text()) if out.exists() else []
         data: dict = {"rows": rows}

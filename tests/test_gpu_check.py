@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
-PARTS = {"environment", "tests", "parity", "timing", "load"}
+PARTS = {"environment", "tests", "parity", "timing", "recurrent", "load"}
 STATUSES = {"ok", "partial", "failed", "error", "skipped"}
 ONE_TEST = "tests/runtime/test_opencl_runtime.py::test_one_queue_per_predictor"
 
@@ -73,6 +73,12 @@ def test_dry_run_records_every_part_on_the_named_device(tmp_path, opencl_device)
         assert timing[engine]["runs"] >= 1 and 0 < timing[engine]["min_ms"] <= timing[engine]["median_ms"], engine
     assert timing["optcli_opencl_fp32"]["kernel_ms"] > 0 and timing["optcli_opencl_fp32"]["top_ops"]
     assert "no torch twin" in timing["torch_cuda_fp32"]["skipped"]  # small models have none
+
+    sweep = result["parts"]["recurrent"]["rows"]
+    assert {(r["op"], r["hidden"]) for r in sweep} >= {("LSTM", 16), ("GRU", 16)}, sweep
+    for row in sweep:
+        for mode in ("whole_sequence", "per_step"):
+            assert row[mode]["runs"] >= 1 and row[mode]["max_rel_err"] <= 1e-3, row
 
     load = result["parts"]["load"]["models"]["mobilenet_v2"]["fp32"]
     assert load["cold"]["programs_built"] > 0 and load["warm"]["programs_built"] == 0, load

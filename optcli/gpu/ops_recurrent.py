@@ -47,7 +47,10 @@ _SOURCE = "recurrent.cl"
 
 # The widest layer whose whole sequence runs in one launch, one work-group per (batch row,
 # direction), and that work-group's size (work items SEQUENCE_GROUP apart share the hidden units).
-WHOLE_SEQUENCE_HIDDEN = 512
+# Measured on an H100 (benchmarks/gpu_recurrent_sweep.py, 100 steps, docs/benchmarks-gpu.md): one
+# launch wins up to 256 units (LSTM 64: 0.72 against 1.51 ms; 256: 3.98 against 4.25 ms); from
+# 512 a launch per step does (LSTM 512: 7.8 against 14.3 ms; 1024: 14.6 against 55 ms).
+WHOLE_SEQUENCE_HIDDEN = 256
 SEQUENCE_GROUP = 256
 RESET, UPDATE = 1, 2  # recurrent_steps' phases
 
