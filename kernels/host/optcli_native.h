@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 18 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 19 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -155,7 +155,9 @@ OPT_API int optcli_global_avg_blocked_f32(const float *x, float *y, int64_t n, i
  * direction and batch row.  geom: dirs, seq, batch, hidden, direction (0 forward, 1 reverse,
  * 2 bidirectional: direction 0 forward, 1 reverse); G = 4, 3, 1 gates.
  * xp [dirs, seq, batch, G * hidden]: X @ W^T with the biases folded in (LSTM and RNN: Wb + Rb; GRU:
- * Wb, plus Rb of z and r); rt [dirs, hidden, G * hidden]: R transposed; rbh [dirs, hidden]: GRU's Rb
+ * Wb, plus Rb of z and r); rt [dirs, ceil(G * hidden / 8), hidden + 2, 8]: R transposed in panels of
+ * 8 columns (column col of row i at [col / 8, i, col % 8]; the last panel's extra columns and each
+ * panel's 2 padding rows zero); rbh [dirs, hidden]: GRU's Rb
  * of its h gate (NULL for the others); p [dirs, 3 * hidden] LSTM peepholes i, o, f or NULL; h0, c0
  * [dirs, batch, hidden] or NULL (zeros); lens [batch] in [0, seq] or NULL (seq each).
  * Writes y [seq, dirs, batch, hidden] (zero past a row's length), yh and yc [dirs, batch, hidden];
@@ -171,7 +173,7 @@ OPT_API int optcli_recurrent_f32(int cell, const float *xp, const float *rt, con
                                  const int64_t *geom, const int32_t *acts, const float *alphas, const float *betas,
                                  float clip, int flags);
 /* For the tests: the size of R (floats) from which a layer whose rows leave cores idle splits each
- * row's hidden units over the pool, one time step at a time (default 163840; 0: always, -1: never);
+ * row's hidden units over the pool, one time step at a time (default 32768; 0: always, -1: never);
  * -2 changes nothing.  Returns the previous value. */
 OPT_API int64_t optcli_recurrent_split_from(int64_t floats);
 

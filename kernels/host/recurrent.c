@@ -7,9 +7,10 @@
  * that takes one to a few microseconds at the hidden sizes of speech and OCR models (64-512).
  *
  * Work items are (direction, batch row) pairs: each runs its whole sequence alone, so a
- * bidirectional layer's two directions run on two cores.  R is given transposed ([H, G*H]) so the
- * product is a sum of rows of R^T scaled by h's elements: vectorised along the gates with no
- * horizontal sums, its accumulators held in registers across the whole of h.
+ * bidirectional layer's two directions run on two cores.  R is given transposed ([H, G*H], in
+ * panels of 8 columns: `gemv_rows`) so the product is a sum of rows of R^T scaled by h's elements:
+ * vectorised along the gates with no horizontal sums, its accumulators held in registers across
+ * the whole of h.
  *
  * Where the time goes (one core, EPYC): the product reads all of R^T every step, 64 KiB for an
  * LSTM of 64 units (or a GRU/RNN of 128), which is past L1, so it runs at L2's bandwidth, ~0.7 us
@@ -35,12 +36,14 @@ enum { CELL_LSTM = 0, CELL_GRU = 1, CELL_RNN = 2 };
 enum { FLAG_INPUT_FORGET = 1, FLAG_LINEAR_BEFORE_RESET = 2, FLAG_CLIP = 4, FLAG_QUANTIZE_H = 8 };
 enum { DIR_FORWARD = 0, DIR_REVERSE = 1, DIR_BIDIRECTIONAL = 2 };
 
-/* R's size in floats from which a layer splits its rows over the pool: 160K (640 KiB, about a
- * core's L2).  Measured on a 2-core EPYC, per step at 1 -> 2 threads: LSTM 256 units 28.3 ->
- * 17.2 us, GRU 256 17.3 -> 13.7 us; but LSTM 128 5.2 -> 5.9 us, GRU 128 3.2 -> 4.1 us and LSTM 192
- * 11.9 -> 12.7 us, where R fits one core's cache and the fork/join per step costs more than the
- * second core gives.  The tests set 0 (always) and -1 (never) to check both paths on small layers. */
-static int64_t g_split_min_floats = 163840;
+/* R's size in floats from which a layer splits its rows over the pool: 32K (128 KiB).  Measured
+ * with R^T in panels on a 2-core EPYC (Zen 5 class), a layer of 100 steps at 2 threads, sequential
+ * against split: LSTM 64 units (16K floats) 0.083 against 0.101 ms, GRU 96 (28K) 0.137 against
+ * 0.162 ms; LSTM 96 (37K) 0.181 against 0.167 ms, LSTM 128 0.303 against 0.201 ms, GRU 128 0.197
+ * against 0.147 ms, GRU 256 0.351 against 0.202 ms.  (With plain R^T the split paid only from
+ * 640 KiB, one core's L2: each step's product was bound by the strided reads, not by the core.)
+ * The tests set 0 (always) and -1 (never) to check both paths on small layers. */
+static int64_t g_split_min_floats = 32768;
 
 OPT_API int64_t optcli_recurrent_split_from(int64_t floats) {
     int64_t old = g_split_min_floats;
@@ -61,33 +64,59 @@ typedef struct {
     int failed; /* set by an item whose scratch could not be had */
 } rnn_t;
 
-/* Columns [j, j + nv * VL) of the product below, in nv vector accumulators (nv a constant once
- * inlined, so the accumulators live in registers): nv independent FMA chains per row of rt. */
-ALWAYS_INLINE void gemv_block(float *g, const float *h, const float *rt, int64_t k, int64_t ld, const int nv) {
+/* R^T in panels of PANEL (= VL) columns, each panel's K rows one after another and PANEL_PAD rows
+ * of padding after them: element (i, col) of a direction's [K, N] R^T is at (col / PANEL) * (K +
+ * PANEL_PAD) * PANEL + i * PANEL + col % PANEL, the columns padded to a whole panel
+ * (optcli/native/recurrent.py packs it).  Plain R^T put the rows of a column block N floats apart:
+ * 4 KiB for an LSTM of 256 units, a new page per row, which the prefetchers do not follow, so a
+ * layer whose R outgrows L2 ran at ~75 GB/s against onnxruntime's ~110 (LSTM 256 units: 1.56x its
+ * time; 1.30x in panels, 512 units 1.53x -> 1.04x).  The padding keeps panels from starting 4 KiB
+ * apart (K = 128: the twelve streams of a block fell in one L1 set, 1.18x slower than plain R^T). */
+#define PANEL VL
+#define PANEL_PAD 2
+
+/* Floats from one panel to the next, for K rows. */
+static inline int64_t panel_stride(int64_t k) {
+    return (k + PANEL_PAD) * PANEL;
+}
+
+/* The start of direction d's panels: N columns (padded to a whole panel) of K rows each. */
+static inline const float *panels_of(const float *rt, int64_t d, int64_t k, int64_t n) {
+    return rt + d * ((n + PANEL - 1) / PANEL) * panel_stride(k);
+}
+
+/* Columns [c, c + nv * VL) of the product below (c a multiple of PANEL), in nv vector accumulators
+ * (nv a constant once inlined, so the accumulators live in registers): nv independent FMA chains,
+ * each reading its own panel front to back. */
+ALWAYS_INLINE void gemv_block(float *g, const float *h, const float *rp, int64_t k, int64_t c, const int nv) {
     v8f a[12];
+    const int64_t stride = panel_stride(k);
+    const float *panel = rp + c / PANEL * stride;
     for (int q = 0; q < nv; q++) a[q] = vload(g + q * VL);
     for (int64_t i = 0; i < k; i++) {
-        const float *r = rt + i * ld;
         v8f s = vsplat(h[i]);
-        for (int q = 0; q < nv; q++) a[q] += s * vload(r + q * VL);
+        for (int q = 0; q < nv; q++) a[q] += s * vload(panel + q * stride + i * PANEL);
     }
     for (int q = 0; q < nv; q++) vstore(g + q * VL, a[q]);
 }
 
-/* g[0:n] += h[0:k] @ rt[0:k, 0:n] (rows of rt ld floats apart): 64 columns at a time in eight
- * vector accumulators (enough independent FMAs to hide their latency), then 32 in four (a single
- * chain waits on each FMA's latency), then 8, then one. */
-HOT_CLONES static void gemv_rows(float *g, const float *h, const float *rt, int64_t k, int64_t n, int64_t ld) {
+/* g += h[0:k] @ R^T[0:k, col], column by column (a range's ends that are not whole panels). */
+static inline float gemv_column(float g, const float *h, const float *rp, int64_t k, int64_t col) {
+    const float *r = rp + col / PANEL * panel_stride(k) + col % PANEL;
+    for (int64_t i = 0; i < k; i++) g += h[i] * r[i * PANEL];
+    return g;
+}
+
+/* g[0:n] += h[0:k] @ R^T[0:k, c0:c0 + n] (rp: a direction's panels): 96 columns at a time in twelve
+ * vector accumulators (enough independent FMAs to hide their latency), then 64, 32, 8, then one. */
+HOT_CLONES static void gemv_rows(float *g, const float *h, const float *rp, int64_t k, int64_t c0, int64_t n) {
     int64_t j = 0;
-    for (; j + 12 * VL <= n; j += 12 * VL) gemv_block(g + j, h, rt + j, k, ld, 12);
-    for (; j + 8 * VL <= n; j += 8 * VL) gemv_block(g + j, h, rt + j, k, ld, 8);
-    for (; j + 4 * VL <= n; j += 4 * VL) gemv_block(g + j, h, rt + j, k, ld, 4);
-    for (; j + VL <= n; j += VL) gemv_block(g + j, h, rt + j, k, ld, 1);
-    for (; j < n; j++) {
-        float a = g[j];
-        for (int64_t i = 0; i < k; i++) a += h[i] * rt[i * ld + j];
-        g[j] = a;
-    }
+    for (; j < n && (c0 + j) % PANEL; j++) g[j] = gemv_column(g[j], h, rp, k, c0 + j);
+    for (; j + 12 * VL <= n; j += 12 * VL) gemv_block(g + j, h, rp, k, c0 + j, 12);
+    for (; j + 8 * VL <= n; j += 8 * VL) gemv_block(g + j, h, rp, k, c0 + j, 8);
+    for (; j + 4 * VL <= n; j += 4 * VL) gemv_block(g + j, h, rp, k, c0 + j, 4);
+    for (; j + VL <= n; j += VL) gemv_block(g + j, h, rp, k, c0 + j, 1);
+    for (; j < n; j++) g[j] = gemv_column(g[j], h, rp, k, c0 + j);
 }
 
 /* Gate activation number `which` of direction d (acts, alphas, betas hold 3 per direction). */
@@ -164,7 +193,7 @@ HOT_CLONES static void quantized_product(const rnn_t *a, int64_t d, float *g, co
         hq[i] = rintf(v);
     }
     memset(acc, 0, (size_t)N * sizeof(float));
-    gemv_rows(acc, hq, a->rt + d * H * N, H, N, N);
+    gemv_rows(acc, hq, panels_of(a->rt, d, H, N), H, 0, N);
     const float *qs = a->qscale + d * N;
     for (int64_t j = 0; j < N; j++) g[j] += acc[j] * (scale * qs[j]);
 }
@@ -173,13 +202,13 @@ HOT_CLONES static void quantized_product(const rnn_t *a, int64_t d, float *g, co
 HOT_CLONES static void lstm_range(const rnn_t *a, int64_t d, float *g, const float *hin, float *hout, float *c,
                                   float *tmp, int64_t j0, int64_t j1) {
     const int64_t H = a->hidden, n = j1 - j0;
-    const float *rt = a->rt + d * H * 4 * H, *p = a->p ? a->p + d * 3 * H : NULL;
+    const float *rt = panels_of(a->rt, d, H, 4 * H), *p = a->p ? a->p + d * 3 * H : NULL;
     if (a->flags & FLAG_QUANTIZE_H) {
         /* added by quantized_product */
     } else if (n == H) {
-        gemv_rows(g, hin, rt, H, 4 * H, 4 * H); /* the four gates side by side: one product */
+        gemv_rows(g, hin, rt, H, 0, 4 * H); /* the four gates side by side: one product */
     } else {
-        for (int q = 0; q < 4; q++) gemv_rows(g + q * H + j0, hin, rt + q * H + j0, H, n, 4 * H);
+        for (int q = 0; q < 4; q++) gemv_rows(g + q * H + j0, hin, rt, H, q * H + j0, n);
     }
     float *gi = g + j0, *go = g + H + j0, *gf = g + 2 * H + j0, *gc = g + 3 * H + j0;
     c += j0;
@@ -221,12 +250,12 @@ HOT_CLONES static void lstm_range(const rnn_t *a, int64_t d, float *g, const flo
 HOT_CLONES static void gru_gates(const rnn_t *a, int64_t d, float *g, const float *hin, float *rh, int64_t j0,
                                  int64_t j1) {
     const int64_t H = a->hidden, n = j1 - j0;
-    const float *rt = a->rt + d * H * 3 * H;
+    const float *rt = panels_of(a->rt, d, H, 3 * H);
     if (n == H) {
-        gemv_rows(g, hin, rt, H, 2 * H, 3 * H); /* z and r side by side: one product */
+        gemv_rows(g, hin, rt, H, 0, 2 * H); /* z and r side by side: one product */
     } else {
-        gemv_rows(g + j0, hin, rt + j0, H, n, 3 * H);
-        gemv_rows(g + H + j0, hin, rt + H + j0, H, n, 3 * H);
+        gemv_rows(g + j0, hin, rt, H, j0, n);
+        gemv_rows(g + H + j0, hin, rt, H, H + j0, n);
     }
     if (n == H) {
         gate_act(a, d, 0, g, 2 * H); /* z and r side by side: one pass */
@@ -242,15 +271,15 @@ HOT_CLONES static void gru_gates(const rnn_t *a, int64_t d, float *g, const floa
 HOT_CLONES static void gru_out(const rnn_t *a, int64_t d, float *g, const float *hin, float *hout, const float *rh,
                                float *tmp, int64_t j0, int64_t j1) {
     const int64_t H = a->hidden, n = j1 - j0;
-    const float *rt = a->rt + d * H * 3 * H + 2 * H, *rbh = a->rbh + d * H;
+    const float *rt = panels_of(a->rt, d, H, 3 * H), *rbh = a->rbh + d * H;
     float *gz = g + j0, *gr = g + H + j0, *gh = g + 2 * H + j0;
     if (a->flags & FLAG_LINEAR_BEFORE_RESET) {
         memset(tmp, 0, (size_t)n * sizeof(float));
-        gemv_rows(tmp, hin, rt + j0, H, n, 3 * H);
+        gemv_rows(tmp, hin, rt, H, 2 * H + j0, n);
         for (int64_t j = 0; j < n; j++) gh[j] += gr[j] * (tmp[j] + rbh[j0 + j]);
     } else {
         for (int64_t j = 0; j < n; j++) gh[j] += rbh[j0 + j];
-        gemv_rows(gh, rh, rt + j0, H, n, 3 * H);
+        gemv_rows(gh, rh, rt, H, 2 * H + j0, n);
     }
     gate_act(a, d, 1, gh, n);
     for (int64_t j = 0; j < n; j++) hout[j0 + j] = (1.0f - gz[j]) * gh[j] + gz[j] * hin[j0 + j];
@@ -259,7 +288,7 @@ HOT_CLONES static void gru_out(const rnn_t *a, int64_t d, float *g, const float 
 HOT_CLONES static void rnn_range(const rnn_t *a, int64_t d, float *g, const float *hin, float *hout, int64_t j0,
                                  int64_t j1) {
     const int64_t H = a->hidden, n = j1 - j0;
-    gemv_rows(g + j0, hin, a->rt + d * H * H + j0, H, n, H);
+    gemv_rows(g + j0, hin, panels_of(a->rt, d, H, H), H, j0, n);
     gate_act(a, d, 0, g + j0, n);
     memcpy(hout + j0, g + j0, (size_t)n * sizeof(float));
 }

@@ -37,7 +37,7 @@ import numpy as np
 
 LOG = logging.getLogger("optcli")
 
-ABI = 18  # OPTCLI_NATIVE_ABI in kernels/host/optcli_native.h
+ABI = 19  # OPTCLI_NATIVE_ABI in kernels/host/optcli_native.h
 LIB_PREFIX = "_optcli_native"  # the extension's file name starts with this (threadpoolctl matches it)
 LIBRARY_ENV = "OPTCLI_NATIVE_LIBRARY"  # a testing hook: load this file instead (sanitizer builds)
 

@@ -13,6 +13,7 @@ CELLS = {"LSTM": 0, "GRU": 1, "RNN": 2}
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 DIRECTIONS = {"forward": 0, "reverse": 1, "bidirectional": 2}
 INPUT_FORGET, LINEAR_BEFORE_RESET, CLIP, QUANTIZE_H = 1, 2, 4, 8
+PANEL, PANEL_PAD = 8, 2  # R^T's columns per panel and padding rows after each (recurrent.c)
 _RESIDUAL_MAX = 1 << 16  # floats of a layer's projection up to which prepared_layer keeps its biases broadcast
 
 
@@ -23,6 +24,18 @@ def _f32(a: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray | None:
     a = np.ascontiguousarray(a, dtype=np.float32)
     require(a.shape == shape, "recurrent")
     return a
+
+
+def _panels(rt: np.ndarray) -> np.ndarray:
+    """R^T [dirs, K, N] in the C loop's panels of PANEL columns: [dirs, ceil(N / PANEL), K + PANEL_PAD,
+    PANEL], the last panel's columns and the padding rows zero (recurrent.c's ``gemv_rows``: each
+    block of the product then reads sequential streams, where plain R^T put its rows N floats apart)."""
+    dirs, k, n = rt.shape
+    panels = np.zeros((dirs, -(-n // PANEL), k + PANEL_PAD, PANEL), np.float32)
+    padded = np.zeros((dirs, k, panels.shape[1] * PANEL), np.float32)
+    padded[:, :, :n] = rt
+    panels[:, :, :k] = padded.reshape(dirs, k, -1, PANEL).transpose(0, 2, 1, 3)
+    return panels
 
 
 def recurrent(cell: str, xp: np.ndarray, rt: np.ndarray, rbh: np.ndarray | None, p: np.ndarray | None,
@@ -47,7 +60,7 @@ def prepared_recurrent(cell: str, rt: np.ndarray, rbh: np.ndarray | None, direct
     require(library._lib is not None and cell in CELLS and direction in DIRECTIONS and rt.ndim == 3, "recurrent")
     dirs, hidden, gh = rt.shape
     require(gh == GATES[cell] * hidden and hidden >= 1, "recurrent")
-    rt = _f32(rt, (dirs, hidden, gh))
+    rt = _panels(_f32(rt, (dirs, hidden, gh)))
     rbh = _f32(rbh, (dirs, hidden))
     require((qscale is not None) == bool(flags & QUANTIZE_H) and (qscale is None or cell == "LSTM"), "recurrent")
     qscale = _f32(qscale, (dirs, gh))

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from optcli import kernels, native
+from optcli.native import recurrent as native_recurrent
 from optcli.native.blocked_window import pack_depthwise_weights
 from optcli.ops.activation import activate, apply_activation
 from optcli.ops.conv import conv_im2col
@@ -259,7 +260,8 @@ def _quantized_lstm_cases(tmp: Path, rng) -> list[tuple[Path, Path, np.ndarray, 
                 *[0] * 9]
         src, dst = tmp / f"qlstm{i}.in", tmp / f"qlstm{i}.out"
         with open(src, "wb") as f:
-            f.write(np.array(head, np.int64).tobytes() + xp.tobytes() + layer.rc.tobytes() + layer.rscale.tobytes())
+            rt = native_recurrent._panels(layer.rc)  # the C loop reads R^T in panels
+            f.write(np.array(head, np.int64).tobytes() + xp.tobytes() + rt.tobytes() + layer.rscale.tobytes())
         cases.append((src, dst, want, f"quantized-h LSTM {seq}x{size}x{hidden} {direction}"))
     return cases
 
