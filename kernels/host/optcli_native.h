@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 19 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 20 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -172,6 +172,12 @@ OPT_API int optcli_recurrent_f32(int cell, const float *xp, const float *rt, con
                                  const float *p, const float *h0, const float *c0, const int32_t *lens, float *y, float *yh, float *yc,
                                  const int64_t *geom, const int32_t *acts, const float *alphas, const float *betas,
                                  float clip, int flags);
+/* onnxruntime's dynamic quantization of a float operand of n elements (its dynamic GEMMs, recurrent.c):
+ * q receives clamp(rint(a / scale), -zp, 255 - zp), the uint8 values less their zero point, and
+ * params scale and zero point (range [min(a, 0), max(a, 0)], scale range / 255 or 1, zp rint(clamp(
+ * -min / scale, 0, 255))).  Returns 1 (q then undefined) where an element is not finite: the
+ * caller's general path defines those. */
+OPT_API int optcli_dynamic_quantize_f32(const float *a, int64_t n, float *q, float *params);
 /* For the tests: the size of R (floats) from which a layer whose rows leave cores idle splits each
  * row's hidden units over the pool, one time step at a time (default 32768; 0: always, -1: never);
  * -2 changes nothing.  Returns the previous value. */

@@ -38,6 +38,20 @@ def _panels(rt: np.ndarray) -> np.ndarray:
     return panels
 
 
+def dynamic_quantize(a: np.ndarray) -> tuple[np.ndarray, np.float32, np.float32] | None:
+    """(q, scale, zero point): onnxruntime's dynamic quantization of a float32 operand, q the uint8
+    values less the zero point as float32 (optcli_native.h); None where an element is not finite
+    (the caller's numpy path defines those).  One C call in place of five numpy passes."""
+    require(library._lib is not None and a.dtype == np.float32 and a.flags.c_contiguous, "dynamic quantize")
+    q = np.empty(a.shape, np.float32)
+    params = np.empty(2, np.float32)
+    rc = library.function("optcli_dynamic_quantize_f32")(a, a.size, q, params)
+    if rc == 1:
+        return None
+    _check(rc, "dynamic quantize")
+    return q, params[0], params[1]
+
+
 def recurrent(cell: str, xp: np.ndarray, rt: np.ndarray, rbh: np.ndarray | None, p: np.ndarray | None,
               h0: np.ndarray | None, c0: np.ndarray | None, lens: np.ndarray | None, direction: str,
               acts: np.ndarray, alphas: np.ndarray, betas: np.ndarray, clip: float | None, flags: int,

@@ -22,6 +22,7 @@ import numpy as np
 from optcli import native
 from optcli.ir import OPTCLI_DOMAIN
 from optcli.native import qelementwise
+from optcli.native import recurrent as native_recurrent
 from optcli.ops.activation import fake_quantize
 from optcli.ops.conv import _is_depthwise, _is_pointwise, conv_1x1, conv_depthwise, conv_im2col
 from optcli.ops.registry import StepAttrs, kernel
@@ -283,20 +284,25 @@ def _dynamic_quantize_matmul_f32(a: np.ndarray, b: np.ndarray, b_scale: np.ndarr
     if not (a.ndim >= 1 and a.size and b.ndim == 2 and b.dtype in (np.int8, np.uint8) and a.shape[-1] == b.shape[0]
             and b_scale.size in (1, n) and (bias is None or np.shape(bias) in ((n,), (1, n)))):
         return None
-    lo, hi = a.min(), a.max()
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return None
-    a_scale, a_zp = _params_of_range(lo, hi)
     bc, b_span = _centred_weight(attrs, b, b_zp)
-    q = np.divide(a.reshape(-1, a.shape[-1]), a_scale)  # float32, as quantize divides
-    np.rint(q, out=q)
-    zp = np.float32(a_zp)
-    np.maximum(q, -zp, out=q)  # == clip(rint + zp, 0, 255) - zp, exactly (np.clip: 4 us more)
-    np.minimum(q, np.float32(255) - zp, out=q)
-    if b.shape[0] * 255.0 * b_span < _FLOAT32_EXACT:
-        acc = np.matmul(q, bc)
+    exact = b.shape[0] * 255.0 * b_span < _FLOAT32_EXACT
+    if exact and native.available():  # one C pass for the range, one for the values, and the native GEMM
+        made = native_recurrent.dynamic_quantize(np.ascontiguousarray(a.reshape(-1, a.shape[-1])))
+        if made is None:  # a non-finite A: the general path defines its quantization
+            return None
+        q, a_scale = made[0], made[1]
+        acc = native.gemm_conv(q, bc[None])[0]
     else:
-        acc = np.matmul(q.astype(np.float64), bc.astype(np.float64)).astype(np.float32)
+        lo, hi = a.min(), a.max()
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return None
+        a_scale, a_zp = _params_of_range(lo, hi)
+        q = np.divide(a.reshape(-1, a.shape[-1]), a_scale)  # float32, as quantize divides
+        np.rint(q, out=q)
+        zp = np.float32(a_zp)
+        np.maximum(q, -zp, out=q)  # == clip(rint + zp, 0, 255) - zp, exactly (np.clip: 4 us more)
+        np.minimum(q, np.float32(255) - zp, out=q)
+        acc = np.matmul(q, bc) if exact else np.matmul(q.astype(np.float64), bc.astype(np.float64)).astype(np.float32)
     np.multiply(acc, a_scale * b_scale.reshape(-1) if b_scale.size > 1 else a_scale * b_scale.reshape(()), out=acc)
     if bias is not None:
         np.add(acc, np.asarray(bias, np.float32).reshape(-1), out=acc)

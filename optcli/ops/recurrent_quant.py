@@ -144,8 +144,10 @@ class QuantizedLSTM:
         xp[:, rows:] = 0
         if rows * batch == 0:
             return xp
-        xq, xs = quantized_operand(x[:rows].reshape(rows * batch, size))
+        operand = np.ascontiguousarray(x[:rows].reshape(rows * batch, size))
         in_native = use_native and self.x_exact and native.available()
+        made = native_recurrent.dynamic_quantize(operand) if in_native else None
+        xq, xs = made[:2] if made is not None else quantized_operand(operand)
         for d in range(self.dirs):
             acc = xp[d, :rows].reshape(rows * batch, -1)
             if in_native:

@@ -140,6 +140,28 @@ def test_quantized_operand_is_onnxruntimes():
     np.testing.assert_array_equal(q, [[0.0, 7.0, 255.0]])
 
 
+@pytest.mark.skipif(not native.available(), reason="the native library is not built")
+@pytest.mark.parametrize("n", [1, 7, 8, 13, 64, 1000])
+def test_native_dynamic_quantize_is_the_numpy_one(n):
+    """recurrent.c's dynamic_quantize (8 lanes, then a scalar tail) gives quantized_operand's values
+    and scale bit for bit: random ranges, one-signed ones, all zeros, ties; None for inf and NaN."""
+    from optcli.native import recurrent as native_recurrent
+
+    rng = np.random.default_rng(n)
+    cases = [rng.uniform(-3, 5, n), rng.uniform(0.1, 2, n), -rng.uniform(0.1, 2, n), np.zeros(n),
+             np.arange(n) % 256 + 0.5]  # halves: ties to even (range [0, 255.5])
+    for a in cases:
+        a = a.astype(np.float32)
+        q, scale, _ = native_recurrent.dynamic_quantize(a)
+        want, want_scale = quantized_operand(a)
+        assert scale == want_scale
+        np.testing.assert_array_equal(q, want)
+    for bad in (np.inf, -np.inf, np.nan):
+        a = np.zeros(n, np.float32)
+        a[n // 2] = bad
+        assert native_recurrent.dynamic_quantize(a) is None
+
+
 @pytest.mark.parametrize("scale_shape, zp_shape", [((4,), (2,)), ((2, 7), (2, 7)), ((2,), (2, 8))])
 def test_weights_that_do_not_fit_are_the_models_fault(scale_shape, zp_shape):
     """A scale or zero point of the wrong shape is a ModelError (exit 2, "quantize or export the model
