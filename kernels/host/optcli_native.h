@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 20 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 21 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -155,9 +155,9 @@ OPT_API int optcli_global_avg_blocked_f32(const float *x, float *y, int64_t n, i
  * direction and batch row.  geom: dirs, seq, batch, hidden, direction (0 forward, 1 reverse,
  * 2 bidirectional: direction 0 forward, 1 reverse); G = 4, 3, 1 gates.
  * xp [dirs, seq, batch, G * hidden]: X @ W^T with the biases folded in (LSTM and RNN: Wb + Rb; GRU:
- * Wb, plus Rb of z and r); rt [dirs, ceil(G * hidden / 8), hidden + 2, 8]: R transposed in panels of
- * 8 columns (column col of row i at [col / 8, i, col % 8]; the last panel's extra columns and each
- * panel's 2 padding rows zero); rbh [dirs, hidden]: GRU's Rb
+ * Wb, plus Rb of z and r); rt [dirs, ceil(G * hidden / 16), hidden + 1, 16]: R transposed in panels of
+ * 16 columns (column col of row i at [col / 16, i, col % 16]; the last panel's extra columns and each
+ * panel's padding row zero); rbh [dirs, hidden]: GRU's Rb
  * of its h gate (NULL for the others); p [dirs, 3 * hidden] LSTM peepholes i, o, f or NULL; h0, c0
  * [dirs, batch, hidden] or NULL (zeros); lens [batch] in [0, seq] or NULL (seq each).
  * Writes y [seq, dirs, batch, hidden] (zero past a row's length), yh and yc [dirs, batch, hidden];
@@ -182,6 +182,9 @@ OPT_API int optcli_dynamic_quantize_f32(const float *a, int64_t n, float *q, flo
  * row's hidden units over the pool, one time step at a time (default 32768; 0: always, -1: never);
  * -2 changes nothing.  Returns the previous value. */
 OPT_API int64_t optcli_recurrent_split_from(int64_t floats);
+/* For the tests: the lanes of the recurrent product, 16 (AVX-512, -1 where the CPU lacks it) or 8;
+ * 0 picks by the CPU, -1 only asks.  Returns the lanes in effect (or -1). */
+OPT_API int optcli_recurrent_lanes(int lanes);
 
 /* Integer convolutions (qgemm.c): u8 or s8 activations x s8 weights, accumulated exactly in int32,
  * requantized to u8 or s8 as onnxruntime's QLinearConv: float(acc + bias[m]) * mult[m], clamped to

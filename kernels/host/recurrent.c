@@ -64,16 +64,17 @@ typedef struct {
     int failed; /* set by an item whose scratch could not be had */
 } rnn_t;
 
-/* R^T in panels of PANEL (= VL) columns, each panel's K rows one after another and PANEL_PAD rows
- * of padding after them: element (i, col) of a direction's [K, N] R^T is at (col / PANEL) * (K +
+/* R^T in panels of PANEL columns, each panel's K rows one after another and PANEL_PAD rows of
+ * padding after them: element (i, col) of a direction's [K, N] R^T is at (col / PANEL) * (K +
  * PANEL_PAD) * PANEL + i * PANEL + col % PANEL, the columns padded to a whole panel
  * (optcli/native/recurrent.py packs it).  Plain R^T put the rows of a column block N floats apart:
  * 4 KiB for an LSTM of 256 units, a new page per row, which the prefetchers do not follow, so a
  * layer whose R outgrows L2 ran at ~75 GB/s against onnxruntime's ~110 (LSTM 256 units: 1.56x its
- * time; 1.30x in panels, 512 units 1.53x -> 1.04x).  The padding keeps panels from starting 4 KiB
- * apart (K = 128: the twelve streams of a block fell in one L1 set, 1.18x slower than plain R^T). */
-#define PANEL VL
-#define PANEL_PAD 2
+ * time; 1.30x in panels, 512 units 1.53x -> 1.04x).  A panel row is one 64-byte line: one AVX-512
+ * vector, two AVX2 ones.  The padding row keeps panels from starting 4 KiB apart (K = 128: the
+ * streams of a block fell in one L1 set, 1.18x slower than plain R^T). */
+#define PANEL 16
+#define PANEL_PAD 1
 
 /* Floats from one panel to the next, for K rows. */
 static inline int64_t panel_stride(int64_t k) {
@@ -87,7 +88,7 @@ static inline const float *panels_of(const float *rt, int64_t d, int64_t k, int6
 
 /* Columns [c, c + nv * VL) of the product below (c a multiple of PANEL), in nv vector accumulators
  * (nv a constant once inlined, so the accumulators live in registers): nv independent FMA chains,
- * each reading its own panel front to back. */
+ * two per panel, each reading its half of the panel front to back. */
 ALWAYS_INLINE void gemv_block(float *g, const float *h, const float *rp, int64_t k, int64_t c, const int nv) {
     v8f a[12];
     const int64_t stride = panel_stride(k);
@@ -95,9 +96,71 @@ ALWAYS_INLINE void gemv_block(float *g, const float *h, const float *rp, int64_t
     for (int q = 0; q < nv; q++) a[q] = vload(g + q * VL);
     for (int64_t i = 0; i < k; i++) {
         v8f s = vsplat(h[i]);
-        for (int q = 0; q < nv; q++) a[q] += s * vload(panel + q * stride + i * PANEL);
+        for (int q = 0; q < nv; q++) a[q] += s * vload(panel + q / 2 * stride + q % 2 * VL + i * PANEL);
     }
     for (int q = 0; q < nv; q++) vstore(g + q * VL, a[q]);
+}
+
+#if defined(__x86_64__) && ((defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11) || \
+                            (defined(__clang__) && __clang_major__ >= 14))
+#define HAVE_GEMV16 1
+typedef float v16f __attribute__((vector_size(64)));
+#define GEMV16 __attribute__((target("arch=x86-64-v4")))
+
+/* gemv_block with one AVX-512 vector per panel (whole panels from column c). */
+GEMV16 ALWAYS_INLINE void gemv_block16(float *g, const float *h, const float *rp, int64_t k, int64_t c, const int nv) {
+    v16f a[12];
+    const int64_t stride = panel_stride(k);
+    const float *panel = rp + c / PANEL * stride;
+    for (int q = 0; q < nv; q++) memcpy(&a[q], g + q * PANEL, sizeof a[q]);
+    for (int64_t i = 0; i < k; i++) {
+        const float hi = h[i];
+        const v16f s = {hi, hi, hi, hi, hi, hi, hi, hi, hi, hi, hi, hi, hi, hi, hi, hi};
+        for (int q = 0; q < nv; q++) {
+            v16f r;
+            memcpy(&r, panel + q * stride + i * PANEL, sizeof r);
+            a[q] += s * r;
+        }
+    }
+    for (int q = 0; q < nv; q++) memcpy(g + q * PANEL, &a[q], sizeof a[q]);
+}
+
+/* The whole panels of gemv_rows' range, n a multiple of PANEL: 12 panels at a time, then 8, 4, 1. */
+GEMV16 static void gemv_panels16(float *g, const float *h, const float *rp, int64_t k, int64_t c0, int64_t n) {
+    int64_t j = 0;
+    for (; j + 12 * PANEL <= n; j += 12 * PANEL) gemv_block16(g + j, h, rp, k, c0 + j, 12);
+    for (; j + 8 * PANEL <= n; j += 8 * PANEL) gemv_block16(g + j, h, rp, k, c0 + j, 8);
+    for (; j + 4 * PANEL <= n; j += 4 * PANEL) gemv_block16(g + j, h, rp, k, c0 + j, 4);
+    for (; j < n; j += PANEL) gemv_block16(g + j, h, rp, k, c0 + j, 1);
+}
+#endif
+
+/* Which product the steps run: 16 lanes (AVX-512, where the CPU has it) or 8; the tests pick.  Set
+ * on first use (every writer stores the same value). */
+static int g_gemv_lanes;
+
+static int gemv_wide_available(void) {
+#ifdef HAVE_GEMV16
+    return opt_cpu_has_avx512();
+#else
+    return 0;
+#endif
+}
+
+static inline int gemv_lanes(void) {
+    int lanes = __atomic_load_n(&g_gemv_lanes, __ATOMIC_RELAXED);
+    if (!lanes) {
+        lanes = gemv_wide_available() ? 16 : 8;
+        __atomic_store_n(&g_gemv_lanes, lanes, __ATOMIC_RELAXED);
+    }
+    return lanes;
+}
+
+OPT_API int optcli_recurrent_lanes(int lanes) {
+    if (lanes == 0) __atomic_store_n(&g_gemv_lanes, gemv_wide_available() ? 16 : 8, __ATOMIC_RELAXED);
+    else if (lanes == 8 || (lanes == 16 && gemv_wide_available())) __atomic_store_n(&g_gemv_lanes, lanes, __ATOMIC_RELAXED);
+    else if (lanes != -1) return -1;
+    return gemv_lanes();
 }
 
 /* g += h[0:k] @ R^T[0:k, col], column by column (a range's ends that are not whole panels). */
@@ -107,15 +170,25 @@ static inline float gemv_column(float g, const float *h, const float *rp, int64_
     return g;
 }
 
-/* g[0:n] += h[0:k] @ R^T[0:k, c0:c0 + n] (rp: a direction's panels): 96 columns at a time in twelve
- * vector accumulators (enough independent FMAs to hide their latency), then 64, 32, 8, then one. */
+/* g[0:n] += h[0:k] @ R^T[0:k, c0:c0 + n] (rp: a direction's panels): column by column up to a
+ * panel's start, then whole panels: with AVX-512 twelve vectors of 16 columns at a time (enough
+ * independent FMAs to hide their latency), else twelve of 8 (96 columns), then fewer; the last
+ * columns one by one.  Every column sums over i in order on every path: the same results. */
 HOT_CLONES static void gemv_rows(float *g, const float *h, const float *rp, int64_t k, int64_t c0, int64_t n) {
     int64_t j = 0;
     for (; j < n && (c0 + j) % PANEL; j++) g[j] = gemv_column(g[j], h, rp, k, c0 + j);
+#ifdef HAVE_GEMV16
+    if (gemv_lanes() == 16) {
+        const int64_t whole = (n - j) / PANEL * PANEL;
+        gemv_panels16(g + j, h, rp, k, c0 + j, whole);
+        j += whole;
+    }
+#endif
     for (; j + 12 * VL <= n; j += 12 * VL) gemv_block(g + j, h, rp, k, c0 + j, 12);
     for (; j + 8 * VL <= n; j += 8 * VL) gemv_block(g + j, h, rp, k, c0 + j, 8);
     for (; j + 4 * VL <= n; j += 4 * VL) gemv_block(g + j, h, rp, k, c0 + j, 4);
-    for (; j + VL <= n; j += VL) gemv_block(g + j, h, rp, k, c0 + j, 1);
+    for (; j + 2 * VL <= n; j += 2 * VL) gemv_block(g + j, h, rp, k, c0 + j, 2);
+    for (; j + VL <= n; j += VL) gemv_block(g + j, h, rp, k, c0 + j, 1); /* the first half of a panel */
     for (; j < n; j++) g[j] = gemv_column(g[j], h, rp, k, c0 + j);
 }
 

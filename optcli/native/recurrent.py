@@ -13,7 +13,7 @@ CELLS = {"LSTM": 0, "GRU": 1, "RNN": 2}
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 DIRECTIONS = {"forward": 0, "reverse": 1, "bidirectional": 2}
 INPUT_FORGET, LINEAR_BEFORE_RESET, CLIP, QUANTIZE_H = 1, 2, 4, 8
-PANEL, PANEL_PAD = 8, 2  # R^T's columns per panel and padding rows after each (recurrent.c)
+PANEL, PANEL_PAD = 16, 1  # R^T's columns per panel and padding rows after each (recurrent.c)
 _RESIDUAL_MAX = 1 << 16  # floats of a layer's projection up to which prepared_layer keeps its biases broadcast
 
 

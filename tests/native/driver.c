@@ -282,7 +282,7 @@ static int run_case(const char *in, const char *out) {
         free(x), free(w), free(b);
     } else if (h[0] == 21) {
         const int64_t dirs = g[0], seq = g[1], batch = g[2], hid = g[3];
-        float *xp = read_floats(f, dirs * seq * batch * 4 * hid), *rt = read_floats(f, dirs * (hid + 2) * ((4 * hid + 7) / 8 * 8)); /* R^T in padded panels */
+        float *xp = read_floats(f, dirs * seq * batch * 4 * hid), *rt = read_floats(f, dirs * (hid + 1) * ((4 * hid + 15) / 16 * 16)); /* R^T in padded panels */
         float *qs = read_floats(f, dirs * 4 * hid);
         const int64_t geom[5] = {dirs, seq, batch, hid, g[4]};
         int32_t acts[6];

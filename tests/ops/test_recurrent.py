@@ -75,17 +75,23 @@ def _ort(op: str, values: dict, attrs: dict) -> list[np.ndarray]:
 # The loops compared: numpy, and with the native library the sequential native loop and its split
 # path (each row's hidden units cut into three uneven slices, one time step at a time, as a big
 # layer runs on idle cores), forced on these small layers through optcli_recurrent_split_from.
+# Where the CPU has AVX-512 the native product runs 16 lanes wide: the 8-lane one (what AVX2 and
+# aarch64 run) is checked here too, through optcli_recurrent_lanes.
 LOOPS = ["numpy", "native", "native split"] if native.available() else ["numpy"]
+if native.available() and library._lib.optcli_recurrent_lanes(-1) == 16:
+    LOOPS += ["native 8 lanes", "native split 8 lanes"]
 
 
 def _run_loop(op: str, inputs: list, attrs: dict, loop: str) -> list:
     if loop == "numpy":
         return run_recurrent(CELLS[op], inputs, attrs, use_native=False)
-    old = library._lib.optcli_recurrent_split_from(0 if loop == "native split" else -1)
+    old = library._lib.optcli_recurrent_split_from(0 if "split" in loop else -1)
+    library._lib.optcli_recurrent_lanes(8 if "8 lanes" in loop else 0)
     try:
         return run_recurrent(CELLS[op], inputs, attrs)
     finally:
         library._lib.optcli_recurrent_split_from(old)
+        library._lib.optcli_recurrent_lanes(0)
 
 
 def check(op: str, values: dict, attrs: dict) -> None:
