@@ -131,6 +131,10 @@ def main() -> None:
             "inputs; the max abs diff is optcli against onnxruntime (qdyn_lstm_speech: onnxruntime's numerics, X and "
             "h quantized to uint8 per GEMM call, 7-bit weights); oscript_table_decoder_loop500 is the loop40 file "
             "with a 500-step Loop (bench_recurrent.decoder_with_steps)",
+            "- Both runtimes run in one process, interleaved.  On a 2-core machine onnxruntime's worker threads spin "
+            "after each of its runs and hold the second core while optcli's next run starts, so where optcli splits "
+            "a step over its pool (the CRNN's convolutions) its 2-thread figure here understates it; each runtime "
+            "alone in a process of its own is the fair 2-thread comparison there",
             "",
             *rows,
             "",
