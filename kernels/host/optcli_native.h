@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 21 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 22 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -167,9 +167,12 @@ OPT_API int optcli_global_avg_blocked_f32(const float *x, float *y, int64_t n, i
  * qscale [dirs, 4 * hidden] their scale per column, and each step adds float(q @ rt) * (h_scale *
  * qscale[col]) for q = h(t-1) quantized to uint8 less its zero point (per row: the whole batch where
  * batch is 1).  The caller keeps hidden * 255 * max|rt| under 2**24: float32 sums those integers
- * exactly.  qscale is NULL without the flag. */
+ * exactly.  qscale is NULL without the flag.  rq and rqsum (both or neither, with the flag only): the
+ * same integers as int8 [dirs, ceil(4 * hidden / 16), ceil(hidden / 4), 16, 4] (panel of 16 columns,
+ * group of 4 rows, column, row: zero-padded) and their column sums [dirs, 4 * hidden] int32, for
+ * vpdpbusd where the CPU has AVX-512 VNNI (hidden up to 1024); else the float product of rt runs. */
 OPT_API int optcli_recurrent_f32(int cell, const float *xp, const float *rt, const float *rbh, const float *qscale,
-                                 const float *p, const float *h0, const float *c0, const int32_t *lens, float *y, float *yh, float *yc,
+                                 const int8_t *rq, const int32_t *rqsum, const float *p, const float *h0, const float *c0, const int32_t *lens, float *y, float *yh, float *yc,
                                  const int64_t *geom, const int32_t *acts, const float *alphas, const float *betas,
                                  float clip, int flags);
 /* onnxruntime's dynamic quantization of a float operand of n elements (its dynamic GEMMs, recurrent.c):

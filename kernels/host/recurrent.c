@@ -30,6 +30,7 @@
 #include <stdlib.h>
 
 #include "optcli_native.h"
+#include "qconv_kernel.h"
 #include "simd.h"
 
 enum { CELL_LSTM = 0, CELL_GRU = 1, CELL_RNN = 2 };
@@ -55,6 +56,8 @@ typedef struct {
     int cell, flags, direction;
     int64_t dirs, seq, batch, hidden, gates;
     const float *xp, *rt, *rbh, *qscale, *p, *h0, *c0;
+    const int8_t *rq;     /* FLAG_QUANTIZE_H: R's integers as int8 in vpdpbusd's panels, or NULL */
+    const int32_t *rqsum; /* their column sums [dirs, 4H] */
     const int32_t *lens;
     float *y, *yh, *yc;
     const int32_t *acts;
@@ -313,18 +316,74 @@ OPT_API int optcli_dynamic_quantize_f32(const float *a, int64_t n, float *q, flo
     return dynamic_quantize(a, n, q, params);
 }
 
-/* FLAG_QUANTIZE_H's product: g[0:4H] += float(q @ rt) * (scale * qscale[col]), q = h(t-1) quantized
- * as onnxruntime's dynamic GEMM quantizes its operand (`dynamic_quantize`).  q and rt hold integers,
- * every partial sum under 2**24 (the caller's bound): exact in float32 in any order.  hq: H floats,
- * acc: 4H. */
+#if defined(__x86_64__) && ((defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11) || \
+                            (defined(__clang__) && __clang_major__ >= 14))
+#include <immintrin.h>
+#define HAVE_QGEMV_VNNI 1
+
+/* out[0:16 np] = hu[0:4 k4] @ R (int32, exact): hu the quantized h as bytes (q + zp, 0..255), R's
+ * int8 integers in panels of 16 columns, each panel k4 groups of [16 columns][4 rows] (vpdpbusd
+ * adds four u8 x s8 products into each int32 lane: 64 x 16 bytes per step of a 64-unit LSTM, in
+ * L1, where the float product streamed 64 KiB from L2).  Four panels at a time. */
+__attribute__((target(VNNI512_TARGET))) static void qgemv_vnni512(int32_t *out, const uint8_t *hu, const int8_t *rq,
+                                                                   int64_t k4, int64_t np) {
+    int64_t p = 0;
+    for (; p + 4 <= np; p += 4) {
+        __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+        const int8_t *w = rq + p * k4 * 64;
+        for (int64_t g = 0; g < k4; g++) {
+            int32_t four;
+            memcpy(&four, hu + 4 * g, 4);
+            const __m512i x = _mm512_set1_epi32(four);
+            a0 = _mm512_dpbusd_epi32(a0, x, _mm512_loadu_si512(w + g * 64));
+            a1 = _mm512_dpbusd_epi32(a1, x, _mm512_loadu_si512(w + (k4 + g) * 64));
+            a2 = _mm512_dpbusd_epi32(a2, x, _mm512_loadu_si512(w + (2 * k4 + g) * 64));
+            a3 = _mm512_dpbusd_epi32(a3, x, _mm512_loadu_si512(w + (3 * k4 + g) * 64));
+        }
+        _mm512_storeu_si512(out + p * 16, a0);
+        _mm512_storeu_si512(out + p * 16 + 16, a1);
+        _mm512_storeu_si512(out + p * 16 + 32, a2);
+        _mm512_storeu_si512(out + p * 16 + 48, a3);
+    }
+    for (; p < np; p++) {
+        __m512i a0 = _mm512_setzero_si512();
+        const int8_t *w = rq + p * k4 * 64;
+        for (int64_t g = 0; g < k4; g++) {
+            int32_t four;
+            memcpy(&four, hu + 4 * g, 4);
+            a0 = _mm512_dpbusd_epi32(a0, _mm512_set1_epi32(four), _mm512_loadu_si512(w + g * 64));
+        }
+        _mm512_storeu_si512(out + p * 16, a0);
+    }
+}
+#endif
+
+/* FLAG_QUANTIZE_H's product: g[0:4H] += float(q @ R) * (scale * qscale[col]), q = h(t-1) quantized
+ * as onnxruntime's dynamic GEMM quantizes its operand (`dynamic_quantize`).  q and R hold integers,
+ * every partial sum under 2**24 (the caller's bound): exact in float32 in any order, and exact in
+ * int32 where the CPU has AVX-512 VNNI and R fits int8 (rq given): (q + zp) @ R - zp * colsum(R), the
+ * same numbers.  hq: H floats (the bytes of q + zp there, after q is read), acc: 4H. */
 HOT_CLONES static void quantized_product(const rnn_t *a, int64_t d, float *g, const float *hin, float *hq,
                                          float *acc) {
     const int64_t H = a->hidden, N = 4 * H;
     float params[2];
     dynamic_quantize(hin, H, hq, params);
+    const float *qs = a->qscale + d * N, scale = params[0];
+#ifdef HAVE_QGEMV_VNNI
+    if (a->rq && opt_qconv_vnni512 == 1 && H <= 1024) { /* its scratch on the stack: 17 KiB at most */
+        const int64_t k4 = (H + 3) / 4, np = (N + 15) / 16;
+        uint8_t hu[4 * k4];
+        const float zp = params[1];
+        for (int64_t i = 0; i < 4 * k4; i++) hu[i] = i < H ? (uint8_t)(int32_t)(hq[i] + zp) : 0;
+        int32_t out[16 * np];
+        qgemv_vnni512(out, hu, a->rq + d * np * k4 * 64, k4, np);
+        const int32_t *sum = a->rqsum + d * N, z = (int32_t)zp;
+        for (int64_t j = 0; j < N; j++) g[j] += (float)(out[j] - z * sum[j]) * (scale * qs[j]);
+        return;
+    }
+#endif
     memset(acc, 0, (size_t)N * sizeof(float));
     gemv_rows(acc, hq, panels_of(a->rt, d, H, N), H, 0, N);
-    const float *qs = a->qscale + d * N, scale = params[0];
     for (int64_t j = 0; j < N; j++) g[j] += acc[j] * (scale * qs[j]);
 }
 
@@ -576,11 +635,11 @@ static int64_t split_chunks(const rnn_t *a) {
 }
 
 OPT_API int optcli_recurrent_f32(int cell, const float *xp, const float *rt, const float *rbh, const float *qscale,
-                                 const float *p, const float *h0, const float *c0, const int32_t *lens, float *y, float *yh, float *yc,
+                                 const int8_t *rq, const int32_t *rqsum, const float *p, const float *h0, const float *c0, const int32_t *lens, float *y, float *yh, float *yc,
                                  const int64_t *geom, const int32_t *acts, const float *alphas, const float *betas,
                                  float clip, int flags) {
     rnn_t a = {.cell = cell, .flags = flags, .direction = (int)geom[4], .dirs = geom[0], .seq = geom[1],
-               .batch = geom[2], .hidden = geom[3], .xp = xp, .rt = rt, .rbh = rbh, .qscale = qscale, .p = p, .h0 = h0, .c0 = c0,
+               .batch = geom[2], .hidden = geom[3], .xp = xp, .rt = rt, .rbh = rbh, .qscale = qscale, .rq = rq, .rqsum = rqsum, .p = p, .h0 = h0, .c0 = c0,
                .lens = lens, .y = y, .yh = yh, .yc = yc, .acts = acts, .alphas = alphas, .betas = betas,
                .clip = clip, .split_min_floats = g_split_min_floats};
     if (cell < CELL_LSTM || cell > CELL_RNN || a.direction < DIR_FORWARD || a.direction > DIR_BIDIRECTIONAL) {
@@ -593,7 +652,8 @@ OPT_API int optcli_recurrent_f32(int cell, const float *xp, const float *rt, con
     a.gates = cell == CELL_LSTM ? 4 : cell == CELL_GRU ? 3 : 1;
     if (cell == CELL_GRU && !rbh) return OPT_EINVAL;
     if (cell != CELL_LSTM && (p || c0 || yc || (flags & FLAG_QUANTIZE_H))) return OPT_EINVAL;
-    if (!(flags & FLAG_QUANTIZE_H) != !qscale) return OPT_EINVAL;
+    if (!(flags & FLAG_QUANTIZE_H) != !qscale || !rq != !rqsum || (rq && !qscale)) return OPT_EINVAL;
+    if (rq) optcli_qgemm_variant(-1); /* the dot-product path, picked once per process */
     if ((flags & FLAG_CLIP) && !(clip >= 0.0f)) return OPT_EINVAL;
     for (int64_t i = 0; i < 3 * a.dirs; i++) {
         if (acts[i] < ACT_NONE || acts[i] >= ACT_COUNT) return OPT_EINVAL;

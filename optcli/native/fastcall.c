@@ -85,8 +85,9 @@ INVOKER(pppqqpp, (vp, vp, vp, i64, i64, vp, vp), P(0), P(1), P(2), Q(3), Q(4), P
 INVOKER(ppqq, (vp, vp, i64, i64), P(0), P(1), Q(2), Q(3))
 INVOKER(ppqqpp, (vp, vp, i64, i64, vp, vp), P(0), P(1), Q(2), Q(3), P(4), P(5))
 INVOKER(ppqqqq, (vp, vp, i64, i64, i64, i64), P(0), P(1), Q(2), Q(3), Q(4), Q(5))
-INVOKER(ipppppppppppppppfi, (int, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, float, int), I(0),
-        P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), P(10), P(11), P(12), P(13), P(14), P(15), F(16), I(17))
+INVOKER(ipppppppppppppppppfi, (int, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, float, int),
+        I(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), P(9), P(10), P(11), P(12), P(13), P(14), P(15), P(16),
+        P(17), F(18), I(19))
 
 static const struct {
     const char *sig;
@@ -97,7 +98,7 @@ static const struct {
     ROW(ppppppqqqf), ROW(pppppqiff),     ROW(pppppqqqqiff), ROW(ppppqqqiff), ROW(pppqiff),
     ROW(pppqpp),     ROW(pppqqqq),   ROW(ppq),           ROW(ppqffff),   ROW(ppqfii),    ROW(ppqiff),
     ROW(ppqppppqqqqiff), ROW(ppqp),      ROW(pppqqpp),   ROW(ppqq),      ROW(ppqqpp),    ROW(ppqqqq),
-    ROW(ipppppppppppppppfi), ROW(pqpp),
+    ROW(ipppppppppppppppppfi), ROW(pqpp),
 #undef ROW
 };
 

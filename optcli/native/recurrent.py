@@ -52,6 +52,21 @@ def dynamic_quantize(a: np.ndarray) -> tuple[np.ndarray, np.float32, np.float32]
     return q, params[0], params[1]
 
 
+def _dot_panels(rt: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """QUANTIZE_H's R^T integers [dirs, K, N] as int8 in vpdpbusd's panels, [dirs, ceil(N / 16),
+    ceil(K / 4), 16, 4] zero-padded, and their column sums [dirs, N] int32 (optcli_native.h); (None,
+    None) where an integer does not fit int8 (uint8 weights with a zero point far from 128), or the
+    layer is wider than the C path takes: the float product of the same integers runs there."""
+    dirs, k, n = rt.shape
+    if k > 1024 or rt.size == 0 or rt.min() < -128 or rt.max() > 127:
+        return None, None
+    k4, np16 = -(-k // 4), -(-n // 16)
+    padded = np.zeros((dirs, k4 * 4, np16 * 16), np.int8)
+    padded[:, :k, :n] = rt.astype(np.int8)
+    rq = np.ascontiguousarray(padded.reshape(dirs, k4, 4, np16, 16).transpose(0, 3, 1, 4, 2))
+    return rq, np.ascontiguousarray(rt.astype(np.int64).sum(axis=1).astype(np.int32))
+
+
 def recurrent(cell: str, xp: np.ndarray, rt: np.ndarray, rbh: np.ndarray | None, p: np.ndarray | None,
               h0: np.ndarray | None, c0: np.ndarray | None, lens: np.ndarray | None, direction: str,
               acts: np.ndarray, alphas: np.ndarray, betas: np.ndarray, clip: float | None, flags: int,
@@ -74,16 +89,18 @@ def prepared_recurrent(cell: str, rt: np.ndarray, rbh: np.ndarray | None, direct
     require(library._lib is not None and cell in CELLS and direction in DIRECTIONS and rt.ndim == 3, "recurrent")
     dirs, hidden, gh = rt.shape
     require(gh == GATES[cell] * hidden and hidden >= 1, "recurrent")
-    rt = _panels(_f32(rt, (dirs, hidden, gh)))
-    rbh = _f32(rbh, (dirs, hidden))
+    rt = _f32(rt, (dirs, hidden, gh))
     require((qscale is not None) == bool(flags & QUANTIZE_H) and (qscale is None or cell == "LSTM"), "recurrent")
+    rq, rqsum = _dot_panels(rt) if qscale is not None else (None, None)
+    rt = _panels(rt)
+    rbh = _f32(rbh, (dirs, hidden))
     qscale = _f32(qscale, (dirs, gh))
     acts = np.ascontiguousarray(acts, dtype=np.int32)
     alphas = np.ascontiguousarray(alphas, dtype=np.float32)
     betas = np.ascontiguousarray(betas, dtype=np.float32)
     require(acts.shape == alphas.shape == betas.shape == (3 * dirs,), "recurrent")
     fn, code, way = library.function("optcli_recurrent_f32"), CELLS[cell], DIRECTIONS[direction]
-    fixed = (rt, rbh, qscale)
+    fixed = (rt, rbh, qscale, rq, rqsum)
     act_args = (acts, alphas, betas, 0.0 if clip is None else float(clip), flags | (CLIP if clip is not None else 0))
     lstm = cell == "LSTM"
 

@@ -291,7 +291,7 @@ static int run_case(const char *in, const char *out) {
         const int64_t ns = dirs * batch * hid;
         ny = seq * ns + 2 * ns;
         y = malloc((size_t)ny * sizeof(float));
-        rc = optcli_recurrent_f32(0, xp, rt, NULL, qs, NULL, NULL, NULL, NULL, y, y + seq * ns, y + seq * ns + ns, geom,
+        rc = optcli_recurrent_f32(0, xp, rt, NULL, qs, NULL, NULL, NULL, NULL, NULL, NULL, y, y + seq * ns, y + seq * ns + ns, geom,
                                   acts, ab0, ab0, 0.0f, 8);
         free(xp), free(rt), free(qs);
     } else if (h[0] == 20) { /* PRelu with a slope per channel: g = n, c, hw, lanes */
