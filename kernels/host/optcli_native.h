@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 22 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 23 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -181,6 +181,13 @@ OPT_API int optcli_recurrent_f32(int cell, const float *xp, const float *rt, con
  * -min / scale, 0, 255))).  Returns 1 (q then undefined) where an element is not finite: the
  * caller's general path defines those. */
 OPT_API int optcli_dynamic_quantize_f32(const float *a, int64_t n, float *q, float *params);
+/* A DynamicQuantizeLSTM's input projection from X's quantized rows (optcli_dynamic_quantize_f32's q and
+ * params: x scale, zero point): out [rows, n] = float(q @ W) * (x_scale * col_scale[j]) + bias[j], W's
+ * integers int8 in the recurrent product's panels ([ceil(n / 16), ceil(k / 4), 16, 4]) with their column
+ * sums wsum [n]; the product exact in int32 by AVX-512 VNNI.  geom: rows, k (1..4096), n (1..4096).
+ * OPT_ENOTSUP where the CPU lacks AVX-512 VNNI (the caller's float product runs). */
+OPT_API int optcli_dynamic_qrows_f32(const float *q, const float *qp, const int8_t *wq, const int32_t *wsum,
+                                     const float *col_scale, const float *bias, float *out, const int64_t *geom);
 /* For the tests: the size of R (floats) from which a layer whose rows leave cores idle splits each
  * row's hidden units over the pool, one time step at a time (default 32768; 0: always, -1: never);
  * -2 changes nothing.  Returns the previous value. */

@@ -358,6 +358,63 @@ __attribute__((target(VNNI512_TARGET))) static void qgemv_vnni512(int32_t *out, 
 }
 #endif
 
+/* The input projection of a DynamicQuantizeLSTM: rows of X already quantized (q, the uint8 values
+ * less zp, as float), out[r, j] = float(q[r] @ W[:, j]) * (x_scale * col_scale[j]) + bias[j], the
+ * product exact in int32 by vpdpbusd on W's int8 panels (the recurrent product's layout) and every
+ * float operation the numpy path's, in its order: the same numbers.  Rows in bands over the pool. */
+#ifdef HAVE_QGEMV_VNNI
+typedef struct {
+    const float *q;
+    float zp, x_scale;
+    int64_t rows, k, n, band;
+    const int8_t *wq;
+    const int32_t *wsum;
+    const float *col_scale, *bias;
+    float *out;
+} qrows_t;
+
+#define QROWS_BAND 8 /* rows per work item */
+
+/* Built for the baseline x86-64 (no clones: no FMA), so the product by the scale and the bias's add
+ * round one after the other, as numpy's two passes do; an FMA here would change the last bit. */
+static void qrows_item(void *ctx, int64_t item) {
+    const qrows_t *t = ctx;
+    const int64_t k4 = (t->k + 3) / 4, np = (t->n + 15) / 16;
+    uint8_t hu[4 * k4];
+    int32_t acc[16 * np];
+    const int32_t z = (int32_t)t->zp;
+    for (int64_t r = item * t->band; r < (item + 1) * t->band && r < t->rows; r++) {
+        const float *q = t->q + r * t->k;
+        for (int64_t i = 0; i < 4 * k4; i++) hu[i] = i < t->k ? (uint8_t)(int32_t)(q[i] + t->zp) : 0;
+        qgemv_vnni512(acc, hu, t->wq, k4, np);
+        float *o = t->out + r * t->n;
+        for (int64_t j = 0; j < t->n; j++) {
+            const float s = t->x_scale * t->col_scale[j];
+            o[j] = (float)(acc[j] - z * t->wsum[j]) * s + t->bias[j];
+        }
+    }
+}
+#endif
+
+OPT_API int optcli_dynamic_qrows_f32(const float *q, const float *qp, const int8_t *wq, const int32_t *wsum,
+                                     const float *col_scale, const float *bias, float *out, const int64_t *geom) {
+    const int64_t rows = geom[0], k = geom[1], n = geom[2];
+    if (!q || !qp || !wq || !wsum || !col_scale || !bias || !out || rows < 0 || k < 1 || k > 4096 || n < 1 ||
+        n > 4096) { /* a work item's scratch on its stack: 16 KiB of sums, 4 KiB of bytes at most */
+        return OPT_EINVAL;
+    }
+#ifdef HAVE_QGEMV_VNNI
+    optcli_qgemm_variant(-1);
+    if (opt_qconv_vnni512 != 1) return OPT_ENOTSUP;
+    qrows_t t = {.q = q, .zp = qp[1], .x_scale = qp[0], .rows = rows, .k = k, .n = n, .band = QROWS_BAND,
+                 .wq = wq, .wsum = wsum, .col_scale = col_scale, .bias = bias, .out = out};
+    opt_parallel(qrows_item, &t, (rows + QROWS_BAND - 1) / QROWS_BAND, 0);
+    return 0;
+#else
+    return OPT_ENOTSUP;
+#endif
+}
+
 /* FLAG_QUANTIZE_H's product: g[0:4H] += float(q @ R) * (scale * qscale[col]), q = h(t-1) quantized
  * as onnxruntime's dynamic GEMM quantizes its operand (`dynamic_quantize`).  q and R hold integers,
  * every partial sum under 2**24 (the caller's bound): exact in float32 in any order, and exact in

@@ -62,6 +62,7 @@ INVOKER(pppppiff, (vp, vp, vp, vp, vp, int, float, float), P(0), P(1), P(2), P(3
 INVOKER(ppppppiff, (vp, vp, vp, vp, vp, vp, int, float, float), P(0), P(1), P(2), P(3), P(4), P(5), I(6), F(7),
         F(8))
 INVOKER(ppppppp, (vp, vp, vp, vp, vp, vp, vp), P(0), P(1), P(2), P(3), P(4), P(5), P(6))
+INVOKER(pppppppp, (vp, vp, vp, vp, vp, vp, vp, vp), P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7))
 INVOKER(ppppppqqqf, (vp, vp, vp, vp, vp, vp, i64, i64, i64, float), P(0), P(1), P(2), P(3), P(4), P(5), Q(6), Q(7),
         Q(8), F(9))
 INVOKER(pppppqiff, (vp, vp, vp, vp, vp, i64, int, float, float), P(0), P(1), P(2), P(3), P(4), Q(5), I(6), F(7),
@@ -98,7 +99,7 @@ static const struct {
     ROW(ppppppqqqf), ROW(pppppqiff),     ROW(pppppqqqqiff), ROW(ppppqqqiff), ROW(pppqiff),
     ROW(pppqpp),     ROW(pppqqqq),   ROW(ppq),           ROW(ppqffff),   ROW(ppqfii),    ROW(ppqiff),
     ROW(ppqppppqqqqiff), ROW(ppqp),      ROW(pppqqpp),   ROW(ppqq),      ROW(ppqqpp),    ROW(ppqqqq),
-    ROW(ipppppppppppppppppfi), ROW(pqpp),
+    ROW(ipppppppppppppppppfi), ROW(pqpp), ROW(pppppppp),
 #undef ROW
 };
 

@@ -37,7 +37,7 @@ import numpy as np
 
 LOG = logging.getLogger("optcli")
 
-ABI = 22  # OPTCLI_NATIVE_ABI in kernels/host/optcli_native.h
+ABI = 23  # OPTCLI_NATIVE_ABI in kernels/host/optcli_native.h
 LIB_PREFIX = "_optcli_native"  # the extension's file name starts with this (threadpoolctl matches it)
 LIBRARY_ENV = "OPTCLI_NATIVE_LIBRARY"  # a testing hook: load this file instead (sanitizer builds)
 
@@ -97,6 +97,7 @@ _SIGNATURES = {
     "optcli_recurrent_split_from": ([ctypes.c_int64], ctypes.c_int64),  # tests only
     "optcli_dynamic_quantize_f32": ([_vp, ctypes.c_int64, _vp, _vp], ctypes.c_int),
     "optcli_recurrent_lanes": ([ctypes.c_int], ctypes.c_int),  # tests only
+    "optcli_dynamic_qrows_f32": ([_vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp], ctypes.c_int),
     "optcli_qconv2d_gemm": ([_vp, _vp, _vp, _vp, _vp, _vp, _vp], ctypes.c_int),
     "optcli_qconv2d_depthwise": ([_vp, _vp, _vp, _vp, _vp, _vp, _vp], ctypes.c_int),
     "optcli_qconv2d_pointwise": ([_vp, _vp, _vp, _vp, _vp, _vp, _vp], ctypes.c_int),

@@ -52,19 +52,46 @@ def dynamic_quantize(a: np.ndarray) -> tuple[np.ndarray, np.float32, np.float32]
     return q, params[0], params[1]
 
 
-def _dot_panels(rt: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """QUANTIZE_H's R^T integers [dirs, K, N] as int8 in vpdpbusd's panels, [dirs, ceil(N / 16),
-    ceil(K / 4), 16, 4] zero-padded, and their column sums [dirs, N] int32 (optcli_native.h); (None,
-    None) where an integer does not fit int8 (uint8 weights with a zero point far from 128), or the
-    layer is wider than the C path takes: the float product of the same integers runs there."""
+def _dot_panels(rt: np.ndarray, max_k: int = 1024) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """QUANTIZE_H's R^T integers [dirs, K, N] (or a projection's W^T) as int8 in vpdpbusd's panels,
+    [dirs, ceil(N / 16), ceil(K / 4), 16, 4] zero-padded, and their column sums [dirs, N] int32
+    (optcli_native.h); (None, None) where an integer does not fit int8 (uint8 weights with a zero
+    point far from 128), or the layer is larger than the C path takes: the float product of the same
+    integers runs there."""
     dirs, k, n = rt.shape
-    if k > 1024 or rt.size == 0 or rt.min() < -128 or rt.max() > 127:
+    if k > max_k or n > 4096 or rt.size == 0 or rt.min() < -128 or rt.max() > 127:
         return None, None
     k4, np16 = -(-k // 4), -(-n // 16)
     padded = np.zeros((dirs, k4 * 4, np16 * 16), np.int8)
     padded[:, :k, :n] = rt.astype(np.int8)
     rq = np.ascontiguousarray(padded.reshape(dirs, k4, 4, np16, 16).transpose(0, 3, 1, 4, 2))
     return rq, np.ascontiguousarray(rt.astype(np.int64).sum(axis=1).astype(np.int32))
+
+
+def dot_projection(wc: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """A DynamicQuantizeLSTM's W integers [dirs, K, N] packed for ``dynamic_qrows`` once, or None where
+    they do not fit its int8 panels or the CPU has no AVX-512 VNNI (the float product runs)."""
+    from optcli.native import qgemm
+
+    rq, rqsum = _dot_panels(wc, max_k=4096)
+    return None if rq is None or qgemm.variant() != 4 else (rq, rqsum)
+
+
+def dynamic_qrows(q: np.ndarray, scale: np.float32, zp: np.float32, packed: tuple[np.ndarray, np.ndarray],
+                  d: int, col_scale: np.ndarray, bias: np.ndarray, out: np.ndarray) -> bool:
+    """out [rows, N] = float(q @ W[d]) * (scale * col_scale) + bias, the product by vpdpbusd (exact,
+    the numbers of the float path); False (out untouched) where the CPU path was turned off since."""
+    rq, rqsum = packed
+    rows, k = q.shape
+    n = rqsum.shape[1]
+    require(out.shape == (rows, n) and out.flags.c_contiguous and out.dtype == np.float32, "dynamic qrows")
+    qp = np.array([scale, zp], np.float32)
+    rc = library.function("optcli_dynamic_qrows_f32")(q, qp, rq[d], rqsum[d], col_scale, bias, out,
+                                                      _geom((rows, k, n)))
+    if rc == -3:  # OPT_ENOTSUP: no AVX-512 VNNI (a test turned the dot-product path off)
+        return False
+    _check(rc, "dynamic quantized projection")
+    return True
 
 
 def recurrent(cell: str, xp: np.ndarray, rt: np.ndarray, rbh: np.ndarray | None, p: np.ndarray | None,

@@ -129,6 +129,8 @@ class QuantizedLSTM:
         # float32 sums the integer products exactly while every partial sum stays under 2**24
         self.x_exact = size * 255.0 * float(np.abs(self.wc).max(initial=0)) < _FLOAT32_EXACT
         r_exact = self.hidden * 255.0 * float(np.abs(self.rc).max(initial=0)) < _FLOAT32_EXACT
+        # the projection's integer product by vpdpbusd, where the CPU has AVX-512 VNNI and W fits int8
+        self.wdot = native_recurrent.dot_projection(self.wc) if native.available() and self.x_exact else None
         self.call = None  # the native time loop in its quantized-h mode, where it applies
         if native.available() and r_exact and all(ACTIVATIONS[n].native for n, _, _ in self.acts):
             self.call = native_recurrent.prepared_recurrent(
@@ -148,14 +150,19 @@ class QuantizedLSTM:
         in_native = use_native and self.x_exact and native.available()
         made = native_recurrent.dynamic_quantize(operand) if in_native else None
         xq, xs = made[:2] if made is not None else quantized_operand(operand)
+        if made is not None and self.wdot is not None and all(
+                native_recurrent.dynamic_qrows(xq, xs, made[2], self.wdot, d, self.wscale[d], self.folded[d],
+                                               xp[d, :rows].reshape(rows * batch, -1)) for d in range(self.dirs)):
+            return xp
         for d in range(self.dirs):
             acc = xp[d, :rows].reshape(rows * batch, -1)
             if in_native:
                 native.gemm_conv(xq, self.wc[d][None], out=acc[None])
             else:
                 acc[...] = integer_product(xq, self.wc[d])
-            acc *= xs * self.wscale[d]
-            acc += self.folded[d]
+        head = xp[:, :rows]  # the scales and biases of every direction in one pass each
+        head *= (xs * self.wscale)[:, None, None, :]
+        head += self.folded[:, None, None, :]
         return xp
 
     def run(self, x: np.ndarray, lens: np.ndarray | None, h0, c0, p, use_native: bool = True) -> list[np.ndarray]:

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from optcli import native
-from optcli.native import qgemm
 from optcli.errors import ModelError
+from optcli.native import qgemm
 from optcli.ops.recurrent_quant import QuantizedLSTM, centred_weight, quantized_operand
 from tests.helpers import run_ort
 
