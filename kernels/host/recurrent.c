@@ -15,10 +15,11 @@
  * Where the time goes (one core, EPYC): the product reads all of R^T every step, 64 KiB for an
  * LSTM of 64 units (or a GRU/RNN of 128), which is past L1, so it runs at L2's bandwidth, ~0.7 us
  * a step whatever the FMA scheduling; the default LSTM gates take one fused 8-lane pass
- * (lstm_default_gates).  What would go further is a smaller R: onnxruntime's DynamicQuantizeLSTM
- * keeps R in int8 (16 KiB, in L1) and quantizes h per step.  Its numerics run here with
- * FLAG_QUANTIZE_H (`quantized_product`): R's integers less their zero point (exact float sums), h(t-1)
- * quantized per step as its dynamic GEMM does, so the results are onnxruntime's, not the float LSTM's.
+ * (lstm_default_gates).  onnxruntime's DynamicQuantizeLSTM keeps R in int8 (16 KiB, in L1) and
+ * quantizes h per step; its numerics run here with FLAG_QUANTIZE_H (`quantized_product`): h(t-1)
+ * quantized per step as its dynamic GEMM does, the product of R's integers less their zero point
+ * exact (int8 by vpdpbusd where the CPU has AVX-512 VNNI, else float sums of the integers), so the
+ * results are onnxruntime's, not the float LSTM's.
  *
  * Gates follow ONNX: LSTM i, o, f, c (peepholes i, o, f); GRU z, r, h; RNN one.  Activations are
  * the fused-epilogue codes of simd.h (the ONNX names with no code run in numpy).  A row whose
