@@ -425,10 +425,12 @@ HOT_CLONES static void quantized_product(const rnn_t *a, int64_t d, float *g, co
                                          float *acc) {
     const int64_t H = a->hidden, N = 4 * H;
     float params[2];
-    dynamic_quantize(hin, H, hq, params);
+    const int not_finite = dynamic_quantize(hin, H, hq, params);
     const float *qs = a->qscale + d * N, scale = params[0];
+    (void)not_finite;
 #ifdef HAVE_QGEMV_VNNI
-    if (a->rq && opt_qconv_vnni512 == 1 && H <= 1024) { /* its scratch on the stack: 17 KiB at most */
+    /* its scratch on the stack: 17 KiB at most; a NaN in h has no byte: the float product carries it */
+    if (a->rq && opt_qconv_vnni512 == 1 && H <= 1024 && !not_finite) {
         const int64_t k4 = (H + 3) / 4, np = (N + 15) / 16;
         uint8_t hu[4 * k4];
         const float zp = params[1];

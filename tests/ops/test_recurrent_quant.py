@@ -128,6 +128,21 @@ def test_matches_onnxruntime(tmp_path, hidden, batch, direction):
                 np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.skipif("native portable" not in LOOPS, reason="no AVX-512 VNNI: one native product only")
+def test_a_nan_state_takes_the_float_product(tmp_path):
+    """A NaN in h has no uint8 value: the step's product falls back to the float one, which carries
+    the NaN on, as the portable path does (the integer path would have made a number of it)."""
+    model, feeds = _quantized_model(tmp_path, 7, 1, "forward", True, False, False, seed=5)
+    inputs, attrs = _inputs(model, feeds)
+    inputs[5] = inputs[5].copy()
+    inputs[5][0, 0, 3] = np.nan  # initial_h
+    layer = QuantizedLSTM(inputs, attrs)
+    got, portable = _run(layer, inputs, "native"), _run(layer, inputs, "native portable")
+    assert np.isnan(got[0]).any()
+    for a, b in zip(got, portable):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_through_a_plan(tmp_path, batch):
     """The op as a plan runs it (a bound step, its prepared weights reused): onnxruntime's outputs,
