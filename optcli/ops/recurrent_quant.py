@@ -27,10 +27,10 @@ while every partial sum stays below 2**24 (K * 255 * max|w - zp|: inputs and hid
 GEMM, or where the CPU has AVX-512 VNNI and W fits int8 by vpdpbusd in int32 (the same numbers:
 ``native_recurrent.dynamic_qrows``); the time loop natively for batch 1 (``kernels/host/recurrent.c``
 with QUANTIZE_H: one row is then the whole batch) and where its activations have native code, else
-in the numpy loop here, the reference the native one is tested against.  Why not the float LSTM on X and h quantized and back
-(the same values up to float32 rounding, and no slower): a rounding difference flips a
-quantization tie now and then, and over a 100-step speech model that left 6e-4 (3e-3 of the
-output's scale) from onnxruntime, where integer sums leave 3e-8.
+in the numpy loop here, the reference the native one is tested against.  Why not the float LSTM on
+X and h quantized and back (the same values up to float32 rounding, and no slower): a rounding
+difference flips a quantization tie now and then, and over a 100-step speech model that left 6e-4
+(3e-3 of the output's scale) from onnxruntime, where integer sums leave 3e-8.
 """
 
 from __future__ import annotations
