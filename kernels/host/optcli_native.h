@@ -182,7 +182,8 @@ OPT_API int optcli_recurrent_f32(int cell, const float *xp, const float *rt, con
  * caller's general path defines those. */
 OPT_API int optcli_dynamic_quantize_f32(const float *a, int64_t n, float *q, float *params);
 /* A DynamicQuantizeLSTM's input projection from X's quantized rows (optcli_dynamic_quantize_f32's q and
- * params: x scale, zero point): out [rows, n] = float(q @ W) * (x_scale * col_scale[j]) + bias[j], W's
+ * params: x scale, zero point): out [rows, n] = float(q @ W) * (x_scale * col_scale[j]) + bias[j] (bias
+ * may be NULL: no add), W's
  * integers int8 in the recurrent product's panels ([ceil(n / 16), ceil(k / 4), 16, 4]) with their column
  * sums wsum [n]; the product exact in int32 by AVX-512 VNNI.  geom: rows, k (1..4096), n (1..4096).
  * OPT_ENOTSUP where the CPU lacks AVX-512 VNNI (the caller's float product runs). */

@@ -78,8 +78,8 @@ def dot_projection(wc: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def dynamic_qrows(q: np.ndarray, scale: np.float32, zp: np.float32, packed: tuple[np.ndarray, np.ndarray],
-                  d: int, col_scale: np.ndarray, bias: np.ndarray, out: np.ndarray) -> bool:
-    """out [rows, N] = float(q @ W[d]) * (scale * col_scale) + bias, the product by vpdpbusd (exact,
+                  d: int, col_scale: np.ndarray, bias: np.ndarray | None, out: np.ndarray) -> bool:
+    """out [rows, N] = float(q @ W[d]) * (scale * col_scale) (+ bias), the product by vpdpbusd (exact,
     the numbers of the float path); False (out untouched) where the CPU path was turned off since."""
     rq, rqsum = packed
     rows, k = q.shape

@@ -291,6 +291,13 @@ def _dynamic_quantize_matmul_f32(a: np.ndarray, b: np.ndarray, b_scale: np.ndarr
         if made is None:  # a non-finite A: the general path defines its quantization
             return None
         q, a_scale = made[0], made[1]
+        packed = _dot_weight(attrs, b, b_zp, bc)
+        if packed is not None:  # AVX-512 VNNI: the product in int32, scales and bias in the same pass
+            out = np.empty((q.shape[0], n), np.float32)
+            col = b_scale.reshape(-1) if b_scale.size > 1 else np.full(n, b_scale.reshape(()), np.float32)
+            b_vec = None if bias is None else np.ascontiguousarray(np.asarray(bias, np.float32).reshape(-1))
+            if native_recurrent.dynamic_qrows(q, a_scale, made[2], packed, 0, np.ascontiguousarray(col), b_vec, out):
+                return out.reshape(a.shape[:-1] + (n,))
         acc = native.gemm_conv(q, bc[None])[0]
     else:
         lo, hi = a.min(), a.max()
@@ -321,6 +328,21 @@ def _centred_weight(attrs: dict[str, Any], b: np.ndarray, b_zp: Any) -> tuple[np
     if memo is not None:
         memo["centred weight"] = (b, b_zp, bc, span)
     return bc, span
+
+
+def _dot_weight(attrs: dict[str, Any], b: np.ndarray, b_zp: Any, bc: np.ndarray) -> Any:
+    """B's centred integers in vpdpbusd's int8 panels (``native_recurrent.dot_projection``), made once
+    per bound step; None outside a plan's step (no memo to keep them in), where they do not fit int8
+    or the CPU has no AVX-512 VNNI."""
+    memo = attrs.memo if type(attrs) is StepAttrs else None
+    if memo is None:
+        return None
+    hit = memo.get("dot weight")
+    if hit is not None and hit[0] is b and hit[1] is b_zp:
+        return hit[2]
+    packed = native_recurrent.dot_projection(bc[None])
+    memo["dot weight"] = (b, b_zp, packed)
+    return packed
 
 
 # ----------------------------------------------------------------------------- shape functions
