@@ -40,6 +40,17 @@ def dtype_of(signed: Any) -> np.dtype:
     return np.dtype(np.int8) if int(signed) else np.dtype(np.uint8)
 
 
+def check_bias_and_scales(op: str, bias: np.ndarray | None, n: int, attrs: dict[str, Any], unit: str) -> None:
+    """An integer step's int32 bias [n] and its 1 or n weight scales (QConv: output channels, QMatMul:
+    output columns): anything else comes from a corrupted or crafted plan, NbFormatError."""
+    if bias is not None and (bias.dtype != np.int32 or bias.shape != (n,)):
+        raise NbFormatError(f"{op}'s bias must be int32 [{n}], got {bias.dtype} {bias.shape}: the plan is "
+                            "corrupted or crafted")
+    if len(attrs["w_scale"]) not in (1, n):
+        raise NbFormatError(f"{op} has {len(attrs['w_scale'])} weight scales for {n} {unit}: the plan is "
+                            "corrupted or crafted")
+
+
 def multiplier(attrs: dict[str, Any], m: int) -> np.ndarray:
     """x_scale * w_scale / y_scale in float32, left to right, per output channel (onnxruntime's order)."""
     ws = np.asarray(attrs["w_scale"], np.float64).astype(np.float32).reshape(-1)
@@ -54,12 +65,7 @@ def _check_inputs(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: 
     if x.dtype != dtype_of(attrs.get("x_signed", 0)) or w.dtype != np.int8 or x.ndim != 4 or w.ndim != 4:
         raise NbFormatError(f"QConv takes a 4-D {dtype_of(attrs.get('x_signed', 0))} input and an int8 weight, "
                             f"got {x.dtype} {x.shape} and {w.dtype} {w.shape}: the plan is corrupted or crafted")
-    if bias is not None and (bias.dtype != np.int32 or bias.shape != (w.shape[0],)):
-        raise NbFormatError(f"QConv's bias must be int32 [{w.shape[0]}], got {bias.dtype} {bias.shape}: the plan is "
-                            "corrupted or crafted")
-    if len(attrs["w_scale"]) not in (1, w.shape[0]):
-        raise NbFormatError(f"QConv has {len(attrs['w_scale'])} weight scales for {w.shape[0]} output channels: the "
-                            "plan is corrupted or crafted")
+    check_bias_and_scales("QConv", bias, w.shape[0], attrs, "output channels")
 
 
 def reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict[str, Any]) -> np.ndarray:

@@ -28,7 +28,7 @@ from optcli import native
 from optcli.errors import NbFormatError
 from optcli.ir import OPTCLI_DOMAIN
 from optcli.native import qgemm
-from optcli.ops.qconv import dtype_of, multiplier, run_memoized
+from optcli.ops.qconv import check_bias_and_scales, dtype_of, multiplier, run_memoized
 from optcli.ops.quant import int_matmul
 from optcli.ops.registry import kernel
 from optcli.ops.shape_functions import Shape, ShapeArgs, ShapeDerivationError, fixed, shape_fn
@@ -44,12 +44,7 @@ def _check_inputs(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: 
         raise NbFormatError(f"QMatMul takes a {dtype_of(attrs.get('x_signed', 0))} input [..., K] and an int8 "
                             f"weight [K, M], got {x.dtype} {x.shape} and {w.dtype} {w.shape}: the plan is "
                             "corrupted or crafted")
-    if bias is not None and (bias.dtype != np.int32 or bias.shape != (w.shape[1],)):
-        raise NbFormatError(f"QMatMul's bias must be int32 [{w.shape[1]}], got {bias.dtype} {bias.shape}: the plan "
-                            "is corrupted or crafted")
-    if len(attrs["w_scale"]) not in (1, w.shape[1]):
-        raise NbFormatError(f"QMatMul has {len(attrs['w_scale'])} weight scales for {w.shape[1]} output columns: "
-                            "the plan is corrupted or crafted")
+    check_bias_and_scales("QMatMul", bias, w.shape[1], attrs, "output columns")
 
 
 def reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: dict[str, Any]) -> np.ndarray:
