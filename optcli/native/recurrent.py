@@ -3,6 +3,8 @@ input projection, for every direction and batch row on the pool."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from optcli.native import library
@@ -155,7 +157,7 @@ def prepared_recurrent(cell: str, rt: np.ndarray, rbh: np.ndarray | None, direct
 
 def prepared_layer(cell: str, wt: np.ndarray, folded: np.ndarray, rt: np.ndarray, rbh: np.ndarray | None,
                    direction: str, acts: np.ndarray, alphas: np.ndarray, betas: np.ndarray, clip: float | None,
-                   flags: int, seq: int, batch: int, has_p: bool):
+                   flags: int, seq: int, batch: int, has_p: bool, loop: Any = None):
     """A whole layer for one plan step and one input shape, worked out once: a function of ``(x, p,
     h0, c0)`` (x [seq, batch, I], the others as ``recurrent`` takes them, all C-contiguous float32,
     checked each call) giving (Y, Y_h, Y_c or None).  The input projection (``wt`` [dirs, I, G * H],
@@ -171,7 +173,8 @@ def prepared_layer(cell: str, wt: np.ndarray, folded: np.ndarray, rt: np.ndarray
     require(wt.shape == (dirs, size, gh) and folded.shape == (dirs, gh) and seq >= 1 and batch >= 1 and size >= 1,
             "recurrent layer")
     wt, folded = _f32(wt, wt.shape), _f32(folded, folded.shape).reshape(dirs, 1, 1, gh)
-    loop = prepared_recurrent(cell, rt, rbh, direction, acts, alphas, betas, clip, flags)
+    if loop is None:  # the same layer's time loop, prepared already (its R packed once) where the caller has it
+        loop = prepared_recurrent(cell, rt, rbh, direction, acts, alphas, betas, clip, flags)
     fn = library.function("optcli_recurrent_f32")
     gemm = library.function("optcli_gemm_conv_f32")
     code, fixed, act_args = loop.code, loop.fixed, loop.act_args

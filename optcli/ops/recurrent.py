@@ -302,7 +302,7 @@ def _prepared_layer(cell: Cell, x: np.ndarray, w, r, b, p, h0, c0, attrs: dict[s
         return None  # the general path (its checks say what is wrong)
     layer = native_recurrent.prepared_layer(cell.op, prepared.wt, prepared.folded, prepared.rt, prepared.rbh,
                                             direction, *prepared.native_acts, prepared.clip, prepared.flags,
-                                            seq, batch, p is not None)
+                                            seq, batch, p is not None, loop=prepared.call)
     memo["recurrent layer"] = (key, (w, r, b), layer)
     return layer
 
