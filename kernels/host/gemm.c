@@ -45,6 +45,9 @@ typedef struct {
 
 typedef struct {
     const float *w, *x, *bias, *res;
+    int res_row;               /* res is one row of N floats, added to every row of every image (a
+                                  fully connected layer's bias: optcli_fc_f32) */
+    int64_t rld, rimg;         /* res's row and image strides (set by run(): N and M * N, or 0 for a row) */
     const float *wt;           /* W.T [K, M], for the transposed item (NULL: not given) */
     float *y;
     const conv_t *conv;        /* NULL: X is a matrix [K, N] per image */
@@ -156,6 +159,8 @@ static int run(gemm_t *g, int64_t batch) {
     pthread_once(&g_variant_once, pick_variant);
     const variant_t v = *g_variant;
     const int64_t M = g->M, K = g->K, N = g->N, mr = v.mr, nr = v.nr;
+    g->rld = g->res_row ? 0 : N;
+    g->rimg = g->res_row ? 0 : M * N;
     /* K blocks of equal size, none above what keeps a packed panel in L1 */
     int64_t kmax = PANEL_FLOATS / nr, kblocks = (K + kmax - 1) / kmax;
     g->kc = (K + kblocks - 1) / kblocks;
@@ -257,6 +262,20 @@ OPT_API int optcli_gemm_conv_f32(const float *w, const float *x, const float *bi
     gemm_t g = {.w = w, .x = x, .bias = bias, .res = res, .y = y, .xstride = K * N, .M = M, .K = K, .N = N,
                 .act = act, .alpha = alpha, .beta = beta};
     return run(&g, batch);
+}
+
+/* A fully connected layer over any number of rows: y [rows, N] = act(x [rows, K] @ w [K, N] + bias [N]),
+ * w as the model holds it.  The GEMM with x as its W and w as its X (no transposes: Y comes out
+ * row-major), the bias a residual row added to every row of Y in the tiles' epilogue, where
+ * numpy's product, its bias Add and the activation were three passes (a transformer's layers on
+ * 16-512 tokens; fc_rows.c takes the few-row products of a decoder's Loop). */
+OPT_API int optcli_fc_f32(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t K,
+                          int64_t N, int act, float alpha, float beta) {
+    if (rows < 0 || K < 1 || N < 0 || act < 0 || act >= ACT_COUNT) return OPT_EINVAL;
+    if (rows == 0 || N == 0) return 0;
+    gemm_t g = {.w = x, .x = w, .res = bias, .res_row = bias != NULL, .y = y, .xstride = K * N, .M = rows, .K = K,
+                .N = N, .act = act, .alpha = alpha, .beta = beta};
+    return run(&g, 1);
 }
 
 /* W [M, K] into the panels of W.T that the transposed product reads (see GK(transposed)): panels

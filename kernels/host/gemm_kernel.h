@@ -166,7 +166,7 @@ ALWAYS_INLINE void GK(tile)(const gemm_t *g, const float *a, const float *b, int
     if (last && (act == ACT_RELU || act == ACT_CLIP)) GK(bounds)(g, act, &lo, &hi);
     for (int i = 0; i < MR; i++) { /* a constant bound: the accumulators stay in registers */
         if (i >= rows) break;
-        GK(finish)(g, c[i][0], c[i][1], y + i * N, r ? r + i * N : NULL, bias ? bias + i : NULL, cols, first, last,
+        GK(finish)(g, c[i][0], c[i][1], y + i * N, r ? r + i * g->rld : NULL, bias ? bias + i : NULL, cols, first, last,
                    act, lo, hi);
     }
     if (act == GK_ACT_LATER && last) GK(act_rows)(g, y, N, rows, cols);
@@ -257,7 +257,7 @@ ALWAYS_INLINE void GK(item)(gemm_t *g, int64_t it, const int act) {
     }
     const float *x = g->x + img * g->xstride + (g->conv ? 0 : n0);
     float *y = g->y + img * M * N + n0;
-    const float *r = g->res ? g->res + img * M * N + n0 : NULL;
+    const float *r = g->res ? g->res + img * g->rimg + n0 : NULL;
     const int64_t grp = g->groups > 1 ? img % g->groups : 0; /* a grouped conv's group: its rows of W */
     const float *w = g->w + grp * M * K, *bias = g->bias ? g->bias + grp * M : NULL;
     for (int64_t k0 = 0; k0 < K; k0 += g->kc) {
@@ -282,7 +282,7 @@ ALWAYS_INLINE void GK(item)(gemm_t *g, int64_t it, const int act) {
             const float *wm = w + m * K + k0, *bm = bias ? bias + m : NULL;
             for (int64_t p = 0; p < cols; p += GK_NR) {
                 int pc = cols - p < GK_NR ? (int)(cols - p) : GK_NR;
-                const float *b = bp + p / GK_NR * kb * GK_NR, *rm = r ? r + m * N + p : NULL;
+                const float *b = bp + p / GK_NR * kb * GK_NR, *rm = r ? r + m * g->rld + p : NULL;
                 /* the last rows of M in a tile of their size: M = 16 on 12-row tiles computed 24 */
                 if (rows > GK_MR * 2 / 3)
                     GK(tile)(g, wm, b, kb, y + m * N + p, rm, bm, rows, pc, first, last, act, GK_MR);
@@ -341,7 +341,7 @@ ALWAYS_INLINE void GK(thin_block)(const gemm_t *g, const float *x, float *y, con
         if (r)
             for (int64_t n = c0; n < c1; n += GK_NR) {
                 int cols = c1 - n < GK_NR ? (int)(c1 - n) : GK_NR;
-                GK(finish)(g, zero, zero, y + m * N + n, r + m * N + n, NULL, cols, 0, 1, ACT_NONE, zero, zero);
+                GK(finish)(g, zero, zero, y + m * N + n, r + m * g->rld + n, NULL, cols, 0, 1, ACT_NONE, zero, zero);
             }
         if (g->act != ACT_NONE) act_span(y + m * N + c0, c1 - c0, g->act, g->alpha, g->beta);
     }
@@ -352,7 +352,7 @@ GK_ATTR static void GK(thin)(void *c, int64_t it) {
     int64_t img = it / g->nn, n0 = it % g->nn * g->nb, n1 = g->N - n0 < g->nb ? g->N : n0 + g->nb;
     const float *x = g->x + img * g->K * g->N;
     float *y = g->y + img * g->M * g->N;
-    const float *r = g->res ? g->res + img * g->M * g->N : NULL;
+    const float *r = g->res ? g->res + img * g->rimg : NULL;
     for (int64_t c = n0; c < n1; c += GK_TB)
         GK(thin_block)(g, x, y, r, c, n1 - c < GK_TB ? n1 : c + GK_TB);
 }
@@ -410,7 +410,7 @@ ALWAYS_INLINE void GK(narrow_band)(const gemm_t *g, int64_t it) {
     int64_t img = it / g->nm, m0 = it % g->nm * g->mb, m1 = M - m0 < g->mb ? M : m0 + g->mb;
     const float *xt = g->x + img * g->xstride;
     float *y = g->y + img * M * N;
-    const float *r = g->res ? g->res + img * M * N : NULL;
+    const float *r = g->res ? g->res + img * g->rimg : NULL;
     float out[GK_NRR][GK_NC];
     for (int64_t m = m0; m < m1; m += GK_NRR) {
         int rows = m1 - m < GK_NRR ? (int)(m1 - m) : GK_NRR;
@@ -429,7 +429,7 @@ ALWAYS_INLINE void GK(narrow_band)(const gemm_t *g, int64_t it) {
             for (int i = 0; i < rows; i++)
                 for (int j = 0; j < nc; j++) {
                     int64_t at = (m + i) * N + n + j;
-                    y[at] = out[i][j] + (g->bias ? g->bias[m + i] : 0.0f) + (r ? r[at] : 0.0f);
+                    y[at] = out[i][j] + (g->bias ? g->bias[m + i] : 0.0f) + (r ? r[(m + i) * g->rld + n + j] : 0.0f);
                 }
         }
     }
@@ -488,7 +488,7 @@ ALWAYS_INLINE void GK(ttile)(const gemm_t *g, const float *x, const float *wt, f
     }
     if (r)
         for (int j = 0; j < w; j++)
-            for (int i = 0; i < nr; i++) t[i * w + j] += r[(m0 + j) * N + n0 + i];
+            for (int i = 0; i < nr; i++) t[i * w + j] += r[(m0 + j) * g->rld + n0 + i];
     if (g->act != ACT_NONE) GK(act_rows)(g, t, 0, 1, nr * w);
     for (int j = 0; j < w; j++) {
         float *yj = y + (m0 + j) * N + n0;
@@ -515,7 +515,7 @@ GK_ATTR static void GK(transposed)(void *c, int64_t it) {
     int64_t n0 = rest / g->nm * g->nb, n1 = N - n0 < g->nb ? N : n0 + g->nb;
     const float *x = g->x + img * g->xstride;
     float *y = g->y + img * M * N;
-    const float *r = g->res ? g->res + img * M * N : NULL;
+    const float *r = g->res ? g->res + img * g->rimg : NULL;
     for (int64_t m = m0; m < m1; m += 2 * GK_L) {
         const int two = m1 - m >= 2 * GK_L;
         int64_t n = n0;

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 23 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 24 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -115,6 +115,10 @@ OPT_API int optcli_add_f32(const float *x, const float *b, float *y, int64_t n, 
  * all row-major and contiguous; bias may be NULL; y must not overlap x, w or bias. */
 OPT_API int optcli_fc_rows_f32(const float *x, const float *w, const float *bias, float *y, int64_t rows,
                                int64_t k, int64_t n, int act, float alpha, float beta);
+/* A fully connected layer over any number of rows (gemm.c): the same product as optcli_fc_rows_f32,
+ * through the GEMM's register tiles, the bias and activation in their epilogue, split over the pool. */
+OPT_API int optcli_fc_f32(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t k,
+                          int64_t n, int act, float alpha, float beta);
 /* LayerNormalization of x [outer, c, inner] over its c axis: y (same layout) = (x - mean) / sqrt(var + eps)
  * * scale[k] + bias[k]; mean and inv (1 / sqrt(var + eps)), [outer, inner], are written when not NULL.
  * bias may be NULL; eps must be > 0. */

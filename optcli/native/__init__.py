@@ -19,7 +19,7 @@ from optcli.native import library
 from optcli.native.caches import derived
 from optcli.native.elementwise import activation, activation_, add, from_half, layer_norm, row_mean, to_half
 from optcli.native.epilogue import bias_activation_, channel_affine, prepared_channel_prelu
-from optcli.native.fc_rows import prepared_fc_rows
+from optcli.native.fc_rows import prepared_fc, prepared_fc_rows
 from optcli.native.gemm import conv2d_gemm, gemm_conv, pack_panels, prepared_conv2d_gemm, prepared_gemm_conv
 from optcli.native.library import (
     LIB_PREFIX,
@@ -41,7 +41,7 @@ __all__ = [
     "bias_activation_", "channel_affine", "conv2d_gemm", "depthwise_conv2d", "depthwise_fits", "derived", "from_half",
     "gemm_conv", "prepared_channel_prelu",
     "get_num_threads", "layer_norm", "library", "library_path", "note_unavailable", "pack_panels", "pool2d",
-    "prepared_conv2d_gemm", "prepared_depthwise_conv2d", "prepared_fc_rows", "prepared_stem_conv2d",
+    "prepared_conv2d_gemm", "prepared_depthwise_conv2d", "prepared_fc", "prepared_fc_rows", "prepared_stem_conv2d",
     "prepared_gemm_conv", "row_mean", "set_num_threads", "status", "stem_conv2d",
     "stem_fits", "stem_fits_grouped", "to_half", "transpose_conv_taps", "upsample_nearest", "vector_width",
 ]

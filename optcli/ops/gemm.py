@@ -139,6 +139,11 @@ def fully_connected(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> l
         return [fast(x)]
     ct = compute_dtype(x.dtype)
     rows = prod(x.shape[:-1])
+    if rows >= _GEMM_FC_ROWS:
+        gemm_fc = _gemm_fc(attrs, w, bias)
+        y = None if gemm_fc is None else gemm_fc(x)
+        if y is not None:
+            return [y]
     if native.available() and ct == np.float32 and w.ndim == 2 and 1 <= rows < 16 and x.shape[-1] \
             and w.shape[1] and (bias is None or bias.shape in ((w.shape[1],), (1, w.shape[1]))):
         # A classifier's head in the native GEMM: a BLAS call here would leave BLAS's threads
@@ -179,29 +184,48 @@ _F32 = np.dtype(np.float32)
 def _fc_rows(attrs: dict[str, Any], w: Any, bias: Any) -> Any:
     """The step's product over 1 to ``native.gemm.FC_ROWS_MAX`` rows in the native library
     (``native.prepared_fc_rows``: one C call with bias and activation, W as the model holds it) as a
-    function of X giving None for an X it does not take, or None where it does not apply: no
-    library, no step memo, W not a float32 matrix (or larger than that kernel takes: a large head
-    keeps the GEMM's threads), a bias not of N floats.  Made once per step while the
-    same weight and bias arrays come back (a Loop body's cell every iteration)."""
+    function of X giving None for an X it does not take, or None where it does not apply (see
+    ``_native_fc``; also where W is larger than that kernel takes: a large head keeps the GEMM's
+    threads).  Below numpy's gemv threshold with nothing fused, numpy's product and bias
+    (``_small_fc``) cost ~1 us less than the C call's ten arguments (a decoder's 96x30 logits: 3.9
+    against 5.1 us), so such a layer does not take it."""
+    plain = type(w) is np.ndarray and w.size < _SMALL_FC and epilogue(attrs)[0] is None \
+        and output_quant(attrs) is None
+    return _native_fc(attrs, w, bias, "fc rows", None if plain else native.prepared_fc_rows)
+
+
+_GEMM_FC_ROWS = 16  # rows from which the GEMM's tiles take a layer (fewer: fc_rows, or W.T's dot products below)
+
+
+def _gemm_fc(attrs: dict[str, Any], w: Any, bias: Any) -> Any:
+    """The step's product over ``_GEMM_FC_ROWS`` rows or more in the native GEMM (``native.prepared_fc``:
+    bias and activation in its tiles' epilogue, split over the pool), as ``_native_fc`` makes it.
+    A transformer's layers on 16+ tokens took numpy's product (BLAS: one thread, or its own
+    spinning workers beside the pool's), a bias Add and a numpy activation: 64 us for BERT-tiny's
+    [32, 128] @ [128, 512] + GELU, 43 in one call here."""
+    return _native_fc(attrs, w, bias, "gemm fc", native.prepared_fc)
+
+
+def _native_fc(attrs: dict[str, Any], w: Any, bias: Any, tag: str, make: Any) -> Any:
+    """``make(W, bias, *epilogue)``'s function of X (followed by the step's fused FakeQuant), kept in
+    the step's memo under ``tag`` while the same weight and bias arrays come back (a Loop body's
+    cell every iteration); None where it does not apply: ``make`` None or giving None, no library,
+    no step memo, W not a float32 matrix, a bias not of N floats."""
     memo = attrs.memo if type(attrs) is StepAttrs else None
     if memo is None:
         return None
-    hit = memo.get("fc rows")
+    hit = memo.get(tag)
     if hit is not None and hit[0] is w and hit[1] is bias:
         return hit[2]
     run = None
-    # below numpy's gemv threshold with nothing fused, numpy's product and bias (_small_fc) cost
-    # ~1 us less than the C call's ten arguments (a decoder's 96x30 logits: 3.9 against 5.1 us)
-    plain = type(w) is np.ndarray and w.size < _SMALL_FC and epilogue(attrs)[0] is None \
-        and output_quant(attrs) is None
-    if native.available() and not plain and type(w) is np.ndarray and w.ndim == 2 and w.dtype is _F32 and w.size \
-            and (bias is None or (type(bias) is np.ndarray and bias.dtype is _F32
-                                  and bias.shape in ((w.shape[1],), (1, w.shape[1])))):
+    if make is not None and native.available() and type(w) is np.ndarray and w.ndim == 2 and w.dtype is _F32 \
+            and w.size and (bias is None or (type(bias) is np.ndarray and bias.dtype is _F32
+                                             and bias.shape in ((w.shape[1],), (1, w.shape[1])))):
         b = None if bias is None else np.ascontiguousarray(bias.reshape(-1))
-        call = native.prepared_fc_rows(np.ascontiguousarray(w), b, *epilogue(attrs))
+        call = make(np.ascontiguousarray(w), b, *epilogue(attrs))
         quant = output_quant(attrs)
         run = call if quant is None or call is None else _then_fake_quantize(call, quant)
-    memo["fc rows"] = (w, bias, run)
+    memo[tag] = (w, bias, run)
     return run
 
 

@@ -272,13 +272,13 @@ static int run_case(const char *in, const char *out) {
         rc = optcli_activation_f32(x, ny % 2 ? y : x, ny, act, alpha, beta); /* odd sizes out of place */
         if (ny % 2 == 0) memcpy(y, x, (size_t)ny * sizeof(float));
         free(x);
-    } else if (h[0] == 19) {
+    } else if (h[0] == 19 || h[0] == 30) { /* the few-row and the GEMM fully connected layer */
         int64_t rows = g[0], k = g[1], n = g[2];
         float *x = read_floats(f, rows * k), *w = read_floats(f, k * n);
         float *b = has_bias ? read_floats(f, n) : NULL;
         ny = rows * n;
         y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
-        rc = optcli_fc_rows_f32(x, w, b, y, rows, k, n, act, alpha, beta);
+        rc = (h[0] == 19 ? optcli_fc_rows_f32 : optcli_fc_f32)(x, w, b, y, rows, k, n, act, alpha, beta);
         free(x), free(w), free(b);
     } else if (h[0] == 21) {
         const int64_t dirs = g[0], seq = g[1], batch = g[2], hid = g[3];

@@ -219,6 +219,17 @@ def _elementwise_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
         src, dst = tmp / f"fcrows{i}.in", tmp / f"fcrows{i}.out"
         _write_case(src, 19, act, [rows, k, n], [x, w, b])
         cases.append((src, dst, want, f"fc rows {rows}x{k}x{n} {act} bias={b is not None}"))
+    # the GEMM's fully connected layer (optcli_fc_f32): thin, narrow and tiled work items, the bias as a row
+    for i, (rows, k, n) in enumerate([(3, 13, 45), (17, 5, 3), (40, 100, 70), (9, 900, 33)]):
+        act = ["gelu", None, "relu", "sigmoid"][i]
+        x = rng.standard_normal((rows, k)).astype(np.float32)
+        w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+        b = rng.standard_normal(n).astype(np.float32) if i != 1 else None
+        pre = x.astype(np.float64) @ w.astype(np.float64) + (0 if b is None else b)
+        want = apply_activation(pre.astype(np.float32), act, *ACT_PARAMS.get(act, (0.0, 0.0)))
+        src, dst = tmp / f"fc{i}.in", tmp / f"fc{i}.out"
+        _write_case(src, 30, act, [rows, k, n], [x, w, b])
+        cases.append((src, dst, want, f"gemm fc {rows}x{k}x{n} {act} bias={b is not None}"))
     for i, (rows, n) in enumerate([(1, 1), (7, 13), (3, 5000)]):
         x = (rng.standard_normal((rows, n)) + 3).astype(np.float32)
         src, dst = tmp / f"mean{i}.in", tmp / f"mean{i}.out"

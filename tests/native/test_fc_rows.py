@@ -1,4 +1,11 @@
-"""The few-row fully connected kernel (kernels/host/fc_rows.c, ``native.prepared_fc_rows``) against
+"""The fully connected kernels against a float64 product.
+
+The GEMM's (kernels/host/gemm.c ``optcli_fc_f32``, ``native.prepared_fc``): rows through the
+GEMM's every work item (4 rows or fewer: the thin one; under 16 columns: dot products; tiles of
+whole and partial rows and columns), K over one packed block, the bias as a residual row, every
+fused activation, 1 and 2 threads; ``FullyConnected`` on 16 rows or more taking it.
+
+The few-row one (kernels/host/fc_rows.c, ``native.prepared_fc_rows``) against
 a float64 product: 1 to 8 rows (a row group of four and its remainder), K of 1 and primes, N below
 one vector, between vectors and past a whole register tile, every fused activation, with and
 without bias, non-contiguous and higher-rank X, 1 and 2 threads (the threaded split of column tiles
@@ -103,3 +110,58 @@ def test_small_plain_layer_stays_in_numpy(native_lib, monkeypatch):
     (y,) = fully_connected([x, w, None], StepAttrs({}))
     assert_close(y, _reference(x, w, None, None))
 
+
+
+@pytest.mark.parametrize("rows,k,n", [(1, 1, 1), (3, 7, 5), (4, 96, 300), (5, 13, 15), (16, 128, 16), (17, 5, 3),
+                                      (32, 128, 512), (33, 1000, 10), (61, 1100, 37), (200, 64, 64), (7, 31, 1025)])
+def test_gemm_fc_matches_float64(rows, k, n, pool_threads):
+    x = RNG.standard_normal((rows, k)).astype(np.float32)
+    w = (RNG.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    b = RNG.standard_normal(n).astype(np.float32)
+    for bias in (b, None):
+        got = native.prepared_fc(w, bias, None, 0.0, 0.0)(x)
+        assert_close(got, _reference(x, w, bias, None), what=f"rows {rows} k {k} n {n} bias {bias is not None}")
+
+
+@pytest.mark.parametrize("act", list(ACT_PARAMS))
+@pytest.mark.parametrize("rows,n", [(2, 45), (19, 7), (40, 100)])
+def test_gemm_fc_fused_activation(act, rows, n, pool_threads):
+    x = RNG.standard_normal((rows, 19)).astype(np.float32)
+    w = RNG.standard_normal((19, n)).astype(np.float32)
+    b = RNG.standard_normal(n).astype(np.float32)
+    got = native.prepared_fc(w, b, act, *ACT_PARAMS[act])(x)
+    assert_close(got, _reference(x, w, b, act), what=f"{act} rows {rows} n {n}")
+
+
+def test_gemm_fc_shapes_it_takes_and_refuses(native_lib):
+    w = RNG.standard_normal((6, 10)).astype(np.float32)
+    call = native.prepared_fc(w, None, None, 0.0, 0.0)
+    x3 = RNG.standard_normal((2, 9, 6)).astype(np.float32)  # rank 3: rows over the leading axes
+    assert_close(call(x3), _reference(x3, w, None, None))
+    xt = RNG.standard_normal((6, 20)).astype(np.float32).T  # not contiguous: copied, same answer
+    assert_close(call(xt), _reference(np.ascontiguousarray(xt), w, None, None))
+    assert call(np.zeros((0, 6), np.float32)).shape == (0, 10)
+    assert call(RNG.standard_normal((20, 6))) is None  # float64
+    assert call(RNG.standard_normal((20, 5)).astype(np.float32)) is None  # K differs
+
+
+def test_fully_connected_step_on_many_rows_runs_the_gemm_fc(native_lib, monkeypatch):
+    """A bound FullyConnected step on 16 rows or more (a transformer's layer on its tokens) makes the
+    GEMM's call once and keeps it while the same weights come back; its answer is the float64 one,
+    GELU fused."""
+    made = []
+    real = native.prepared_fc
+
+    def counted(*args):
+        made.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(native, "prepared_fc", counted)
+    w = RNG.standard_normal((64, 200)).astype(np.float32)
+    b = RNG.standard_normal(200).astype(np.float32)
+    attrs = StepAttrs({"activation": "gelu", "activation_alpha": 0.0, "activation_beta": 0.0})
+    for rows in (16, 32, 16):
+        x = RNG.standard_normal((2, rows // 2, 64)).astype(np.float32)
+        (y,) = fully_connected([x, w, b], attrs)
+        assert_close(y, _reference(x, w, b, "gelu"))
+    assert len(made) == 1
