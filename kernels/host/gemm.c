@@ -74,7 +74,7 @@ typedef struct {
  * 8 floats on x86-64 (an AVX2+FMA clone picked at load, as in simd.h), and 16 floats on x86-64 CPUs
  * with AVX-512, where BLAS libraries use the 512-bit registers and 8-float tiles run at half their
  * speed.  The AVX-512 one is picked here at run time (the CPU is asked once). */
-typedef float v16f __attribute__((vector_size(64)));
+/* v16f: simd.h */
 
 typedef struct {
     int mr, nr;               /* a register tile's rows, and columns (two vectors) */

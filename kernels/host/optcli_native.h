@@ -115,6 +115,9 @@ OPT_API int optcli_add_f32(const float *x, const float *b, float *y, int64_t n, 
  * all row-major and contiguous; bias may be NULL; y must not overlap x, w or bias. */
 OPT_API int optcli_fc_rows_f32(const float *x, const float *w, const float *bias, float *y, int64_t rows,
                                int64_t k, int64_t n, int act, float alpha, float beta);
+/* Softmax along rows of n contiguous floats (elementwise.c): y [rows, n] = exp(x - max) / sum per row; a row
+ * whose max is not finite (a NaN, +inf, all -inf) is NaN.  y may be x. */
+OPT_API int optcli_softmax_f32(const float *x, float *y, int64_t rows, int64_t n);
 /* A fully connected layer over any number of rows (gemm.c): the same product as optcli_fc_rows_f32,
  * through the GEMM's register tiles, the bias and activation in their epilogue, split over the pool. */
 OPT_API int optcli_fc_f32(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t k,

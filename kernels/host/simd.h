@@ -157,6 +157,13 @@ ALWAYS_INLINE v4f tanh4(v4f x) {
 typedef int32_t v8i __attribute__((vector_size(32)));
 DEFINE_GELU(gelu4, gelu_tanh4, v4f, v4i)
 DEFINE_GELU(gelu8, gelu_tanh8, v8f, v8i)
+#if defined(__x86_64__)
+/* 16 lanes, for the AVX-512 variant of the GEMM (gemm.c): inlined only into its functions, whose
+ * target has the 512-bit registers (a transformer's GELU after its FC took as long as the product) */
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+DEFINE_GELU(gelu16, gelu_tanh16, v16f, v16i)
+#endif
 
 /* sigmoid and swish the same way, 8 lanes: sigmoid(v) = s or e * s by v's sign bit, e = exp(-|v|),
  * s = 1 / (1 + e); |v| clamped at 100 (e flushes to 0), so a NaN is put back from its bits. */

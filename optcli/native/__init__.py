@@ -17,7 +17,16 @@ This face re-exports what the package calls as ``native.<name>``; the code lives
 from optcli.activation_codes import ACTIVATION_CODES
 from optcli.native import library
 from optcli.native.caches import derived
-from optcli.native.elementwise import activation, activation_, add, from_half, layer_norm, row_mean, to_half
+from optcli.native.elementwise import (
+    activation,
+    activation_,
+    add,
+    from_half,
+    layer_norm,
+    row_mean,
+    softmax_rows,
+    to_half,
+)
 from optcli.native.epilogue import bias_activation_, channel_affine, prepared_channel_prelu
 from optcli.native.fc_rows import prepared_fc, prepared_fc_rows
 from optcli.native.gemm import conv2d_gemm, gemm_conv, pack_panels, prepared_conv2d_gemm, prepared_gemm_conv
@@ -42,6 +51,6 @@ __all__ = [
     "gemm_conv", "prepared_channel_prelu",
     "get_num_threads", "layer_norm", "library", "library_path", "note_unavailable", "pack_panels", "pool2d",
     "prepared_conv2d_gemm", "prepared_depthwise_conv2d", "prepared_fc", "prepared_fc_rows", "prepared_stem_conv2d",
-    "prepared_gemm_conv", "row_mean", "set_num_threads", "status", "stem_conv2d",
+    "prepared_gemm_conv", "row_mean", "set_num_threads", "softmax_rows", "status", "stem_conv2d",
     "stem_fits", "stem_fits_grouped", "to_half", "transpose_conv_taps", "upsample_nearest", "vector_width",
 ]

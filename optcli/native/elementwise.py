@@ -40,6 +40,20 @@ def activation_(y: np.ndarray, name: str, alpha: float = 0.0, beta: float = 0.0)
     return y
 
 
+def softmax_rows(x: np.ndarray) -> np.ndarray:
+    """Softmax along the last axis of a C-contiguous float32 ``x`` (at least one element a row) in a
+    new array: one native call where numpy takes five (kernels/host/elementwise.c).  Anything else
+    is refused (NativeError), not converted."""
+    require(library._lib is not None and type(x) is np.ndarray and x.dtype is _F32 and x.flags.c_contiguous
+            and x.ndim and x.shape[-1] >= 1, 'softmax')
+    y = np.empty_like(x)
+    n = x.shape[-1]
+    rc = library.function("optcli_softmax_f32")(x, y, x.size // n, n)
+    if rc:
+        _check(rc, "softmax")
+    return y
+
+
 def add(a: np.ndarray, b: np.ndarray, activation: str | None = None, alpha: float = 0.0,
         beta: float = 0.0) -> np.ndarray:
     """``act(a + b)`` of two C-contiguous float32 arrays of one shape, in one threaded pass (a

@@ -75,6 +75,7 @@ _SIGNATURES = {
     "optcli_add_f32": ([_vp, _vp, _vp, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
     "optcli_fc_rows_f32": ([_vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
                             ctypes.c_float, ctypes.c_float], ctypes.c_int),
+    "optcli_softmax_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int64], ctypes.c_int),
     "optcli_fc_f32": ([_vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
                        ctypes.c_float, ctypes.c_float], ctypes.c_int),
     "optcli_layer_norm_f32": ([_vp, _vp, _vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,

@@ -225,8 +225,13 @@ def softmax(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.n
     axis = int(attrs.get("axis", -1 if opset >= 13 else 1))
     if type(x) is np.ndarray and x.dtype is _F32 and (opset >= 13 or axis in (-1, x.ndim - 1)):
         # float32 along one axis (a decoder's attention weights and its output distribution every
-        # step; before opset 13, an axis that is the last, as a classifier's [N, classes] has):
-        # three passes in place, where the general path's casts and views cost as much again
+        # step, a transformer's attention scores; before opset 13, an axis that is the last, as a
+        # classifier's [N, classes] has).  Along the last axis one native call: 1.2 us on 2..200
+        # floats, 2.7 on [2, 2, 16, 16], where numpy's five calls took 3.3 and 8.7
+        if axis in (-1, x.ndim - 1) and x.ndim and x.flags.c_contiguous and native.available():
+            return [native.softmax_rows(x)]
+        # without the library: Python floats for a few elements, else three numpy passes in place,
+        # where the general path's casts and views cost as much again
         if x.size <= _TINY_SOFTMAX and x.ndim and axis in (-1, x.ndim - 1):
             tiny = _tiny_softmax(x)
             if tiny is not None:

@@ -272,6 +272,12 @@ static int run_case(const char *in, const char *out) {
         rc = optcli_activation_f32(x, ny % 2 ? y : x, ny, act, alpha, beta); /* odd sizes out of place */
         if (ny % 2 == 0) memcpy(y, x, (size_t)ny * sizeof(float));
         free(x);
+    } else if (h[0] == 31) { /* softmax along rows: g = rows, n */
+        float *x = read_floats(f, g[0] * g[1]);
+        ny = g[0] * g[1];
+        y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
+        rc = optcli_softmax_f32(x, y, g[0], g[1]);
+        free(x);
     } else if (h[0] == 19 || h[0] == 30) { /* the few-row and the GEMM fully connected layer */
         int64_t rows = g[0], k = g[1], n = g[2];
         float *x = read_floats(f, rows * k), *w = read_floats(f, k * n);

@@ -230,6 +230,16 @@ def _elementwise_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
         src, dst = tmp / f"fc{i}.in", tmp / f"fc{i}.out"
         _write_case(src, 30, act, [rows, k, n], [x, w, b])
         cases.append((src, dst, want, f"gemm fc {rows}x{k}x{n} {act} bias={b is not None}"))
+    for i, (rows, n) in enumerate([(1, 1), (3, 7), (2, 19), (4, 2050)]):  # softmax rows: tails, 1024-float blocks
+        x = (rng.standard_normal((rows, n)) * 10).astype(np.float32)
+        if i == 2:
+            x[1, 3] = np.nan  # a NaN row
+        with np.errstate(invalid="ignore"):
+            e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+            want = (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
+        src, dst = tmp / f"softmax{i}.in", tmp / f"softmax{i}.out"
+        _write_case(src, 31, None, [rows, n], [x, None])
+        cases.append((src, dst, want, f"softmax {rows}x{n}"))
     for i, (rows, n) in enumerate([(1, 1), (7, 13), (3, 5000)]):
         x = (rng.standard_normal((rows, n)) + 3).astype(np.float32)
         src, dst = tmp / f"mean{i}.in", tmp / f"mean{i}.out"
