@@ -23,6 +23,7 @@ from optcli.native.elementwise import (
     add,
     from_half,
     layer_norm,
+    prepared_layer_norm,
     row_mean,
     softmax_rows,
     to_half,
@@ -50,7 +51,8 @@ __all__ = [
     "bias_activation_", "channel_affine", "conv2d_gemm", "depthwise_conv2d", "depthwise_fits", "derived", "from_half",
     "gemm_conv", "prepared_channel_prelu",
     "get_num_threads", "layer_norm", "library", "library_path", "note_unavailable", "pack_panels", "pool2d",
-    "prepared_conv2d_gemm", "prepared_depthwise_conv2d", "prepared_fc", "prepared_fc_rows", "prepared_stem_conv2d",
+    "prepared_conv2d_gemm", "prepared_depthwise_conv2d", "prepared_fc", "prepared_fc_rows", "prepared_layer_norm",
+    "prepared_stem_conv2d",
     "prepared_gemm_conv", "row_mean", "set_num_threads", "softmax_rows", "status", "stem_conv2d",
     "stem_fits", "stem_fits_grouped", "to_half", "transpose_conv_taps", "upsample_nearest", "vector_width",
 ]

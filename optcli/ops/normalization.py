@@ -28,7 +28,7 @@ import numpy as np
 from optcli import native
 from optcli.ir import OPTCLI_DOMAIN
 from optcli.ops.activation import apply_activation, apply_output_quant, epilogue
-from optcli.ops.registry import kernel
+from optcli.ops.registry import StepAttrs, kernel
 from optcli.ops.shape_functions import Shape, ShapeArgs, check_length, first_input, norm_axis, shape_fn
 from optcli.ops.spatial import compute_dtype, prod
 
@@ -119,14 +119,43 @@ def _native_layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None
     return [y, mean.reshape(stat_shape), inv.reshape(stat_shape)]
 
 
+def _prepare_layer_norm(memo: dict, x: Any, scale: Any, bias: Any, axis: int, eps: float, attrs: Any) -> Any:
+    """Remember (and return) this step's native call for this input shape
+    (``native.prepared_layer_norm``), or None where it does not apply.  It applies to float32 rows
+    of contiguous values with scale and bias float32 arrays of the row's size, read-only (a plan's
+    constants, which cannot change under the memo), and eps that float32 holds.  The statistics
+    are made only where the step names more than Y."""
+    c = prod(x.shape[axis:]) if type(x) is np.ndarray else 0
+    if not (type(x) is np.ndarray and x.dtype is _F32 and x.flags.c_contiguous and x.size and 0 <= axis < x.ndim
+            and native.available() and eps >= 1.2e-38):
+        return None
+    for v in (scale, bias):
+        if v is not None and not (type(v) is np.ndarray and v.dtype is _F32 and v.size == c
+                                  and not v.flags.writeable):
+            return None
+    stats = int(attrs.get("_n_outputs", 3)) > 1
+    call = native.prepared_layer_norm(scale, bias, eps, x.shape, axis, stats)
+    memo["layer norm"] = (scale, bias, x.shape, call)
+    return call
+
+
 @kernel("LayerNormalization")
 def layer_normalization(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """Normalise over axes ``[axis, rank)``; returns ``[Y, Mean, InvStdDev]``."""
     x, scale = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
+    memo = attrs.memo if type(attrs) is StepAttrs else None
+    if memo is not None and type(x) is np.ndarray and x.dtype is _F32 and x.flags.c_contiguous:
+        hit = memo.get("layer norm")
+        if hit is not None and hit[0] is scale and hit[1] is bias and hit[2] == x.shape:
+            return hit[3](x)
     axis = int(attrs.get("axis", -1))
     axis = axis + x.ndim if axis < 0 else axis
     eps = float(attrs.get("epsilon", 1e-5))
+    if memo is not None:
+        prepared = _prepare_layer_norm(memo, x, scale, bias, axis, eps, attrs)
+        if prepared is not None:
+            return prepared(x)
     stash = np.float32 if int(attrs.get("stash_type", 1)) == 1 and x.dtype != np.float64 else x.dtype
     done = _native_layer_norm(x, scale, bias, axis, eps) if stash == np.float32 else None
     if done is not None:

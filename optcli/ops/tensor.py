@@ -275,14 +275,21 @@ def space_to_depth(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
 @kernel("Expand")
 def expand(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
     x = np.asarray(inputs[0])
-    target = _data_shape("Expand", _ints(inputs[1]))
+    # the output shape worked out once per input shape and shape input (a transformer's attention
+    # mask: ~7 us of checks around a copy of ~2)
+    out_shape = _per_shape(attrs, "expand", x, inputs[1], lambda: _expanded_shape(x.shape, inputs[1]))
+    return [np.array(np.broadcast_to(x, out_shape))]
+
+
+def _expanded_shape(shape: tuple[int, ...], arg: Any) -> tuple[int, ...]:
+    target = _data_shape("Expand", _ints(arg))
     try:
-        out_shape = np.broadcast_shapes(x.shape, target)
+        out_shape = np.broadcast_shapes(shape, target)
     except ValueError:
-        raise InputError(f"Expand: {list(x.shape)} does not broadcast to {list(target)}; check the input "
+        raise InputError(f"Expand: {list(shape)} does not broadcast to {list(target)}; check the input "
                          "values") from None
     _data_shape("Expand", out_shape)
-    return [np.array(np.broadcast_to(x, out_shape))]
+    return out_shape
 
 
 @kernel("Tile")
@@ -375,8 +382,21 @@ def _cast(x: np.ndarray, dtype: np.dtype, saturate: bool = True, round_mode: str
 
 @kernel("Cast")
 def cast(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
-    return [_cast(np.asarray(inputs[0]), _np_dtype(int(attrs["to"])), bool(attrs.get("saturate", 1)),
-                  attrs.get("round_mode", "up"))]
+    x = inputs[0]
+    memo = attrs.memo if type(attrs) is StepAttrs else None
+    target = memo.get("to") if memo is not None else None
+    if target is None:
+        to = _np_dtype(int(attrs["to"]))
+        target = (to, to.kind in "biuf" and to.name not in _FLOAT8_MAX)  # (dtype, a plain numeric type)
+        if memo is not None:
+            memo["to"] = target
+    to = target[0]
+    if target[1] and type(x) is np.ndarray and x.dtype.kind in "biu":
+        # from integers or bool to a plain numeric type: numpy's cast raises no warning and needs no
+        # special rule (a mask's int64 -> float32, ~0.4 us where the general path's dtype lookup
+        # and errstate cost ~5)
+        return [x.astype(to)]
+    return [_cast(np.asarray(x), to, bool(attrs.get("saturate", 1)), attrs.get("round_mode", "up"))]
 
 
 @kernel("CastLike")
@@ -469,9 +489,20 @@ def _indices(op: str, idx, dims) -> np.ndarray:
 
 @kernel("Gather")
 def gather(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
-    x = np.asarray(inputs[0])
+    x, idx = np.asarray(inputs[0]), inputs[1]
     axis = _axis(int(attrs.get("axis", 0)), x.ndim)
-    return [np.take(x, _indices("Gather", inputs[1], x.shape[axis]), axis=axis)]
+    if type(idx) is np.ndarray and idx.dtype in _INT_INDEX and 0 <= axis < x.ndim:
+        # np.take's own check (its default mode, "raise") is ONNX's rule for int32/int64 indices:
+        # [-dim, dim - 1], negative ones from the end, anything else an IndexError; ~1 us where
+        # checking them first (_indices) cost ~4 more on an embedding lookup of 32 tokens
+        try:
+            return [np.take(x, idx, axis=axis)]
+        except IndexError:
+            pass  # _indices says which index, in the words of the other index ops
+    return [np.take(x, _indices("Gather", idx, x.shape[axis]), axis=axis)]
+
+
+_INT_INDEX = (np.dtype(np.int32), np.dtype(np.int64))
 
 
 @kernel("GatherElements")

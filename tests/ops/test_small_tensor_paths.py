@@ -253,3 +253,59 @@ def test_memos_read_a_refilled_array_again():
     frozen = np.array([2, 3], np.int64)
     frozen.flags.writeable = False
     assert reshape([x, frozen], rs)[0].shape == (2, 3) == reshape([x, frozen], rs)[0].shape
+
+
+def test_layer_norm_memo_follows_shape_weights_and_outputs():
+    """A bound LayerNormalization on float32 rows keeps its native call per input shape (read-only
+    scale and bias: a plan's constants): each call against the numpy reference, the statistics made
+    only where the step names them, another shape or a writable (refillable) scale read anew."""
+    from optcli import native
+    from optcli.ops.normalization import layer_normalization
+
+    if not native.available():
+        pytest.skip(native.status())
+    rng = np.random.default_rng(5)
+    scale, bias = rng.standard_normal(24).astype(np.float32), rng.standard_normal(24).astype(np.float32)
+    scale.setflags(write=False)
+    bias.setflags(write=False)
+    one, three = _bound({"axis": -1, "epsilon": 1e-5}), _bound({"axis": -2, "epsilon": 1e-5}, 3)
+    for _ in range(2):  # the second round runs from the memo
+        for shape in [(2, 3, 24), (5, 24)]:
+            x = rng.standard_normal(shape).astype(np.float32)
+            want = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * scale + bias
+            got = layer_normalization([x, scale, bias], one)
+            assert len(got) == 1
+            np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
+        x = rng.standard_normal((2, 4, 6)).astype(np.float32)  # axis -2: rows of 24 over the last two axes
+        y, mean, inv = layer_normalization([x, scale.reshape(4, 6), bias.reshape(4, 6)], three)
+        flat = x.reshape(2, 24)
+        np.testing.assert_allclose(mean.reshape(2), flat.mean(-1), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(inv.reshape(2), 1 / np.sqrt(flat.var(-1) + 1e-5), rtol=1e-5)
+        assert mean.shape == inv.shape == (2, 1, 1) and y.shape == x.shape
+    other = (scale * 3).astype(np.float32)  # another constant scale, same shape: not the memo's call
+    other.setflags(write=False)
+    x = rng.standard_normal((2, 3, 24)).astype(np.float32)
+    np.testing.assert_allclose(layer_normalization([x, other, bias], one)[0] - bias,
+                               3 * (layer_normalization([x, scale, bias], one)[0] - bias), rtol=1e-4, atol=1e-5)
+    refill = np.ones(24, np.float32)
+    first = layer_normalization([x, refill, None], one)[0]
+    refill[:] = 2.0
+    np.testing.assert_allclose(layer_normalization([x, refill, None], one)[0], 2 * first, rtol=1e-6)
+
+
+@pytest.mark.parametrize("src", [np.int64, np.int32, np.uint8, np.bool_])
+@pytest.mark.parametrize("to", [1, 7, 9, 10, 11])  # float, int64, bool, float16, double
+def test_cast_from_integers_matches_numpy(src, to):
+    from onnx import helper
+
+    from optcli.ops.tensor import cast
+
+    x = np.array([[0, 1, 5], [200, 3, 7]]).astype(src)
+    attrs = _bound({"to": to})
+    want = x.astype(helper.tensor_dtype_to_np_dtype(to))
+    for _ in range(2):  # the second call reads the target type from the memo
+        got = cast([x], attrs)[0]
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+    f = np.array([np.nan, 1e30, -2.5], np.float32)  # a float source keeps the general path
+    assert cast([f], _bound({"to": 1}))[0].dtype == np.float32
