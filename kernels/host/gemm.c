@@ -52,6 +52,8 @@ typedef struct {
     float *y;
     const conv_t *conv;        /* NULL: X is a matrix [K, N] per image */
     float *packed;             /* X packed once for all row bands (NULL: each item packs its own) */
+    int given_packed;          /* packed by the caller (optcli_fc_pack_f32): run() neither packs nor frees it */
+    int64_t given_nr;          /* the panel width it was packed for: another variant's is not used */
     int64_t pstride;           /* floats of packed X per image */
     int64_t xstride;           /* floats per image of x */
     int64_t M, K, N;
@@ -154,6 +156,12 @@ OPT_API int optcli_gemm_variant(int lanes) {
 
 static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 
+/* K blocks of equal size, none above what keeps a packed panel (nr columns) in L1. */
+static int64_t k_block(int64_t K, int64_t nr) {
+    int64_t kmax = PANEL_FLOATS / nr, kblocks = (K + kmax - 1) / kmax;
+    return (K + kblocks - 1) / kblocks;
+}
+
 /* Blocks and work items for g (w, x, bias, res, y, M, K, N, act set), then the job itself. */
 static int run(gemm_t *g, int64_t batch) {
     pthread_once(&g_variant_once, pick_variant);
@@ -161,9 +169,11 @@ static int run(gemm_t *g, int64_t batch) {
     const int64_t M = g->M, K = g->K, N = g->N, mr = v.mr, nr = v.nr;
     g->rld = g->res_row ? 0 : N;
     g->rimg = g->res_row ? 0 : M * N;
-    /* K blocks of equal size, none above what keeps a packed panel in L1 */
-    int64_t kmax = PANEL_FLOATS / nr, kblocks = (K + kmax - 1) / kmax;
-    g->kc = (K + kblocks - 1) / kblocks;
+    g->kc = k_block(K, nr);
+    if (g->given_packed && g->given_nr != nr) { /* packed for another variant (the tests switch them) */
+        g->packed = NULL;
+        g->given_packed = 0;
+    }
     /* Items: about 4 per thread (a thread that is not scheduled leaves its share to the others).
      * Each column band reads all of its rows of W and each row band packs all of its columns of
      * X, so split the columns when X is the larger (N > M) and the rows when W is (the late
@@ -241,7 +251,7 @@ static int run(gemm_t *g, int64_t batch) {
     }
     g->nm = (M + g->mb - 1) / g->mb;
     int cap = (int)alone;
-    if (g->conv && g->nn == 1 && g->nm > 1) {
+    if (g->conv && g->nn == 1 && g->nm > 1 && !g->packed) {
         /* Row bands of one column band would each gather the same columns from the input again:
          * pack them once, shared, in a job of its own (a plain X packs with vector copies, cheaper
          * than a second job's wake-up).  Without the memory, each item packs its own as usual. */
@@ -250,7 +260,7 @@ static int run(gemm_t *g, int64_t batch) {
         if (g->packed) opt_parallel(v.prepack, g, batch * ((K + g->kc - 1) / g->kc), cap);
     }
     opt_parallel(v.items[g->act], g, batch * g->nn * g->nm, cap);
-    free(g->packed);
+    if (!g->given_packed) free(g->packed);
     g->packed = NULL;
     return g->failed ? OPT_ENOMEM : 0;
 }
@@ -270,12 +280,29 @@ OPT_API int optcli_gemm_conv_f32(const float *w, const float *x, const float *bi
  * numpy's product, its bias Add and the activation were three passes (a transformer's layers on
  * 16-512 tokens; fc_rows.c takes the few-row products of a decoder's Loop). */
 OPT_API int optcli_fc_f32(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t K,
-                          int64_t N, int act, float alpha, float beta) {
+                          int64_t N, int act, float alpha, float beta, const float *packed, int64_t nr) {
     if (rows < 0 || K < 1 || N < 0 || act < 0 || act >= ACT_COUNT) return OPT_EINVAL;
     if (rows == 0 || N == 0) return 0;
     gemm_t g = {.w = x, .x = w, .res = bias, .res_row = bias != NULL, .y = y, .xstride = K * N, .M = rows, .K = K,
-                .N = N, .act = act, .alpha = alpha, .beta = beta};
+                .N = N, .act = act, .alpha = alpha, .beta = beta, .packed = (float *)packed,
+                .given_packed = packed != NULL, .given_nr = nr, .pstride = K * round_up(N, nr > 0 ? nr : 1)};
     return run(&g, 1);
+}
+
+/* w [K, N] into the panels the GEMM's tiles read (nr columns each, per K block: run()'s layout for
+ * X packed once), for optcli_fc_f32's `packed`: a constant weight packed at load, where every call
+ * packed it again, item by item (a transformer's [128, 512] weight: 64 K floats copied per call, and
+ * row bands of one column band each copied theirs).  Returns the panel width nr (> 0) of the
+ * variant in use; with packed NULL only that (the caller then makes K * round_up(N, nr) floats). */
+OPT_API int64_t optcli_fc_pack_f32(const float *w, float *packed, int64_t K, int64_t N) {
+    pthread_once(&g_variant_once, pick_variant);
+    const variant_t v = *g_variant;
+    if (K < 1 || N < 1) return OPT_EINVAL;
+    if (!packed) return v.nr;
+    gemm_t g = {.x = w, .xstride = K * N, .M = 1, .K = K, .N = N, .packed = packed,
+                .pstride = K * round_up(N, v.nr), .kc = k_block(K, v.nr)};
+    for (int64_t it = 0; it < (K + g.kc - 1) / g.kc; it++) v.prepack(&g, it);
+    return v.nr;
 }
 
 /* W [M, K] into the panels of W.T that the transposed product reads (see GK(transposed)): panels

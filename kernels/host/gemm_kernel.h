@@ -284,7 +284,7 @@ ALWAYS_INLINE void GK(item)(gemm_t *g, int64_t it, const int act) {
         int64_t kb = K - k0 < g->kc ? K - k0 : g->kc;
         int first = k0 == 0, last = k0 + kb == K;
         if (g->packed) { /* packed once for all row bands: see run() */
-            bp = g->packed + img * g->pstride + k0 * ((N + GK_NR - 1) / GK_NR) * GK_NR;
+            bp = g->packed + img * g->pstride + k0 * ((N + GK_NR - 1) / GK_NR) * GK_NR + n0 / GK_NR * kb * GK_NR;
         } else if (g->conv) {
             GK(pack_conv)(bp, g->conv, x, k0, kb, n0, cols);
         } else {

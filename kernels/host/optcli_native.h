@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 24 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 25 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -119,9 +119,14 @@ OPT_API int optcli_fc_rows_f32(const float *x, const float *w, const float *bias
  * whose max is not finite (a NaN, +inf, all -inf) is NaN.  y may be x. */
 OPT_API int optcli_softmax_f32(const float *x, float *y, int64_t rows, int64_t n);
 /* A fully connected layer over any number of rows (gemm.c): the same product as optcli_fc_rows_f32,
- * through the GEMM's register tiles, the bias and activation in their epilogue, split over the pool. */
+ * through the GEMM's register tiles, the bias and activation in their epilogue, split over the pool.
+ * packed (or NULL): w as optcli_fc_pack_f32 packed it for panel width nr, used where nr is the
+ * variant's in use. */
 OPT_API int optcli_fc_f32(const float *x, const float *w, const float *bias, float *y, int64_t rows, int64_t k,
-                          int64_t n, int act, float alpha, float beta);
+                          int64_t n, int act, float alpha, float beta, const float *packed, int64_t nr);
+/* w [k, n] packed for optcli_fc_f32 into packed (k * round_up(n, nr) floats); returns nr, the panel
+ * width of the variant in use (packed NULL: only that), or a negative status. */
+OPT_API int64_t optcli_fc_pack_f32(const float *w, float *packed, int64_t k, int64_t n);
 /* LayerNormalization of x [outer, c, inner] over its c axis: y (same layout) = (x - mean) / sqrt(var + eps)
  * * scale[k] + bias[k]; mean and inv (1 / sqrt(var + eps)), [outer, inner], are written when not NULL.
  * bias may be NULL; eps must be > 0. */

@@ -64,6 +64,7 @@ def prepared_fc(w: np.ndarray, bias: np.ndarray | None, activation: str | None, 
     _require_weights(w, bias, 'fc')
     k, n = w.shape
     fn, code = library.function("optcli_fc_f32"), ACTIVATION_CODES[activation]
+    packed, nr = _packed(w)
     empty, f32, nd = np.empty, np.float32, np.ndarray
 
     def call(x: np.ndarray) -> np.ndarray | None:
@@ -72,9 +73,24 @@ def prepared_fc(w: np.ndarray, bias: np.ndarray | None, activation: str | None, 
         if not x.flags.c_contiguous:
             x = np.ascontiguousarray(x)
         y = empty(x.shape[:-1] + (n,), f32)
-        rc = fn(x, w, bias, y, x.size // k, k, n, code, alpha, beta)
+        rc = fn(x, w, bias, y, x.size // k, k, n, code, alpha, beta, packed, nr)
         if rc:
             _check(rc, "fc")
         return y
 
     return call
+
+
+def _packed(w: np.ndarray) -> tuple[np.ndarray | None, int]:
+    """W packed once into the panels the GEMM's tiles read (``optcli_fc_pack_f32``) and their
+    width, or (None, 0) where W is too narrow to be taken by the tiles (fewer columns than a
+    panel: dot products) or the library says no."""
+    k, n = w.shape
+    pack = library.function("optcli_fc_pack_f32")
+    nr = int(pack(w, None, k, n))
+    if nr <= 0 or n < 16:
+        return None, 0
+    packed = np.empty(k * ((n + nr - 1) // nr * nr), np.float32)
+    if int(pack(w, packed, k, n)) != nr:  # the variant changed in between (the tests switch it)
+        return None, 0
+    return packed, nr

@@ -257,8 +257,11 @@ def softmax(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.n
         # step, a transformer's attention scores; before opset 13, an axis that is the last, as a
         # classifier's [N, classes] has).  Along the last axis one native call: 1.2 us on 2..200
         # floats, 2.7 on [2, 2, 16, 16], where numpy's five calls took 3.3 and 8.7
-        if axis in (-1, x.ndim - 1) and x.ndim and x.flags.c_contiguous and native.available():
-            return [native.softmax_rows(x)]
+        if x.ndim and x.flags.c_contiguous and native.available():
+            if axis in (-1, x.ndim - 1):
+                return [native.softmax_rows(x)]
+            if -x.ndim <= axis < x.ndim and x.shape[axis] == x.size:  # one row on another axis ([1, T, 1])
+                return [native.softmax_rows(x.reshape(1, -1)).reshape(x.shape)]
         # without the library: Python floats for a few elements, else three numpy passes in place,
         # where the general path's casts and views cost as much again
         if x.size <= _TINY_SOFTMAX and x.ndim and axis in (-1, x.ndim - 1):

@@ -284,7 +284,15 @@ static int run_case(const char *in, const char *out) {
         float *b = has_bias ? read_floats(f, n) : NULL;
         ny = rows * n;
         y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
-        rc = (h[0] == 19 ? optcli_fc_rows_f32 : optcli_fc_f32)(x, w, b, y, rows, k, n, act, alpha, beta);
+        if (h[0] == 19) {
+            rc = optcli_fc_rows_f32(x, w, b, y, rows, k, n, act, alpha, beta);
+        } else { /* the weight packed first where g[3] says so */
+            int64_t nr = g[3] ? optcli_fc_pack_f32(w, NULL, k, n) : 0;
+            float *packed = nr > 0 ? malloc((size_t)(k * ((n + nr - 1) / nr * nr)) * sizeof(float)) : NULL;
+            if (packed) optcli_fc_pack_f32(w, packed, k, n);
+            rc = optcli_fc_f32(x, w, b, y, rows, k, n, act, alpha, beta, packed, nr);
+            free(packed);
+        }
         free(x), free(w), free(b);
     } else if (h[0] == 21) {
         const int64_t dirs = g[0], seq = g[1], batch = g[2], hid = g[3];

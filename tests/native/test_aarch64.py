@@ -228,7 +228,7 @@ def _elementwise_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
         pre = x.astype(np.float64) @ w.astype(np.float64) + (0 if b is None else b)
         want = apply_activation(pre.astype(np.float32), act, *ACT_PARAMS.get(act, (0.0, 0.0)))
         src, dst = tmp / f"fc{i}.in", tmp / f"fc{i}.out"
-        _write_case(src, 30, act, [rows, k, n], [x, w, b])
+        _write_case(src, 30, act, [rows, k, n, i % 2], [x, w, b])  # odd cases: the weight packed first
         cases.append((src, dst, want, f"gemm fc {rows}x{k}x{n} {act} bias={b is not None}"))
     for i, (rows, n) in enumerate([(1, 1), (3, 7), (2, 19), (4, 2050)]):  # softmax rows: tails, 1024-float blocks
         x = (rng.standard_normal((rows, n)) * 10).astype(np.float32)

@@ -165,3 +165,26 @@ def test_fully_connected_step_on_many_rows_runs_the_gemm_fc(native_lib, monkeypa
         (y,) = fully_connected([x, w, b], attrs)
         assert_close(y, _reference(x, w, b, "gelu"))
     assert len(made) == 1
+
+
+def test_gemm_fc_on_a_packed_weight_every_variant(lanes, native_lib):
+    """The weight packed once (``optcli_fc_pack_f32``) for the variant in use gives the float64
+    product on shapes over several column bands and K blocks, at 1 and 2 threads; packed for one
+    variant and run on another (the panel width differs) it is not read, and the answer is the
+    same."""
+    old_threads = native.set_num_threads(1)
+    try:
+        for threads in (1, 2):
+            native.set_num_threads(threads)
+            for rows, k, n in [(16, 128, 16), (33, 700, 97), (64, 130, 512), (200, 31, 33)]:
+                x = RNG.standard_normal((rows, k)).astype(np.float32)
+                w = (RNG.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+                b = RNG.standard_normal(n).astype(np.float32)
+                call = native.prepared_fc(w, b, "relu", 0.0, 0.0)
+                assert_close(call(x), _reference(x, w, b, "relu"),
+                             what=f"{lanes} lanes, {threads} threads: rows {rows} k {k} n {n}")
+        for other in (4, 8, 16):
+            if other != lanes and native_lib._lib.optcli_gemm_variant(other) == other:
+                assert_close(call(x), _reference(x, w, b, "relu"), what=f"packed for {lanes} lanes, run on {other}")
+    finally:
+        native.set_num_threads(old_threads)

@@ -31,3 +31,17 @@ def test_native_softmax_rows(shape, special, pool_threads, monkeypatch):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     if special is None:
         assert np.abs(got.astype(np.float64).sum(axis=-1) - 1).max() < 2e-6
+
+
+@pytest.mark.parametrize("shape, axis", [((1, 64, 1), 1), ((1, 5, 1, 1), -3), ((1, 64, 1), -2)])
+def test_a_one_row_softmax_on_another_axis_is_native(shape, axis, native_lib, monkeypatch):
+    """A softmax whose axis holds every element (a decoder's [1, T, 1] attention weights) is the
+    native call over the flat row."""
+    from optcli.ops import normalization
+
+    monkeypatch.setattr(normalization, "_one_row_softmax", lambda x: pytest.fail("numpy's one-row path taken"))
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    got = normalization.softmax([x], {"axis": axis, "_opset": 13})[0]
+    want = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
+    assert got.shape == x.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
