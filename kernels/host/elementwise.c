@@ -24,6 +24,7 @@ typedef struct {
     const float *x, *b; /* b: the second operand of a sum, or NULL */
     float *y;
     int64_t n;
+    int64_t nb; /* b's length: b repeats every nb floats of x (nb == n: the same shape) */
     int act;
     float alpha, beta;
 } act_t;
@@ -34,11 +35,16 @@ HOT_CLONES static void act_item(void *ctx, int64_t it) {
     for (int64_t i = it * ACT_CHUNK; i < end; i += ACT_BLOCK) {
         int64_t len = end - i < ACT_BLOCK ? end - i : ACT_BLOCK;
         if (a->b) {
-            const float *x = a->x + i, *b = a->b + i;
-            float *y = a->y + i;
-            int64_t j = 0;
-            for (; j + VL <= len; j += VL) vstore(y + j, vload(x + j) + vload(b + j));
-            for (; j < len; j++) y[j] = x[j] + b[j];
+            /* in runs that stay within one period of b (all of the block where b is as long as x) */
+            for (int64_t j0 = 0; j0 < len;) {
+                int64_t off = (i + j0) % a->nb, run = a->nb - off < len - j0 ? a->nb - off : len - j0;
+                const float *x = a->x + i + j0, *b = a->b + off;
+                float *y = a->y + i + j0;
+                int64_t j = 0;
+                for (; j + VL <= run; j += VL) vstore(y + j, vload(x + j) + vload(b + j));
+                for (; j < run; j++) y[j] = x[j] + b[j];
+                j0 += run;
+            }
         } else if (a->x != a->y) {
             memcpy(a->y + i, a->x + i, (size_t)len * sizeof(float));
         }
@@ -58,13 +64,23 @@ static int run_act(act_t *a) {
 }
 
 OPT_API int optcli_activation_f32(const float *x, float *y, int64_t n, int act, float alpha, float beta) {
-    act_t a = {.x = x, .y = y, .n = n, .act = act, .alpha = alpha, .beta = beta};
+    act_t a = {.x = x, .y = y, .n = n, .nb = n, .act = act, .alpha = alpha, .beta = beta};
     return run_act(&a);
 }
 
 OPT_API int optcli_add_f32(const float *x, const float *b, float *y, int64_t n, int act, float alpha, float beta) {
     if (!b) return OPT_EINVAL;
-    act_t a = {.x = x, .b = b, .y = y, .n = n, .act = act, .alpha = alpha, .beta = beta};
+    act_t a = {.x = x, .b = b, .y = y, .n = n, .nb = n, .act = act, .alpha = alpha, .beta = beta};
+    return run_act(&a);
+}
+
+/* y = act(x + b) with b of nb floats repeated along x (n a multiple of nb: a bias row [C] or a
+ * [T, C] block added to [..., T, C], numpy's broadcast of trailing dims), one pass: a decoder's
+ * attention Add of [1, 1, 96] to [1, 64, 96] and its Tanh took numpy's add and a second call. */
+OPT_API int optcli_add_period_f32(const float *x, const float *b, float *y, int64_t n, int64_t nb, int act, float alpha,
+                                  float beta) {
+    if (!b || nb < 1 || n < 0 || n % nb) return OPT_EINVAL;
+    act_t a = {.x = x, .b = b, .y = y, .n = n, .nb = nb, .act = act, .alpha = alpha, .beta = beta};
     return run_act(&a);
 }
 

@@ -111,6 +111,9 @@ OPT_API int optcli_conv2d_blocked_f32(const float *x, const float *packed, const
 OPT_API int optcli_activation_f32(const float *x, float *y, int64_t n, int act, float alpha, float beta);
 /* y = act(x + b) over n floats (a residual Add and its fused activation in one pass); y may be x or b. */
 OPT_API int optcli_add_f32(const float *x, const float *b, float *y, int64_t n, int act, float alpha, float beta);
+/* y = act(x + b[i % nb]) over n floats, n a multiple of nb >= 1 (b broadcast along x's leading dims); y may be x. */
+OPT_API int optcli_add_period_f32(const float *x, const float *b, float *y, int64_t n, int64_t nb, int act, float alpha,
+                                  float beta);
 /* A fully connected layer over a few rows (fc_rows.c): y [rows, n] = act(x [rows, k] @ w [k, n] + bias [n]),
  * all row-major and contiguous; bias may be NULL; y must not overlap x, w or bias. */
 OPT_API int optcli_fc_rows_f32(const float *x, const float *w, const float *bias, float *y, int64_t rows,

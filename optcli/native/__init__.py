@@ -21,6 +21,7 @@ from optcli.native.elementwise import (
     activation,
     activation_,
     add,
+    add_period,
     from_half,
     layer_norm,
     prepared_layer_norm,
@@ -47,7 +48,7 @@ from optcli.native.upsample import transpose_conv_taps, upsample_nearest
 from optcli.native.window import depthwise_conv2d, depthwise_fits, pool2d, prepared_depthwise_conv2d
 
 __all__ = [
-    "ACTIVATION_CODES", "LIB_PREFIX", "NativeError", "activation", "activation_", "add", "available",
+    "ACTIVATION_CODES", "LIB_PREFIX", "NativeError", "activation", "activation_", "add", "add_period", "available",
     "bias_activation_", "channel_affine", "conv2d_gemm", "depthwise_conv2d", "depthwise_fits", "derived", "from_half",
     "gemm_conv", "prepared_channel_prelu",
     "get_num_threads", "layer_norm", "library", "library_path", "note_unavailable", "pack_panels", "pool2d",

@@ -40,6 +40,21 @@ def activation_(y: np.ndarray, name: str, alpha: float = 0.0, beta: float = 0.0)
     return y
 
 
+def add_period(a: np.ndarray, b: np.ndarray, activation: str | None = None, alpha: float = 0.0,
+               beta: float = 0.0) -> np.ndarray:
+    """``act(a + b)`` of a C-contiguous float32 ``a`` and a C-contiguous float32 ``b`` whose elements
+    repeat along ``a`` (numpy's broadcast of b's trailing dims: a bias row [C] or a [T, C] block
+    over [..., T, C]; the caller checks the shapes), in a new array of a's shape, one threaded pass."""
+    require(library._lib is not None and type(a) is np.ndarray and type(b) is np.ndarray and a.dtype is _F32
+            and b.dtype is _F32 and a.flags.c_contiguous and b.flags.c_contiguous and b.size >= 1
+            and a.size % b.size == 0, 'add')
+    out = np.empty_like(a)
+    rc = library.function("optcli_add_period_f32")(a, b, out, a.size, b.size, ACTIVATION_CODES[activation], alpha, beta)
+    if rc:
+        _check(rc, "add")
+    return out
+
+
 def softmax_rows(x: np.ndarray) -> np.ndarray:
     """Softmax along the last axis of a C-contiguous float32 ``x`` (at least one element a row) in a
     new array: one native call where numpy takes five (kernels/host/elementwise.c).  Anything else

@@ -72,6 +72,7 @@ INVOKER(pppppqqqqiff, (vp, vp, vp, vp, vp, i64, i64, i64, i64, int, float, float
 INVOKER(ppppqqqiff, (vp, vp, vp, vp, i64, i64, i64, int, float, float), P(0), P(1), P(2), P(3), Q(4), Q(5), Q(6),
         I(7), F(8), F(9))
 INVOKER(pppqiff, (vp, vp, vp, i64, int, float, float), P(0), P(1), P(2), Q(3), I(4), F(5), F(6))
+INVOKER(pppqqiff, (vp, vp, vp, i64, i64, int, float, float), P(0), P(1), P(2), Q(3), Q(4), I(5), F(6), F(7))
 INVOKER(pppqpp, (vp, vp, vp, i64, vp, vp), P(0), P(1), P(2), Q(3), P(4), P(5))
 INVOKER(pppqqqq, (vp, vp, vp, i64, i64, i64, i64), P(0), P(1), P(2), Q(3), Q(4), Q(5), Q(6))
 INVOKER(ppq, (vp, vp, i64), P(0), P(1), Q(2))
@@ -101,7 +102,7 @@ static const struct {
     ROW(ppppppqqqf), ROW(pppppqiff),     ROW(pppppqqqqiff), ROW(ppppqqqiff), ROW(pppqiff),
     ROW(pppqpp),     ROW(pppqqqq),   ROW(ppq),           ROW(ppqffff),   ROW(ppqfii),    ROW(ppqiff),
     ROW(ppqppppqqqqiff), ROW(ppqp),      ROW(pppqqpp),   ROW(ppqq),      ROW(ppqqpp),    ROW(ppqqqq),
-    ROW(ipppppppppppppppppfi), ROW(pqpp), ROW(pppppppp), ROW(ppppqqqiffpq),
+    ROW(ipppppppppppppppppfi), ROW(pqpp), ROW(pppppppp), ROW(ppppqqqiffpq), ROW(pppqqiff),
 #undef ROW
 };
 

@@ -73,6 +73,8 @@ _SIGNATURES = {
                                  ctypes.c_int),
     "optcli_activation_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
     "optcli_add_f32": ([_vp, _vp, _vp, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_float], ctypes.c_int),
+    "optcli_add_period_f32": ([_vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_float,
+                               ctypes.c_float], ctypes.c_int),
     "optcli_fc_rows_f32": ([_vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
                             ctypes.c_float, ctypes.c_float], ctypes.c_int),
     "optcli_softmax_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int64], ctypes.c_int),

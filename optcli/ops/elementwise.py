@@ -81,7 +81,36 @@ def add(inputs: Inputs, attrs: Attrs) -> list[np.ndarray]:
             and attrs.get("activation") in native.ACTIVATION_CODES and native.available()):
         # a residual Add (and the Relu fused into it) in one threaded pass over the output
         return [apply_output_quant(native.add(a, b, *epilogue(attrs)), attrs)]
+    if type(a) is np.ndarray and type(b) is np.ndarray and a.dtype is _F32 and b.dtype is _F32:
+        big, row = (a, b) if a.size >= b.size else (b, a)
+        act = attrs.get("activation")
+        if row.size < big.size and big.size >= (_NATIVE_ROW_ADD_MIN if act is None else _NATIVE_ROW_ADD_ACT_MIN) \
+                and act != "tanh" and act in native.ACTIVATION_CODES and _trailing(big.shape, row.shape) \
+                and big.flags.c_contiguous and row.flags.c_contiguous and native.available():
+            # a row or block (a bias, an attention mask, a decoder's query) added to every row of the
+            # other operand, and the activation, in one pass where numpy's broadcast add and the
+            # activation took two calls: relu over [2, 16, 128] 3.0 against 4.3 us, [1, 256, 56, 56]
+            # + [56, 56] 39 against 116.  Not tanh: numpy's own is the faster on small arrays
+            return [apply_output_quant(native.add_period(big, row, *epilogue(attrs)), attrs)]
     return [_with_epilogue(_same(np.add(a, b), a), attrs)]
+
+
+_F32 = np.dtype(np.float32)
+_NATIVE_ROW_ADD_MIN = 16384  # result elements from which the native broadcast add beats numpy's (~2.6 us a call)
+_NATIVE_ROW_ADD_ACT_MIN = 64  # the same with an activation fused, which numpy runs as a second call
+
+
+def _trailing(big: tuple[int, ...], small: tuple[int, ...]) -> bool:
+    """Whether an array of shape ``small`` broadcast to ``big`` (numpy's rules) is its elements
+    repeated in order: ``small`` without its leading ones is a suffix of ``big``, and the result
+    has ``big``'s shape."""
+    if len(small) > len(big):
+        return False  # the result would have more dims than big
+    k = 0
+    while k < len(small) and small[k] == 1:
+        k += 1
+    rest = small[k:]
+    return big[len(big) - len(rest):] == rest
 
 
 @kernel("Sub")

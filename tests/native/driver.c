@@ -316,6 +316,13 @@ static int run_case(const char *in, const char *out) {
         rc = optcli_channel_prelu_f32(x, dst, s, g[0], g[1], g[2], g[3]);
         if (dst == x) memcpy(y, x, (size_t)ny * sizeof(float));
         free(x), free(s);
+    } else if (h[0] == 9 && g[1] > 0) { /* b of g[1] floats repeated along x */
+        ny = g[0];
+        float *x = read_floats(f, ny), *b = read_floats(f, g[1]);
+        y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
+        rc = optcli_add_period_f32(x, b, y, ny, g[1], act, alpha, beta);
+        free(x);
+        free(b);
     } else if (h[0] == 9) {
         ny = g[0];
         float *x = read_floats(f, ny), *b = read_floats(f, ny);

@@ -209,6 +209,15 @@ def _elementwise_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
         with open(src, "wb") as f:
             f.write(np.array(head, np.int64).tobytes() + x.tobytes() + b.tobytes())
         cases.append((src, dst, want, f"add + {act} over {n}"))
+    for i, (rows, nb, act) in enumerate([(64, 96, "tanh"), (3, 1, None), (5, 37, "relu"), (2, 9000, None)]):
+        x, b = (rng.standard_normal(rows * nb) * 4).astype(np.float32), rng.standard_normal(nb).astype(np.float32)
+        with mock.patch.object(native.library, "_lib", None):
+            want = add([x.reshape(rows, nb), b], {"activation": act} if act else {})[0].reshape(-1)
+        src, dst = tmp / f"addp{i}.in", tmp / f"addp{i}.out"
+        head = [9, native.ACTIVATION_CODES[act], 0, rows * nb, nb, *[0] * 13, _bits(0.0), _bits(0.0)]
+        with open(src, "wb") as f:
+            f.write(np.array(head, np.int64).tobytes() + x.tobytes() + b.tobytes())
+        cases.append((src, dst, want, f"add of a {nb}-float row + {act} over {rows} rows"))
     for i, (rows, k, n) in enumerate([(1, 1, 1), (1, 96, 288), (3, 13, 45), (5, 7, 5), (8, 300, 131)]):
         act = [None, "sigmoid", "tanh", "relu", "gelu"][i]
         x = rng.standard_normal((rows, k)).astype(np.float32)

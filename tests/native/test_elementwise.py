@@ -44,7 +44,7 @@ def calls(native_lib, monkeypatch):
             return fn(*args, **kwargs)
         return counted
 
-    for name in ("activation", "layer_norm", "channel_affine", "row_mean", "add"):
+    for name in ("activation", "layer_norm", "channel_affine", "row_mean", "add", "add_period"):
         counts[name] = 0
         monkeypatch.setattr(native, name, counting(name, getattr(native, name)))
     return counts
@@ -292,7 +292,29 @@ def test_add_outside_the_native_scope_stays_in_numpy(calls):
     small = _x((1, 8, 4, 4))
     big = _x((1, 64, 32, 32))
     add([small, small], {})  # too small to be worth a call
-    add([big, big[:, :1]], {})  # broadcast
+    add([big, big[:, :, :1]], {})  # broadcast along an inner axis: not a repeated row
     add([big, big.astype(np.float64)], {})  # mixed dtypes
     add([big[:, :, :, ::-1], big], {})  # a strided view
-    assert calls["add"] == 0
+    add([_x((4, 1, 32)), _x((3, 32))], {})  # the result has more rows than either operand
+    add([_x((64,)), _x((1, 1, 64))], {})  # the row has more dims: the result is not the big one's shape
+    add([big, big[:, :1, :, ::-1]], {})  # a repeated block, but strided
+    assert calls["add"] == 0 and calls["add_period"] == 0
+
+
+@pytest.mark.parametrize("big, row", [((1, 64, 96), (1, 1, 96)), ((2, 16, 128), (1, 16, 128)), ((64, 96), (96,)),
+                                      ((3, 5, 7), ()), ((2, 3, 7), (1, 1, 1)), ((9000, 3), (3,)), ((1, 2), (2,)),
+                                      ((4, 8193), (8193,)), ((1, 16, 56, 56), (56, 56))], ids=str)
+@pytest.mark.parametrize("activation", [None, "sigmoid", "relu"])
+@pytest.mark.parametrize("swap", [False, True], ids=["row second", "row first"])
+def test_add_of_a_repeated_row_is_one_native_pass(big, row, activation, swap, threads, calls):
+    """A row broadcast along the other operand's leading dims (a bias [C], a decoder's [1, 1, H] query
+    over [1, T, H]) and the fused activation: one native call, as numpy's broadcast add and the
+    activation give it, either operand the row."""
+    a, b = _x(big), np.asarray(_x(row), np.float32)
+    inputs = [b, a] if swap else [a, b]
+    fused = {"activation": activation} if activation else {}
+    got = add(inputs, fused)[0]
+    want = numpy_kernel(add, inputs, fused)[0]
+    assert got.shape == want.shape == big
+    assert_close(got, want, what=f"{row} over {big} + {activation}")
+    assert calls["add_period"] == (1 if a.size >= (64 if activation else 16384) else 0)
