@@ -471,3 +471,124 @@ def prelu_blocked(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> lis
                          f"{list(slope.shape)} for {list(x.shape)}; the file is corrupted or crafted")
     s = _packed(attrs, "nchwc slope", slope, x.shape[-1], _blocked_slope)
     return act_ops.prelu([x, s], attrs)
+
+
+# ------------------------------------------------------------------ channel concat, split, upsample
+# YOLO-style nets cut their conv regions at every C2f block (a Split into halves, a Concat of the
+# branches), at SPPF's Concat and at the neck's nearest 2x Resizes: nudenet's plan stayed NCHW
+# (28 borders for 57 convs), and forced blocked it paid 28 conversions.  Where every channel count
+# but the last is a whole number of blocks (a multiple of 16, so of every B), joining or cutting
+# along the channel axis is joining or cutting whole blocks: the pad lanes stay at the end.
+WHOLE_BLOCKS = 16  # channel counts the ops below need (but the last): a multiple of every block width
+MAX_CONCAT_INPUTS = 256  # inputs a blocked Concat reads (blocked_inputs names each position)
+
+
+def _channel_axis(node: Any, rank: int = 4) -> bool:
+    axis = int(node.attrs.get("axis", 1 if node.op_type == "Split" else 0))
+    return axis in (1, 1 - rank)
+
+
+def applies_concat(node: Any, graph: Any) -> bool:
+    """A Concat of images along channels, equal N, H and W, every input but the last a whole
+    number of blocks."""
+    shapes = [_image(graph, name) for name in node.inputs]
+    if not shapes or len(shapes) > MAX_CONCAT_INPUTS or any(s is None for s in shapes) or not _channel_axis(node):
+        return False
+    rest = {(s[0], s[2], s[3]) for s in shapes}
+    return len(rest) == 1 and all(fixed(s[1]) % WHOLE_BLOCKS == 0 for s in shapes[:-1])
+
+
+@kernel("Concat", variant=LAYOUT, applies=applies_concat, blocked_inputs=tuple(range(MAX_CONCAT_INPUTS)),
+        blocked_outputs=True)
+def concat_blocked(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """Channel Concat in the blocked layout: the inputs' blocks one after the other (the load
+    checks hold ``applies_concat`` for the derived shapes: whole blocks but the last)."""
+    for x in inputs:
+        _check_blocked(x, "a blocked Concat")
+    first = inputs[0].shape
+    if any(x.shape[0] != first[0] or x.shape[2:] != first[2:] for x in inputs):
+        raise InputError(f"a blocked Concat got operands {[list(x.shape) for x in inputs]}, which do not join along "
+                         "channels; the file is corrupted or crafted")
+    return [np.concatenate(inputs, axis=1)]
+
+
+def _split_sizes(node: Any, graph: Any) -> list[int] | None:
+    if len(node.inputs) > 1 and node.inputs[1]:
+        sizes = graph.const(node.inputs[1])
+        return None if sizes is None else [int(v) for v in np.asarray(sizes).reshape(-1)]
+    split = node.attrs.get("split")
+    return None if split is None else [int(v) for v in split]
+
+
+def applies_split(node: Any, graph: Any) -> bool:
+    """A Split of an image along channels into sizes it names (a constant or the attribute), each
+    but the last a whole number of blocks."""
+    x = _image(graph, node.input(0))
+    sizes = _split_sizes(node, graph)
+    if x is None or not sizes or not _channel_axis(node) or len(sizes) != len(node.outputs) \
+            or not _plain_epilogue(node):
+        return False
+    return sum(sizes) == fixed(x[1]) and all(s > 0 for s in sizes) and all(s % WHOLE_BLOCKS == 0 for s in sizes[:-1])
+
+
+@kernel("Split", variant=LAYOUT, applies=applies_split, blocked_inputs=(0,), blocked_outputs=True)
+def split_blocked(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """Channel Split in the blocked layout: whole blocks to each output, the last taking the rest
+    (its pad lanes the input's)."""
+    x = inputs[0]
+    _check_blocked(x, "a blocked Split")
+    raw = inputs[1] if len(inputs) > 1 and inputs[1] is not None else attrs.get("split")
+    sizes = [] if raw is None else [int(v) for v in np.asarray(raw).reshape(-1)]
+    width, blocks = x.shape[4], x.shape[1]
+    starts = np.cumsum([0] + sizes[:-1]).tolist()
+    if not sizes or any(s <= 0 for s in sizes) or any(s % width for s in sizes[:-1]) \
+            or not (blocks - 1) * width < sum(sizes) <= blocks * width:
+        raise InputError(f"a blocked Split got sizes {sizes} for {blocks} blocks of {width} lanes; the file is "
+                         "corrupted or crafted")
+    outs = [x[:, a // width:(a + s) // width] for a, s in zip(starts[:-1], sizes[:-1])]
+    outs.append(x[:, starts[-1] // width:])
+    return [np.ascontiguousarray(o) for o in outs]
+
+
+def applies_resize(node: Any, graph: Any) -> bool:
+    """A nearest Resize of an image that copies each pixel into a whole block of pixels (an FPN's
+    or a YOLO neck's 2x), scales a constant, the channels left alone."""
+    from optcli.ops.resize import _repeats
+
+    x = _image(graph, node.input(0))
+    if x is None or node.op_type != "Resize" or len(node.inputs) < 3 or not node.inputs[2] \
+            or (len(node.inputs) > 3 and node.inputs[3]) or not all(isinstance(d, int) for d in x):
+        return False
+    scales, roi = graph.const(node.inputs[2]), graph.const(node.inputs[1]) if node.inputs[1] else None
+    if scales is None or (node.inputs[1] and roi is None):
+        return False
+    try:
+        repeats = _repeats(tuple(x), roi, np.asarray(scales, np.float32), None, node.attrs)
+    except Exception:  # noqa: BLE001 - the plain kernel will say what is wrong with the node
+        return False
+    return bool(repeats) and set(repeats) <= {2, 3}
+
+
+@kernel("Resize", variant=LAYOUT, applies=applies_resize, blocked_inputs=(0,), blocked_outputs=True)
+def resize_blocked(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    """Nearest upsampling by whole factors in the blocked layout: each pixel's B lanes copied into
+    its block of pixels."""
+    from optcli.ops.resize import _repeats
+
+    x = inputs[0]
+    _check_blocked(x, "a blocked Resize")
+    n, cb, h, w, b = x.shape
+    memo = attrs.memo if type(attrs) is StepAttrs else {}
+    hit = memo.get("blocked repeats")
+    if hit is None or hit[0] != x.shape or hit[1] is not inputs[2]:
+        roi = inputs[1] if len(inputs) > 1 else None
+        scales = inputs[2] if len(inputs) > 2 else None
+        repeats = None if scales is None else _repeats((n, cb * b, h, w), roi, np.asarray(scales, np.float32), None,
+                                                       attrs)
+        if not repeats or not set(repeats) <= {2, 3}:
+            raise InputError(f"a blocked Resize got scales {None if scales is None else np.asarray(scales).tolist()} "
+                             f"for {list(x.shape)}, which do not copy whole pixels; the file is corrupted or crafted")
+        hit = memo["blocked repeats"] = (x.shape, inputs[2], repeats)
+    rh, rw = hit[2].get(2, 1), hit[2].get(3, 1)
+    y = np.broadcast_to(x[:, :, :, None, :, None, :], (n, cb, h, rh, w, rw, b))
+    return [np.ascontiguousarray(y).reshape(n, cb, h * rh, w * rw, b)]
