@@ -489,13 +489,13 @@ def _channel_axis(node: Any, rank: int = 4) -> bool:
 
 
 def applies_concat(node: Any, graph: Any) -> bool:
-    """A Concat of images along channels, equal N, H and W, every input but the last a whole
-    number of blocks."""
+    """A Concat of images along channels, every input but the last a whole number of blocks (N, H and
+    W must be equal for any Concat: the kernel checks them on the arrays it gets, where a dynamic
+    size's symbols may be written two ways for one value)."""
     shapes = [_image(graph, name) for name in node.inputs]
     if not shapes or len(shapes) > MAX_CONCAT_INPUTS or any(s is None for s in shapes) or not _channel_axis(node):
         return False
-    rest = {(s[0], s[2], s[3]) for s in shapes}
-    return len(rest) == 1 and all(fixed(s[1]) % WHOLE_BLOCKS == 0 for s in shapes[:-1])
+    return all(fixed(s[1]) % WHOLE_BLOCKS == 0 for s in shapes[:-1])
 
 
 @kernel("Concat", variant=LAYOUT, applies=applies_concat, blocked_inputs=tuple(range(MAX_CONCAT_INPUTS)),
@@ -557,23 +557,26 @@ def applies_resize(node: Any, graph: Any) -> bool:
 
     x = _image(graph, node.input(0))
     if x is None or node.op_type != "Resize" or len(node.inputs) < 3 or not node.inputs[2] \
-            or (len(node.inputs) > 3 and node.inputs[3]) or not all(isinstance(d, int) for d in x):
+            or (len(node.inputs) > 3 and node.inputs[3]):
         return False
     scales, roi = graph.const(node.inputs[2]), graph.const(node.inputs[1]) if node.inputs[1] else None
     if scales is None or (node.inputs[1] and roi is None):
         return False
+    # a dynamic image size (a detector exported with dynamic H and W) is probed at two sizes; the
+    # kernel checks the sizes it runs on and takes the general path where they do not repeat
+    probes = [tuple(x)] if all(isinstance(d, int) for d in x) else [(1, 1, 8, 8), (1, 1, 13, 9)]
     try:
-        repeats = _repeats(tuple(x), roi, np.asarray(scales, np.float32), None, node.attrs)
+        found = [_repeats(p, roi, np.asarray(scales, np.float32), None, node.attrs) for p in probes]
     except Exception:  # noqa: BLE001 - the plain kernel will say what is wrong with the node
         return False
-    return bool(repeats) and set(repeats) <= {2, 3}
+    return all(found) and all(set(r) <= {2, 3} and r == found[0] for r in found)
 
 
 @kernel("Resize", variant=LAYOUT, applies=applies_resize, blocked_inputs=(0,), blocked_outputs=True)
 def resize_blocked(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
     """Nearest upsampling by whole factors in the blocked layout: each pixel's B lanes copied into
     its block of pixels."""
-    from optcli.ops.resize import _repeats
+    from optcli.ops.resize import _repeats, resize
 
     x = inputs[0]
     _check_blocked(x, "a blocked Resize")
@@ -585,10 +588,12 @@ def resize_blocked(inputs: list[np.ndarray | None], attrs: dict[str, Any]) -> li
         scales = inputs[2] if len(inputs) > 2 else None
         repeats = None if scales is None else _repeats((n, cb * b, h, w), roi, np.asarray(scales, np.float32), None,
                                                        attrs)
-        if not repeats or not set(repeats) <= {2, 3}:
-            raise InputError(f"a blocked Resize got scales {None if scales is None else np.asarray(scales).tolist()} "
-                             f"for {list(x.shape)}, which do not copy whole pixels; the file is corrupted or crafted")
         hit = memo["blocked repeats"] = (x.shape, inputs[2], repeats)
+    if not hit[2] or not set(hit[2]) <= {2, 3}:
+        # not whole pixels at this size (a dynamic size the rule's probes did not cover): the plain
+        # kernel on every lane, pad lanes as channels
+        plain = resize([_all_lanes(x), *inputs[1:]], attrs)[0]
+        return [to_blocked(plain, b)]
     rh, rw = hit[2].get(2, 1), hit[2].get(3, 1)
     y = np.broadcast_to(x[:, :, :, None, :, None, :], (n, cb, h, rh, w, rw, b))
     return [np.ascontiguousarray(y).reshape(n, cb, h * rh, w * rw, b)]

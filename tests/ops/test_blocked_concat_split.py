@@ -77,11 +77,22 @@ def test_the_kernels_refuse_what_they_would_join_or_cut_wrongly():
         blocked.split_blocked([a, np.array([4, 12], np.int64)], {})  # 4 channels: not a whole block of 8
     with pytest.raises(InputError, match="blocked Split got sizes"):
         blocked.split_blocked([a, np.array([8, 40], np.int64)], {})  # more channels than the blocks hold
-    with pytest.raises(InputError, match="copy whole pixels"):
-        blocked.resize_blocked([a, None, np.array([1, 1, 1.5, 1.5], np.float32)], {"mode": "nearest"})
 
 
-def _c2f_model(c: int = 32, tail: int = 7) -> tuple:
+@pytest.mark.parametrize("block", [1, 8])
+def test_a_blocked_resize_that_does_not_copy_whole_pixels_takes_the_general_path(block):
+    """Scales of 1.5 (a file's, or a dynamic size the rule's probes did not cover): every lane through
+    the plain kernel, the same answer."""
+    from optcli.ops.resize import resize
+
+    x = RNG.standard_normal((1, 11, 4, 6)).astype(np.float32)
+    s = np.array([1, 1, 1.5, 1.5], np.float32)
+    attrs = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
+    y = blocked.resize_blocked([_blocked_with_garbage(x, block), None, s], StepAttrs(dict(attrs)))[0]
+    np.testing.assert_array_equal(blocked.from_blocked(y, 11), resize([x, None, s], dict(attrs))[0])
+
+
+def _c2f_model(c: int = 32, tail: int = 7, dims: tuple = (16, 16)) -> tuple:
     """x -> conv -> Split(c/2, c/2) -> conv on the second half -> Concat(3 parts) -> conv -> MaxPool x2 ->
     Concat (SPPF) -> Resize 2x -> Concat with an early map -> conv to ``tail`` channels -> Concat with a
     tail-channel conv (the last input of any width)."""
@@ -112,22 +123,26 @@ def _c2f_model(c: int = 32, tail: int = 7) -> tuple:
     tensors = [numpy_helper.from_array(v, k) for k, v in inits.items()]
     tensors += [numpy_helper.from_array(np.array([h, h], np.int64), "sizes"),
                 numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")]
-    graph = helper.make_graph(nodes, "c2f", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c + tail, 16, 16])], tensors)
+    graph = helper.make_graph(nodes, "c2f", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, *dims])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c + tail, *dims])], tensors)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_a_yolo_like_block_runs_blocked_end_to_end():
-    model = _c2f_model()
+@pytest.mark.parametrize("dims, sizes", [((16, 16), [(16, 16)]), (("h", "w"), [(16, 16), (12, 20), (8, 6)])],
+                         ids=["static", "dynamic H and W"])
+def test_a_yolo_like_block_runs_blocked_end_to_end(dims, sizes):
+    model = _c2f_model(dims=dims)
     data = optcli.optimize(model=model, valid_targets="arm").data
     steps = optcli.load(data).plan.steps
     kinds = {(s.op_type, s.kernel.rsplit(".", 1)[-1]) for s in steps}
     assert {("Concat", "nchwc"), ("Split", "nchwc"), ("Resize", "nchwc")} <= kinds, kinds
     assert sum(s.op_type == "FromBlocked" for s in steps) == 1, [s.op_type for s in steps]  # the output only
-    x = RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)
-    want = run_ort(model, {"x": x})[0]
-    for threads in (1, 2):
-        assert_close(optcli.load(data, threads=threads).run({"x": x})["y"], want, what=f"{threads} threads")
+    for h, w in sizes:
+        x = RNG.standard_normal((1, 3, h, w)).astype(np.float32)
+        want = run_ort(model, {"x": x})[0]
+        for threads in (1, 2):
+            got = optcli.load(data, threads=threads).run({"x": x})["y"]
+            assert_close(got, want, what=f"{h}x{w}, {threads} threads")
 
 
 def test_a_blocked_concat_of_a_partial_block_is_refused_at_load():
