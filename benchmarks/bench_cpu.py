@@ -61,6 +61,10 @@ DEFAULT_CORPUS = [
     "ts_mtcnn_pnet_op11_dynhw",
     "ts_mel_frontend_op17",
     "ts_fpn_text_detector_op13",
+    # a YOLOv8n detector (C2f blocks: channel Split/Concat, nearest upsampling) and a transformer
+    # (torch's shape arithmetic around 2 encoder layers, dynamic sequence)
+    "nudenet_320n",
+    "ts_bert_tiny_op14_dynseq",
 ]
 
 
@@ -459,9 +463,11 @@ DEPTHWISE_NOTE = (
     "docs/design.md; where the machine's block width is 1, see Machine above, each blocked step runs "
     "its NCHW kernel on a view instead): direct convs whose register tiles are output-channel vectors times pixels, "
     "depthwise convs and pooling with every lane a channel, no stride-phase copy and no im2col, "
-    "converted from and to NCHW only at the regions' borders; where a region's borders would cost "
-    "more than it saves (BlazeFace's channel Pads, MixNet's Split/Concat, RegNet's grouped convs, "
-    "ConvNeXt's LayerNorms) the NCHW kernels: depthwise tiles, stem convs, a GEMM whose epilogue "
+    "converted from and to NCHW only at the regions' borders (channel Concat and Split of whole "
+    "16-channel blocks and nearest whole-factor upsampling stay inside a region: YOLO's C2f blocks); "
+    "where a region's borders would cost more than it saves (BlazeFace's channel Pads, MixNet's "
+    "uneven Split/Concat, RegNet's grouped convs, ConvNeXt's LayerNorms) the NCHW kernels: depthwise "
+    "tiles, stem convs, a GEMM whose epilogue "
     "(bias, activation) is applied to each register tile before it is stored, the im2col columns "
     "gathered while packing; classifier heads on the transposed weight; residual Adds with their "
     "activation, GELU, the other activations, LayerNormalization and the spatial means, all on one "
@@ -470,11 +476,13 @@ DEPTHWISE_NOTE = (
     "first run. ConvTranspose's product runs in the native GEMM; where its taps never overlap (stride = "
     "kernel) they are laid out with its bias and activation in one native pass (other ConvTransposes "
     "add their taps in numpy, and the nearest Resize's integer upscales are numpy copies); with 2 threads, "
-    "FullyConnected and 2-D MatMul past OpenBLAS's one-thread size run in the native GEMM on the pool; "
-    "still numpy throughout: "
-    "Softmax, Resize in the other modes, Concat/Split/Slice/Transpose copies, and Mul/Sub/Div and "
-    "the comparisons (Add and the activations are native): each ~1-2 us of numpy overhead on the "
-    "tensors of a small net. "
+    "2-D MatMul past OpenBLAS's one-thread size runs in the native GEMM on the pool; FullyConnected "
+    "natively at every size (a few rows: one C call; 16 rows or more: the GEMM's tiles on a weight "
+    "packed once, bias and activation in their epilogue); Softmax along the last axis, "
+    "LayerNormalization, Add (also of a repeated row) with its activation; shape arithmetic "
+    "(Shape -> Gather -> Concat chains) once per input shape. Still numpy: "
+    "Resize in the other modes, plain-layout Concat/Split/Slice/Transpose copies, Mul/Sub/Div, the "
+    "comparisons, Gather and Cast: each ~0.5-2 us of numpy overhead on the tensors of a small net. "
     "The column \"NCHW plan\" (`--plain-layout-too`) is the same model planned with the "
     "layout pass disabled, timed in the same interleaved blocks."
 )
