@@ -42,6 +42,7 @@ from optcli.passes import (
     fuse_gru_cell,
     fuse_layer_norm,
     fuse_matmul_add,
+    fuse_parallel_dense,
     inline_constant_if,
     insert_copies,
     keep_small_islands_on_host,
@@ -92,6 +93,7 @@ PASSES: list[ModuleType] = [
     fuse_fake_quant,  # after the epilogue activation is in place: FakeQuant is its last stage
     fold_dynamic_reshape_shapes,
     fold_shape_chains,
+    fuse_parallel_dense,  # after the epilogues are in place: only layers with the same one fuse
     # cleanup again
     fold_constants,
     eliminate_identity,
