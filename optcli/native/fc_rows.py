@@ -81,11 +81,19 @@ def prepared_fc(w: np.ndarray, bias: np.ndarray | None, activation: str | None, 
     return call
 
 
+FC_PACK_MAX_WEIGHTS = 1 << 20  # W's elements (4 MiB) up to which a packed copy is kept beside it
+
+
 def _packed(w: np.ndarray) -> tuple[np.ndarray | None, int]:
     """W packed once into the panels the GEMM's tiles read (``optcli_fc_pack_f32``) and their
     width, or (None, 0) where W is too narrow to be taken by the tiles (fewer columns than a
-    panel: dot products) or the library says no."""
+    panel: dot products), the library says no, or W is larger than ``FC_PACK_MAX_WEIGHTS``: the
+    copy costs the weight's memory again (a plan's weights are mapped from the file, not copied),
+    and the per-call packing it saves matters on a few dozen rows of a small layer, not on a large
+    one (the GEMM then packs per call, as for any X)."""
     k, n = w.shape
+    if w.size > FC_PACK_MAX_WEIGHTS:
+        return None, 0
     pack = library.function("optcli_fc_pack_f32")
     nr = int(pack(w, None, k, n))
     if nr <= 0 or n < 16:

@@ -190,3 +190,15 @@ def test_gemm_fc_on_a_packed_weight_every_variant(lanes, native_lib):
                 assert_close(call(x), _reference(x, w, b, "relu"), what=f"packed for {lanes} lanes, run on {other}")
     finally:
         native.set_num_threads(old_threads)
+
+
+def test_gemm_fc_packs_only_weights_it_may_copy(native_lib, monkeypatch):
+    """A weight over FC_PACK_MAX_WEIGHTS is not copied into panels (its memory again): the GEMM packs
+    per call, with the same answer."""
+    from optcli.native import fc_rows
+
+    monkeypatch.setattr(fc_rows, "FC_PACK_MAX_WEIGHTS", 100)
+    w = RNG.standard_normal((20, 40)).astype(np.float32)
+    assert fc_rows._packed(w) == (None, 0)
+    x = RNG.standard_normal((33, 20)).astype(np.float32)
+    assert_close(native.prepared_fc(w, None, None, 0.0, 0.0)(x), _reference(x, w, None, None))
