@@ -478,7 +478,7 @@ DEPTHWISE_NOTE = (
     "add their taps in numpy, and the nearest Resize's integer upscales are numpy copies); with 2 threads, "
     "2-D MatMul past OpenBLAS's one-thread size runs in the native GEMM on the pool; FullyConnected "
     "natively at every size (a few rows: one C call; 16 rows or more: the GEMM's tiles on a weight "
-    "packed once, bias and activation in their epilogue); Softmax along the last axis, "
+    "packed once, bias and activation in their epilogue); Softmax along any axis, "
     "LayerNormalization, Add (also of a repeated row) with its activation; shape arithmetic "
     "(Shape -> Gather -> Concat chains) once per input shape. Still numpy: "
     "Resize in the other modes, plain-layout Concat/Split/Slice/Transpose copies, Mul/Sub/Div, the "

@@ -363,6 +363,8 @@ OPT_API int optcli_f16_to_f32(const void *x, float *y, int64_t n) {
  * ~1e-7) on x - max <= 0, clamped at -104 where exp is below every float; the sum in 8 float
  * lanes.  A row whose max is not finite (a NaN anywhere, +inf, or all -inf) is NaN throughout, as
  * numpy's inf - inf and NaN propagation make it. */
+#define SOFTMAX_STRIDED_MAX_N 4096 /* rows softmax_mid takes (its scalar tail copies one into the stack) */
+
 typedef struct {
     const float *x;
     float *y;
@@ -427,5 +429,88 @@ OPT_API int optcli_softmax_f32(const float *x, float *y, int64_t rows, int64_t n
     a.rows = n >= 4096 ? 1 : 4096 / n; /* about 16 KiB of input per item */
     /* ~1 ns a float: below 64 K floats one thread does it before a worker would wake */
     opt_parallel(softmax_item, &a, (rows + a.rows - 1) / a.rows, rows * n < (1 << 16) ? 1 : 0);
+    return 0;
+}
+
+/* Softmax along the middle axis of [outer, n, inner] (a segmentation head's classes over [C, H, W],
+ * a YOLOv8 head's 16 distribution bins): eight inner positions at a time, each lane its own row of n
+ * floats strided by inner; the same exp and NaN / infinity rules as softmax_row, the sums in float
+ * lanes (rows of at most SOFTMAX_STRIDED_MAX_N: the caller takes longer ones elsewhere). */
+typedef struct {
+    const float *x;
+    float *y;
+    int64_t n, inner, chunks, chunk; /* chunk: inner positions per work item (a multiple of VL) */
+} softmax_mid_t;
+
+#define SOFTMAX_MID_CHUNK 256 /* inner positions a work item sweeps each row for (its max and sum in L1) */
+
+/* Positions [j0, j0 + w) (w a multiple of VL, at most SOFTMAX_MID_CHUNK) of one outer index: three
+ * sweeps down the n rows, each along the chunk's contiguous positions (a row at a time, where one
+ * vector of positions going down all rows read n lines from n distant rows: slower than numpy on a
+ * [21, 128, 128] segmentation map). */
+ALWAYS_INLINE void softmax_chunk(const float *x, float *y, int64_t n, int64_t inner, int64_t w) {
+    float m[SOFTMAX_MID_CHUNK] __attribute__((aligned(32))), sum[SOFTMAX_MID_CHUNK] __attribute__((aligned(32)));
+    for (int64_t j = 0; j < w; j += VL) vstore(m + j, vload(x + j));
+    for (int64_t r = 1; r < n; r++) {
+        const float *xr = x + r * inner;
+        for (int64_t j = 0; j < w; j += VL) {
+            v8f v = vload(xr + j), mv = vload(m + j);
+            v8i take = (v > mv) | (v != v);
+            vstore(m + j, (v8f)((take & (v8i)v) | (~take & (v8i)mv)));
+        }
+    }
+    for (int64_t j = 0; j < w; j += VL) { /* a NaN or infinite max: its lane's row is NaN (sum set to NaN) */
+        v8f mv = vload(m + j);
+        v8i bad = ~((mv - mv) == vsplat(0.0f));
+        vstore(m + j, (v8f)(~bad & (v8i)mv));
+        vstore(sum + j, (v8f)(bad & (v8i)vsplat(__builtin_nanf(""))));
+    }
+    for (int64_t r = 0; r < n; r++) {
+        const float *xr = x + r * inner;
+        float *yr = y + r * inner;
+        for (int64_t j = 0; j < w; j += VL) {
+            v8f e = exp_nonpos8(vload(xr + j) - vload(m + j));
+            vstore(yr + j, e);
+            vstore(sum + j, vload(sum + j) + e);
+        }
+    }
+    for (int64_t j = 0; j < w; j += VL) vstore(sum + j, vsplat(1.0f) / vload(sum + j));
+    for (int64_t r = 0; r < n; r++) {
+        float *yr = y + r * inner;
+        for (int64_t j = 0; j < w; j += VL) vstore(yr + j, vload(yr + j) * vload(sum + j));
+    }
+}
+
+HOT_CLONES static void softmax_mid_item(void *ctx, int64_t it) {
+    const softmax_mid_t *a = ctx;
+    const int64_t o = it / a->chunks, j0 = it % a->chunks * a->chunk;
+    const int64_t j1 = j0 + a->chunk < a->inner ? j0 + a->chunk : a->inner;
+    const float *x = a->x + o * a->n * a->inner;
+    float *y = a->y + o * a->n * a->inner;
+    int64_t j = j0;
+    for (; j + VL <= j1; j += SOFTMAX_MID_CHUNK) {
+        int64_t w = (j1 - j) / VL * VL;
+        if (w > SOFTMAX_MID_CHUNK) w = SOFTMAX_MID_CHUNK;
+        softmax_chunk(x + j, y + j, a->n, a->inner, w);
+        if (w < SOFTMAX_MID_CHUNK) {
+            j += w;
+            break;
+        }
+    }
+    for (; j < j1; j++) { /* the last positions (fewer than a vector), one row each through the stack */
+        float row[SOFTMAX_STRIDED_MAX_N], out[SOFTMAX_STRIDED_MAX_N];
+        for (int64_t r = 0; r < a->n; r++) row[r] = x[j + r * a->inner];
+        softmax_row(row, out, a->n);
+        for (int64_t r = 0; r < a->n; r++) y[j + r * a->inner] = out[r];
+    }
+}
+
+OPT_API int optcli_softmax_mid_f32(const float *x, float *y, int64_t outer, int64_t n, int64_t inner) {
+    if (outer < 0 || n < 1 || n > SOFTMAX_STRIDED_MAX_N || inner < 1 || x == y) return OPT_EINVAL;
+    softmax_mid_t a = {.x = x, .y = y, .n = n, .inner = inner};
+    a.chunk = SOFTMAX_MID_CHUNK; /* positions per item: a multiple of VL */
+    if (a.chunk > inner) a.chunk = inner;
+    a.chunks = (inner + a.chunk - 1) / a.chunk;
+    opt_parallel(softmax_mid_item, &a, outer * a.chunks, outer * n * inner < (1 << 16) ? 1 : 0);
     return 0;
 }

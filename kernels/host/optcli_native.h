@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #define OPT_API __attribute__((visibility("default")))
-#define OPTCLI_NATIVE_ABI 25 /* bump when a signature below changes (or functions are added) */
+#define OPTCLI_NATIVE_ABI 26 /* bump when a signature below changes (or functions are added) */
 
 /* Errors returned by the kernels (0 is success). */
 #define OPT_EINVAL (-1) /* arguments out of range: the caller's shapes or attributes */
@@ -121,6 +121,8 @@ OPT_API int optcli_fc_rows_f32(const float *x, const float *w, const float *bias
 /* Softmax along rows of n contiguous floats (elementwise.c): y [rows, n] = exp(x - max) / sum per row; a row
  * whose max is not finite (a NaN, +inf, all -inf) is NaN.  y may be x. */
 OPT_API int optcli_softmax_f32(const float *x, float *y, int64_t rows, int64_t n);
+/* Softmax along the middle axis of x [outer, n, inner] (1 <= n <= 4096), the same rules; y must not be x. */
+OPT_API int optcli_softmax_mid_f32(const float *x, float *y, int64_t outer, int64_t n, int64_t inner);
 /* A fully connected layer over any number of rows (gemm.c): the same product as optcli_fc_rows_f32,
  * through the GEMM's register tiles, the bias and activation in their epilogue, split over the pool.
  * packed (or NULL): w as optcli_fc_pack_f32 packed it for panel width nr, used where nr is the

@@ -26,6 +26,7 @@ from optcli.native.elementwise import (
     layer_norm,
     prepared_layer_norm,
     row_mean,
+    softmax_mid,
     softmax_rows,
     to_half,
 )
@@ -54,6 +55,6 @@ __all__ = [
     "get_num_threads", "layer_norm", "library", "library_path", "note_unavailable", "pack_panels", "pool2d",
     "prepared_conv2d_gemm", "prepared_depthwise_conv2d", "prepared_fc", "prepared_fc_rows", "prepared_layer_norm",
     "prepared_stem_conv2d",
-    "prepared_gemm_conv", "row_mean", "set_num_threads", "softmax_rows", "status", "stem_conv2d",
+    "prepared_gemm_conv", "row_mean", "set_num_threads", "softmax_mid", "softmax_rows", "status", "stem_conv2d",
     "stem_fits", "stem_fits_grouped", "to_half", "transpose_conv_taps", "upsample_nearest", "vector_width",
 ]

@@ -69,6 +69,24 @@ def softmax_rows(x: np.ndarray) -> np.ndarray:
     return y
 
 
+SOFTMAX_MID_MAX_N = 4096  # the longest rows optcli_softmax_mid_f32 takes (SOFTMAX_STRIDED_MAX_N in C)
+
+
+def softmax_mid(x: np.ndarray, axis: int) -> np.ndarray:
+    """Softmax along ``axis`` (not the last) of a C-contiguous float32 ``x``, in a new array: x seen as
+    [outer, n, inner], eight inner positions a vector (kernels/host/elementwise.c), where numpy's
+    five calls made strided passes (a segmentation head's classes, a YOLOv8 head's 16 bins).  Anything
+    else is refused (NativeError), not converted."""
+    require(library._lib is not None and type(x) is np.ndarray and x.dtype is _F32 and x.flags.c_contiguous
+            and 0 <= axis < x.ndim - 1 and 1 <= x.shape[axis] <= SOFTMAX_MID_MAX_N and x.size, 'softmax')
+    y = np.empty_like(x)
+    outer, n = int(np.prod(x.shape[:axis], dtype=np.int64)), x.shape[axis]
+    rc = library.function("optcli_softmax_mid_f32")(x, y, outer, n, x.size // (outer * n))
+    if rc:
+        _check(rc, "softmax")
+    return y
+
+
 def add(a: np.ndarray, b: np.ndarray, activation: str | None = None, alpha: float = 0.0,
         beta: float = 0.0) -> np.ndarray:
     """``act(a + b)`` of two C-contiguous float32 arrays of one shape, in one threaded pass (a

@@ -87,6 +87,7 @@ INVOKER(ppqppppqqqqiff, (vp, vp, i64, vp, vp, vp, vp, i64, i64, i64, i64, int, f
 INVOKER(ppqp, (vp, vp, i64, vp), P(0), P(1), Q(2), P(3))
 INVOKER(pppqqpp, (vp, vp, vp, i64, i64, vp, vp), P(0), P(1), P(2), Q(3), Q(4), P(5), P(6))
 INVOKER(ppqq, (vp, vp, i64, i64), P(0), P(1), Q(2), Q(3))
+INVOKER(ppqqq, (vp, vp, i64, i64, i64), P(0), P(1), Q(2), Q(3), Q(4))
 INVOKER(ppqqpp, (vp, vp, i64, i64, vp, vp), P(0), P(1), Q(2), Q(3), P(4), P(5))
 INVOKER(ppqqqq, (vp, vp, i64, i64, i64, i64), P(0), P(1), Q(2), Q(3), Q(4), Q(5))
 INVOKER(ipppppppppppppppppfi, (int, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, float, int),
@@ -102,7 +103,7 @@ static const struct {
     ROW(ppppppqqqf), ROW(pppppqiff),     ROW(pppppqqqqiff), ROW(ppppqqqiff), ROW(pppqiff),
     ROW(pppqpp),     ROW(pppqqqq),   ROW(ppq),           ROW(ppqffff),   ROW(ppqfii),    ROW(ppqiff),
     ROW(ppqppppqqqqiff), ROW(ppqp),      ROW(pppqqpp),   ROW(ppqq),      ROW(ppqqpp),    ROW(ppqqqq),
-    ROW(ipppppppppppppppppfi), ROW(pqpp), ROW(pppppppp), ROW(ppppqqqiffpq), ROW(pppqqiff),
+    ROW(ipppppppppppppppppfi), ROW(pqpp), ROW(pppppppp), ROW(ppppqqqiffpq), ROW(pppqqiff), ROW(ppqqq),
 #undef ROW
 };
 

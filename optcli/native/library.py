@@ -37,7 +37,7 @@ import numpy as np
 
 LOG = logging.getLogger("optcli")
 
-ABI = 25  # OPTCLI_NATIVE_ABI in kernels/host/optcli_native.h
+ABI = 26  # OPTCLI_NATIVE_ABI in kernels/host/optcli_native.h
 LIB_PREFIX = "_optcli_native"  # the extension's file name starts with this (threadpoolctl matches it)
 LIBRARY_ENV = "OPTCLI_NATIVE_LIBRARY"  # a testing hook: load this file instead (sanitizer builds)
 
@@ -78,6 +78,7 @@ _SIGNATURES = {
     "optcli_fc_rows_f32": ([_vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
                             ctypes.c_float, ctypes.c_float], ctypes.c_int),
     "optcli_softmax_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int64], ctypes.c_int),
+    "optcli_softmax_mid_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64], ctypes.c_int),
     "optcli_fc_f32": ([_vp, _vp, _vp, _vp, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
                        ctypes.c_float, ctypes.c_float, _vp, ctypes.c_int64], ctypes.c_int),
     "optcli_fc_pack_f32": ([_vp, _vp, ctypes.c_int64, ctypes.c_int64], ctypes.c_int64),

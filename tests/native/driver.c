@@ -272,6 +272,12 @@ static int run_case(const char *in, const char *out) {
         rc = optcli_activation_f32(x, ny % 2 ? y : x, ny, act, alpha, beta); /* odd sizes out of place */
         if (ny % 2 == 0) memcpy(y, x, (size_t)ny * sizeof(float));
         free(x);
+    } else if (h[0] == 32) { /* softmax along a middle axis: g = outer, n, inner */
+        ny = g[0] * g[1] * g[2];
+        float *x = read_floats(f, ny);
+        y = malloc((size_t)(ny > 0 ? ny : 1) * sizeof(float));
+        rc = optcli_softmax_mid_f32(x, y, g[0], g[1], g[2]);
+        free(x);
     } else if (h[0] == 31) { /* softmax along rows: g = rows, n */
         float *x = read_floats(f, g[0] * g[1]);
         ny = g[0] * g[1];

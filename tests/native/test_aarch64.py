@@ -249,6 +249,16 @@ def _elementwise_cases(tmp: Path) -> list[tuple[Path, Path, np.ndarray, str]]:
         src, dst = tmp / f"softmax{i}.in", tmp / f"softmax{i}.out"
         _write_case(src, 31, None, [rows, n], [x, None])
         cases.append((src, dst, want, f"softmax {rows}x{n}"))
+    for i, (outer, n, inner) in enumerate([(1, 3, 5), (2, 16, 21), (1, 4, 530)]):  # softmax along a middle axis
+        x = (rng.standard_normal((outer, n, inner)) * 10).astype(np.float32)
+        if i == 1:
+            x[1, 3, 7] = np.inf  # an infinite row
+        with np.errstate(invalid="ignore"):
+            e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+            want = (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
+        src, dst = tmp / f"softmax_mid{i}.in", tmp / f"softmax_mid{i}.out"
+        _write_case(src, 32, None, [outer, n, inner], [x, None])
+        cases.append((src, dst, want, f"softmax {outer}x{n}x{inner} along the middle"))
     for i, (rows, n) in enumerate([(1, 1), (7, 13), (3, 5000)]):
         x = (rng.standard_normal((rows, n)) + 3).astype(np.float32)
         src, dst = tmp / f"mean{i}.in", tmp / f"mean{i}.out"
