@@ -484,7 +484,7 @@ MAX_CONCAT_INPUTS = 256  # inputs a blocked Concat reads (blocked_inputs names e
 
 
 def _channel_axis(node: Any, rank: int = 4) -> bool:
-    axis = int(node.attrs.get("axis", 1 if node.op_type == "Split" else 0))
+    axis = int(node.attrs.get("axis", 0))  # Split's default (ONNX); Concat names its axis
     return axis in (1, 1 - rank)
 
 

@@ -156,3 +156,21 @@ def test_a_blocked_concat_of_a_partial_block_is_refused_at_load():
     cat["inputs"] = cat["inputs"][::-1]
     with pytest.raises(NbFormatError, match="rule does not hold"):
         optcli.load(rebuild(body, blob))
+
+
+def test_a_split_along_the_batch_axis_is_not_a_channel_split():
+    """Split's axis defaults to 0 (ONNX): a Split with no axis attribute cuts images, not channels,
+    and keeps its plain kernel; Concat along the batch likewise."""
+    from types import SimpleNamespace
+
+    shapes = {"x": (32, 32, 4, 4), "a": (16, 32, 4, 4), "b": (16, 32, 4, 4)}
+    graph = SimpleNamespace(initializers={}, dtype_of=lambda n: "float32", shape_of=lambda n: shapes.get(n),
+                            const=lambda n: np.array([16, 16], np.int64) if n == "sizes" else None)
+    split = SimpleNamespace(op_type="Split", inputs=["x", "sizes"], outputs=["a", "b"], attrs={},
+                            input=lambda i: ["x", "sizes"][i])
+    assert not blocked.applies_split(split, graph)
+    split.attrs["axis"] = 1
+    assert blocked.applies_split(split, graph)
+    concat = SimpleNamespace(op_type="Concat", inputs=["a", "b"], outputs=["x"], attrs={"axis": 0},
+                             input=lambda i: ["a", "b"][i])
+    assert not blocked.applies_concat(concat, graph)
