@@ -433,13 +433,13 @@ OPT_API int optcli_softmax_f32(const float *x, float *y, int64_t rows, int64_t n
 }
 
 /* Softmax along the middle axis of [outer, n, inner] (a segmentation head's classes over [C, H, W],
- * a YOLOv8 head's 16 distribution bins): eight inner positions at a time, each lane its own row of n
- * floats strided by inner; the same exp and NaN / infinity rules as softmax_row, the sums in float
- * lanes (rows of at most SOFTMAX_STRIDED_MAX_N: the caller takes longer ones elsewhere). */
+ * a YOLOv8 head's 16 distribution bins): each lane of a vector is one inner position, its row n
+ * floats strided by inner (softmax_chunk); the same exp and NaN / infinity rules as softmax_row, the
+ * sums in float lanes (rows of at most SOFTMAX_STRIDED_MAX_N: the caller takes longer ones elsewhere). */
 typedef struct {
     const float *x;
     float *y;
-    int64_t n, inner, chunks, chunk; /* chunk: inner positions per work item (a multiple of VL) */
+    int64_t n, inner, chunks, chunk; /* chunk: inner positions per work item (SOFTMAX_MID_CHUNK, or all of inner) */
 } softmax_mid_t;
 
 #define SOFTMAX_MID_CHUNK 256 /* inner positions a work item sweeps each row for (its max and sum in L1) */
